@@ -1,0 +1,1 @@
+"""ddl.caffe adapter: filled in by a later issue."""

@@ -1,0 +1,21 @@
+"""The interface every allreduce algorithm implements."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ddl.schedule import Schedule
+from ddl.topology import Topology
+
+
+class Algorithm(Protocol):
+    """Compiles an allreduce into a per-rank :class:`~ddl.schedule.Schedule`.
+
+    Algorithms never touch MPI: the executor runs what they compile.
+    """
+
+    name: str
+
+    def compile(self, topology: Topology, rank: int, count: int) -> Schedule:
+        """The steps ``rank`` runs to allreduce ``count`` elements over ``topology``."""
+        ...

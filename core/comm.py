@@ -1,0 +1,169 @@
+"""The small communicator interface the core needs, and its mpi4py implementation.
+
+Everything above this module speaks :class:`Comm`; the thread-backed fake in
+:mod:`ddl.testing.fake_comm` implements the same interface so every algorithm runs in
+plain pytest. Point-to-point traffic moves raw bytes, so any dtype travels.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn, Protocol
+
+import numpy as np
+
+from ddl.ops import ReduceOp
+
+# dtypes the MPI library reduces natively (float16/bfloat16 are not portable in MPI).
+NATIVE_REDUCE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.uint8))
+
+
+class Comm(Protocol):
+    """What the core needs from a communicator."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def sendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> None:
+        """Send ``send`` to ``dest`` while receiving into ``recv`` from ``source`` (None: absent)."""
+
+    def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
+        """The library's own allreduce, in place, on a dtype in :data:`NATIVE_REDUCE_DTYPES`."""
+
+    def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
+        """Broadcast a contiguous array's bytes from ``root`` in place."""
+
+    def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        """Gather every rank's bytes (``counts[r]`` from rank r) into ``recv`` in rank order."""
+
+    def bcast_object(self, obj: Any, root: int) -> Any: ...
+
+    def allgather_object(self, obj: Any) -> list[Any]: ...
+
+    def barrier(self) -> None: ...
+
+    def abort(self, code: int = 1) -> NoReturn: ...
+
+    def hostname(self) -> str: ...
+
+
+def as_bytes(a: np.ndarray) -> np.ndarray:
+    """A uint8 view of a contiguous array (no copy)."""
+    return a.reshape(-1).view(np.uint8)
+
+
+class MPIComm:
+    """:class:`Comm` over an mpi4py communicator (a private duplicate of the world's)."""
+
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self._comm = comm
+        self._ops = {
+            ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM,
+            ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD,
+        }
+
+    @property
+    def rank(self) -> int:
+        return int(self._comm.Get_rank())
+
+    @property
+    def size(self) -> int:
+        return int(self._comm.Get_size())
+
+    @property
+    def mpi_comm(self) -> Any:
+        return self._comm
+
+    def sendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> None:
+        MPI = self._MPI
+        empty = np.empty(0, np.uint8)
+        sbuf = as_bytes(send) if send is not None and dest is not None else empty
+        rbuf = as_bytes(recv) if recv is not None and source is not None else empty
+        self._comm.Sendrecv(
+            [sbuf, MPI.BYTE], MPI.PROC_NULL if dest is None else dest, 0,
+            [rbuf, MPI.BYTE], MPI.PROC_NULL if source is None else source, 0,
+        )
+
+    def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
+        self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._ops[op])
+
+    def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
+        self._comm.Bcast([as_bytes(buf), self._MPI.BYTE], root=root)
+
+    def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        displs = np.concatenate([[0], np.cumsum(counts[:-1])]).astype(int).tolist()
+        self._comm.Allgatherv([as_bytes(send), self._MPI.BYTE], [as_bytes(recv), (counts, displs), self._MPI.BYTE])
+
+    def bcast_object(self, obj: Any, root: int) -> Any:
+        return self._comm.bcast(obj, root=root)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return list(self._comm.allgather(obj))
+
+    def barrier(self) -> None:
+        self._comm.Barrier()
+
+    def abort(self, code: int = 1) -> NoReturn:
+        self._MPI.COMM_WORLD.Abort(code)
+        raise SystemExit(code)  # not reached: Abort does not return
+
+    def hostname(self) -> str:
+        return str(self._MPI.Get_processor_name())
+
+    def free(self) -> None:
+        if self._comm != self._MPI.COMM_WORLD and self._comm != self._MPI.COMM_SELF:
+            self._comm.Free()
+
+
+class SelfComm:
+    """A world of one process, for ``ddl.init()`` without ``mpiexec`` or without MPI.
+
+    The collectives never reach it with a peer (size 1 short-cuts them), so the data
+    movement methods only check that they are not asked for another rank.
+    """
+
+    rank = 0
+    size = 1
+
+    def sendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> None:
+        if dest not in (None, 0) or source not in (None, 0):
+            raise ValueError("a world of one process has no other rank")
+        if recv is not None and send is not None and source == 0:
+            as_bytes(recv)[...] = as_bytes(send)
+
+    def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
+        return None
+
+    def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
+        return None
+
+    def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        as_bytes(recv)[...] = as_bytes(send)
+
+    def bcast_object(self, obj: Any, root: int) -> Any:
+        return obj
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def barrier(self) -> None:
+        return None
+
+    def abort(self, code: int = 1) -> NoReturn:
+        raise SystemExit(code)
+
+    def hostname(self) -> str:
+        import socket
+
+        return socket.gethostname()

@@ -1,0 +1,110 @@
+"""A latency/bandwidth network model that prices schedules; the basis of ``auto``.
+
+Every link belongs to the outermost topology dimension its two ranks differ in. A step
+costs ``alpha_d + bytes * beta_d * flows + reduced_bytes * gamma``, where ``flows`` is
+how many ranks of the same dim-0 group (a host, when dims follow hosts) use an outer
+link at that step: they share one network port. A step's cost is its slowest rank's,
+since ranks move in lockstep; the ranks of the first dim-0 group stand for every group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+from ddl.algorithms import SCHEDULED
+from ddl.schedule import Schedule
+from ddl.topology import Topology
+
+
+@dataclasses.dataclass(frozen=True)
+class Link:
+    """Per-message latency ``alpha`` (s) and inverse bandwidth ``beta`` (s/byte)."""
+
+    alpha: float
+    beta: float
+
+
+# Measured on the 2-core development machine (MPICH shared memory, mpi4py Sendrecv from
+# Python): ~30 us per exchange, ~2 GB/s per stream, numpy add ~1 GB/s on one core.
+SHARED_MEMORY = Link(alpha=30e-6, beta=1 / 2.0e9)
+# A commodity 25 Gb/s Ethernet port between hosts.
+NETWORK = Link(alpha=15e-6, beta=1 / 2.8e9)
+REDUCE_GAMMA = 1 / 1.0e9
+
+
+@dataclasses.dataclass(frozen=True)
+class CostModel:
+    """Links per topology dimension (the last one repeats outward) and the reduce rate.
+
+    ``native`` prices the MPI library's own allreduce as ``2 log2(p) alpha + 2 N beta``
+    (recursive doubling for small messages, Rabenseifner for large), on the slowest link.
+    """
+
+    links: tuple[Link, ...]
+    gamma: float = REDUCE_GAMMA
+    native_overhead: float = 0.0
+
+    def link(self, dim: int) -> Link:
+        return self.links[min(dim, len(self.links) - 1)]
+
+
+def default_model(topology: Topology) -> CostModel:
+    """Shared memory inside a host, the network between hosts (uncalibrated constants)."""
+    outer = NETWORK if topology.cross_size > 1 else SHARED_MEMORY
+    return CostModel(links=(SHARED_MEMORY, *([outer] * max(0, len(topology.dims) - 1))))
+
+
+def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, model: CostModel) -> float:
+    """Predicted seconds for the lockstep run of ``schedules`` (one dim-0 group's ranks)."""
+    total = 0.0
+    for k in range(max(len(s.steps) for s in schedules)):
+        rows = []
+        for s in schedules:
+            if k >= len(s.steps):
+                continue
+            st = s.steps[k]
+            peer = st.send_peer if st.send_peer is not None else st.recv_peer
+            assert peer is not None
+            rows.append((topology.link_dim(s.rank, peer), st))
+        flows = max(1, sum(1 for dim, _ in rows if dim >= 1))
+        step_cost = 0.0
+        for dim, st in rows:
+            link = model.link(dim)
+            share = flows if dim >= 1 else 1
+            nbytes = max(st.send_count, st.recv_count) * itemsize
+            reduce_bytes = st.recv_count * itemsize if st.reduce else 0
+            step_cost = max(step_cost, link.alpha + nbytes * link.beta * share + reduce_bytes * model.gamma)
+        total += step_cost
+    return total
+
+
+def native_time(topology: Topology, nbytes: int, model: CostModel) -> float:
+    """Predicted seconds for the MPI library's own allreduce."""
+    p = topology.size
+    if p == 1:
+        return 0.0
+    slow = model.link(len(topology.dims) - 1 if topology.cross_size > 1 else 0)
+    return model.native_overhead + 2 * math.ceil(math.log2(p)) * slow.alpha + 2 * nbytes * slow.beta
+
+
+def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model: CostModel) -> float:
+    """Predicted seconds for one allreduce of ``count`` elements by ``algorithm``."""
+    if algorithm == "mpi":
+        return native_time(topology, count * itemsize, model)
+    alg = SCHEDULED[algorithm]
+    group = topology.ring(0, topology.order[0]) if topology.dims[0] > 1 else [topology.order[0]]
+    schedules = [alg.compile(topology, r, count) for r in group]
+    if not any(s.steps for s in schedules):
+        return 0.0
+    return schedule_time(schedules, topology, itemsize, model)
+
+
+@functools.lru_cache(maxsize=4096)
+def choose(topology: Topology, count: int, itemsize: int, model: CostModel) -> str:
+    """The cheapest algorithm for this message by ``model``; ties go to the MPI library."""
+    if topology.size == 1 or count == 0:
+        return "mpi"
+    costs = {name: predict(name, topology, count, itemsize, model) for name in ("mpi", *SCHEDULED)}
+    return min(costs, key=lambda n: (costs[n], n != "mpi"))

@@ -1,0 +1,1 @@
+"""ddlrun: the launcher."""

@@ -1,0 +1,152 @@
+"""Process-wide state: ``init`` builds the communicator, topology and context once.
+
+Without ``mpiexec`` (or without a loadable MPI) the world is one process and every
+collective still works. With more than one rank, an uncaught exception on any rank
+prints its traceback and aborts the whole job, so no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import traceback
+from types import TracebackType
+from typing import Any
+
+from ddl.comm import Comm, MPIComm, SelfComm
+from ddl.config import Config
+from ddl.context import Context
+from ddl.errors import NotInitializedError
+from ddl.topology import Topology, build_topology
+
+_lock = threading.Lock()
+_context: Context | None = None
+
+
+def init(*, topology: str | None = None, algorithm: str | None = None) -> Context:
+    """Start ddl (idempotent): world communicator, topology, default algorithm.
+
+    Args:
+        topology: multi-ring dims, innermost first (``"4x16"``); overrides ``DDL_TOPOLOGY``.
+        algorithm: default allreduce algorithm; overrides ``DDL_ALGORITHM``.
+
+    Raises:
+        TopologyError: the topology is malformed or does not multiply to the world size.
+        ValueError: unknown algorithm, or a second ``init`` asks for another topology.
+
+    Example:
+        >>> import ddl
+        >>> _ = ddl.init()
+        >>> ddl.size() >= 1
+        True
+    """
+    global _context
+    with _lock:
+        config = Config.from_env()
+        source = "topology argument" if topology else "DDL_TOPOLOGY"
+        spec = topology or config.topology
+        if algorithm:
+            config = _replace(config, algorithm=algorithm)
+        if _context is not None:
+            _check_same(_context, spec, algorithm)
+            return _context
+        comm = _world_comm()
+        hostnames = comm.allgather_object(config.hostname or comm.hostname())
+        topo = build_topology(comm.rank, hostnames, spec, source=source)
+        _context = Context(comm, topo, config)
+        if comm.size > 1 and config.abort_on_exception:
+            _install_abort_hooks(comm)
+        if config.verbose and comm.rank == 0:
+            print(f"ddl: {comm.size} ranks on {topo.cross_size} host(s), topology {topo}, "
+                  f"algorithm {config.algorithm}", file=sys.stderr, flush=True)
+        return _context
+
+
+def shutdown() -> None:
+    """Release ddl's communicator; ``init`` may be called again afterwards."""
+    global _context
+    with _lock:
+        if _context is not None and isinstance(_context.comm, MPIComm):
+            _context.comm.free()
+        _context = None
+
+
+def context() -> Context:
+    """The running context.
+
+    Raises:
+        NotInitializedError: ``ddl.init()`` has not been called.
+    """
+    if _context is None:
+        raise NotInitializedError("ddl is not initialized; call ddl.init() first")
+    return _context
+
+
+def is_initialized() -> bool:
+    return _context is not None
+
+
+def topology() -> Topology:
+    """This job's :class:`~ddl.topology.Topology`."""
+    return context().topology
+
+
+def _world_comm() -> Comm:
+    try:
+        from mpi4py import MPI
+    except Exception as exc:  # no MPI library loadable: a world of one is still useful
+        print(f"ddl: MPI unavailable ({exc}); running as a single process", file=sys.stderr)
+        return SelfComm()
+    if MPI.COMM_WORLD.Get_size() == 1:
+        return SelfComm()
+    return MPIComm(MPI.COMM_WORLD.Dup())
+
+
+def _replace(config: Config, **changes: Any) -> Config:
+    import dataclasses
+
+    return dataclasses.replace(config, **changes)
+
+
+def _check_same(ctx: Context, spec: str | None, algorithm: str | None) -> None:
+    if spec is not None:
+        from ddl.topology import parse_spec
+
+        if parse_spec(spec).dims != ctx.topology.dims:
+            raise ValueError(
+                f"ddl is already initialized with topology {ctx.topology}; call ddl.shutdown() "
+                f"before init(topology={spec!r})"
+            )
+    if algorithm is not None and algorithm != ctx.config.algorithm:
+        raise ValueError(
+            f"ddl is already initialized with algorithm {ctx.config.algorithm!r}; pass "
+            f"algorithm={algorithm!r} per call, or shutdown() first"
+        )
+
+
+def _install_abort_hooks(comm: Comm) -> None:
+    rank = comm.rank
+
+    def abort(exc_type: type[BaseException], exc: BaseException | None, tb: TracebackType | None, where: str) -> None:
+        try:
+            text = "".join(traceback.format_exception(exc_type, exc, tb))
+            sys.stderr.write(f"{text}ddl: rank {rank} {where} raised {exc_type.__name__}: {exc}; aborting the job\n")
+            sys.stderr.flush()
+        finally:
+            comm.abort(1)
+
+    def excepthook(exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        abort(exc_type, exc, tb, "")
+
+    def thread_hook(args: threading.ExceptHookArgs) -> None:
+        if args.exc_type is SystemExit:
+            return
+        name = args.thread.name if args.thread else "a thread"
+        abort(args.exc_type, args.exc_value, args.exc_traceback, f"(thread {name})")
+
+    sys.excepthook = excepthook
+    threading.excepthook = thread_hook
+
+
+atexit.register(shutdown)

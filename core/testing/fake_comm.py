@@ -1,0 +1,146 @@
+"""A thread-backed fake of :class:`ddl.comm.Comm`: N ranks as N threads in one process.
+
+Point-to-point messages go through per-pair queues (buffered, FIFO, like MPI's
+non-overtaking rule); collectives meet at a shared rendezvous. Every wait has a
+timeout, so a broken schedule fails a test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, TypeVar
+
+import numpy as np
+
+from ddl.comm import as_bytes
+from ddl.ops import ReduceOp, ufunc
+
+T = TypeVar("T")
+TIMEOUT_S = 30.0
+
+
+class FakeAbort(RuntimeError):
+    """Raised by :meth:`FakeComm.abort` in place of ending the process."""
+
+
+class _World:
+    def __init__(self, size: int, hostnames: Sequence[str]) -> None:
+        self.size = size
+        self.hostnames = list(hostnames)
+        self.queues = {(s, d): queue.Queue[np.ndarray]() for s in range(size) for d in range(size)}
+        self.barrier = threading.Barrier(size, timeout=TIMEOUT_S)
+        self.slots: list[Any] = [None] * size
+
+
+class FakeComm:
+    """One rank's view of a :class:`_World`."""
+
+    def __init__(self, world: _World, rank: int) -> None:
+        self._world = world
+        self._rank = rank
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def size(self) -> int:
+        return self._world.size
+
+    def sendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> None:
+        if dest is not None and send is not None:
+            self._world.queues[(self._rank, dest)].put(as_bytes(send).copy())
+        if source is not None and recv is not None:
+            try:
+                data = self._world.queues[(source, self._rank)].get(timeout=TIMEOUT_S)
+            except queue.Empty:
+                raise TimeoutError(f"rank {self._rank}: no message from rank {source}") from None
+            target = as_bytes(recv)
+            if data.size != target.size:
+                raise ValueError(f"rank {self._rank}: got {data.size} bytes from {source}, expected {target.size}")
+            target[...] = data
+
+    def _exchange(self, obj: Any) -> list[Any]:
+        w = self._world
+        w.barrier.wait()
+        w.slots[self._rank] = obj
+        w.barrier.wait()
+        out = list(w.slots)
+        w.barrier.wait()
+        return out
+
+    def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
+        parts = self._exchange(buf.copy())
+        acc = parts[0].copy()
+        for part in parts[1:]:
+            ufunc(op)(acc, part, out=acc)
+        buf[...] = acc
+
+    def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
+        parts = self._exchange(as_bytes(buf).copy() if self._rank == root else None)
+        as_bytes(buf)[...] = parts[root]
+
+    def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        parts = self._exchange(as_bytes(send).copy())
+        out = as_bytes(recv)
+        offset = 0
+        for part, n in zip(parts, counts):
+            out[offset : offset + n] = part[:n]
+            offset += n
+
+    def bcast_object(self, obj: Any, root: int) -> Any:
+        return self._exchange(obj)[root]
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return self._exchange(obj)
+
+    def barrier(self) -> None:
+        self._exchange(None)
+
+    def abort(self, code: int = 1) -> NoReturn:
+        self._world.barrier.abort()
+        raise FakeAbort(f"rank {self._rank} aborted the job with code {code}")
+
+    def hostname(self) -> str:
+        return self._world.hostnames[self._rank]
+
+
+def run_ranks(
+    size: int, fn: Callable[[FakeComm], T], *, hostnames: Sequence[str] | None = None
+) -> list[T]:
+    """Run ``fn(comm)`` on ``size`` fake ranks in threads; return the results by rank.
+
+    An exception on any rank is re-raised here (the first one, by rank), after the
+    other ranks are released from any collective they wait in.
+
+    Example:
+        >>> run_ranks(2, lambda c: c.rank)
+        [0, 1]
+    """
+    world = _World(size, hostnames or ["fakehost"] * size)
+    results: list[Any] = [None] * size
+    errors: list[BaseException | None] = [None] * size
+
+    def body(rank: int) -> None:
+        try:
+            results[rank] = fn(FakeComm(world, rank))
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            errors[rank] = exc
+            world.barrier.abort()
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S * 2)
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError(f"fake ranks still running after {TIMEOUT_S * 2:.0f} s")
+    primary = [e for e in errors if e is not None and not isinstance(e, threading.BrokenBarrierError)]
+    first = primary[0] if primary else next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return results
