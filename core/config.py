@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
+DEFAULT_FUSION_BYTES = 64 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -25,6 +26,13 @@ class Config:
         hostname: overrides the host name used to group ranks into hosts (tests,
             containers that share a host name).
         verbose: print the chosen topology and algorithms on rank 0.
+        fusion_threshold: largest fused allreduce buffer in bytes (0: no fusion).
+        stall_timeout: seconds a tensor may be missing on some ranks before the job
+            aborts (a warning at half of it).
+        cycle_time: seconds an idle engine waits before checking in with the others.
+        timeline: path of a Chrome-trace JSON written by rank 0, or None.
+        calibration: path of a saved calibration (JSON) to load or create, or None.
+        calibrate: measure link latency/bandwidth at init for ``auto``.
     """
 
     topology: str | None = None
@@ -33,6 +41,12 @@ class Config:
     abort_on_exception: bool = True
     hostname: str | None = None
     verbose: bool = False
+    fusion_threshold: int = DEFAULT_FUSION_BYTES
+    stall_timeout: float = 60.0
+    cycle_time: float = 0.002
+    timeline: str | None = None
+    calibration: str | None = None
+    calibrate: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -49,6 +63,12 @@ class Config:
             abort_on_exception=_bool(env, "DDL_ABORT_ON_EXCEPTION", True),
             hostname=_str(env, "DDL_HOSTNAME"),
             verbose=_bool(env, "DDL_VERBOSE", False),
+            fusion_threshold=_int(env, "DDL_FUSION_THRESHOLD", DEFAULT_FUSION_BYTES, minimum=0),
+            stall_timeout=_float(env, "DDL_STALL_TIMEOUT", 60.0),
+            cycle_time=_float(env, "DDL_CYCLE_TIME_MS", 2.0) / 1e3,
+            timeline=_str(env, "DDL_TIMELINE"),
+            calibration=_str(env, "DDL_CALIBRATION"),
+            calibrate=_bool(env, "DDL_CALIBRATE", True),
         )
 
 
@@ -58,6 +78,9 @@ LAUNCHER_FLAGS: dict[str, str] = {
     "algorithm": "DDL_ALGORITHM",
     "segment_bytes": "DDL_SEGMENT_BYTES",
     "verbose": "DDL_VERBOSE",
+    "timeline": "DDL_TIMELINE",
+    "fusion_threshold": "DDL_FUSION_THRESHOLD",
+    "stall_timeout": "DDL_STALL_TIMEOUT",
 }
 
 
@@ -67,6 +90,10 @@ def _str(env: Mapping[str, str], name: str) -> str | None:
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    return _int(env, name, default, minimum=1)
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -74,8 +101,21 @@ def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
         value = int(raw)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not a whole number of bytes; set e.g. {name}={default}") from None
-    if value <= 0:
-        raise ValueError(f"{name}={raw!r} must be positive; set e.g. {name}={default}")
+    if value < minimum:
+        raise ValueError(f"{name}={raw!r} must be at least {minimum}; set e.g. {name}={default}")
+    return value
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number; set e.g. {name}={default:g}") from None
+    if not value > 0:
+        raise ValueError(f"{name}={raw!r} must be positive; set e.g. {name}={default:g}")
     return value
 
 

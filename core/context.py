@@ -8,7 +8,8 @@ make one per fake rank. Every call first checks that all ranks agree on it
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,12 +32,21 @@ def _compiled(algorithm: str, topology: Topology, count: int) -> Schedule:
 class Context:
     """Collectives for one rank: ``comm`` + ``topology`` + ``config``."""
 
-    def __init__(self, comm: Comm, topology: Topology, config: Config, model: cost.CostModel | None = None) -> None:
+    def __init__(
+        self, comm: Comm, topology: Topology, config: Config, model: cost.CostModel | None = None,
+        *, agree_each_call: bool = True,
+    ) -> None:
         self.comm = comm
         self.topology = topology
         self.config = config
         self.model = model or cost.default_model(topology)
+        # Off when the engine runs the calls: it has matched them across ranks already.
+        self.agree_each_call = agree_each_call
         algorithms.check_name(config.algorithm)
+
+    def _agree(self, descriptor: tuple[Any, ...]) -> None:
+        if self.agree_each_call:
+            agree(self.comm, descriptor)
 
     # -- allreduce -------------------------------------------------------------
     def resolve_algorithm(self, algorithm: str | None, count: int, itemsize: int) -> str:
@@ -46,14 +56,21 @@ class Context:
             name = cost.choose(self.topology, count, itemsize, self.model)
         return name
 
-    def allreduce_flat(self, buf: np.ndarray, op: ReduceOp, algorithm: str) -> None:
+    def allreduce_flat(
+        self, buf: np.ndarray, op: ReduceOp, algorithm: str,
+        on_phase: Callable[[tuple[str, float, float]], None] | None = None,
+    ) -> None:
         """Allreduce the 1-D contiguous ``buf`` in place with a resolved algorithm."""
         if self.topology.size > 1 and buf.size:
             if algorithm == "mpi":
+                start = time.perf_counter()
                 self._native(buf, op)
+                if on_phase is not None:
+                    on_phase(("mpi allreduce", start, time.perf_counter()))
             else:
                 seg = max(1, self.config.segment_bytes // buf.itemsize)
-                run_schedule(self.comm, _compiled(algorithm, self.topology, buf.size), buf, op, segment_elems=seg)
+                schedule = _compiled(algorithm, self.topology, buf.size)
+                run_schedule(self.comm, schedule, buf, op, segment_elems=seg, on_phase=on_phase)
         if op is ReduceOp.AVERAGE and buf.size:
             np.divide(buf, self.topology.size, out=buf)
 
@@ -71,12 +88,12 @@ class Context:
         algorithm: str | None = None, inplace: bool = False,
     ) -> np.ndarray:
         """Reduce ``x`` over all ranks; every rank gets the same bits."""
-        arr = _as_array(x, "allreduce", writable=inplace)
+        arr = as_array(x, "allreduce", writable=inplace)
         op = as_op(op)
         dtypes.check_dtype(arr.dtype, what="allreduce input")
         dtypes.check_op_for_dtype(op, arr.dtype)
         alg = self.resolve_algorithm(algorithm, arr.size, arr.itemsize)
-        agree(self.comm, ("allreduce", name, arr.shape, str(arr.dtype), op.name, alg))
+        self._agree(("allreduce", name, arr.shape, str(arr.dtype), op.name, alg))
         if inplace and arr.flags.c_contiguous:
             self.allreduce_flat(arr.reshape(-1), op, alg)
             return arr
@@ -92,7 +109,7 @@ class Context:
         algorithm: str | None = None,
     ) -> list[np.ndarray]:
         """Allreduce several arrays as one fused buffer per dtype; results in input order."""
-        arrs = [_as_array(x, "grouped_allreduce") for x in xs]
+        arrs = [as_array(x, "grouped_allreduce") for x in xs]
         op = as_op(op)
         for a in arrs:
             dtypes.check_dtype(a.dtype, what="grouped_allreduce input")
@@ -104,7 +121,7 @@ class Context:
         for dt, idx in by_dtype.items():
             count = sum(arrs[i].size for i in idx)
             plan.append((dt, idx, self.resolve_algorithm(algorithm, count, dt.itemsize)))
-        agree(self.comm, ("grouped_allreduce", name, tuple((a.shape, str(a.dtype)) for a in arrs), op.name,
+        self._agree(("grouped_allreduce", name, tuple((a.shape, str(a.dtype)) for a in arrs), op.name,
                           tuple(p[2] for p in plan)))
         out: list[np.ndarray] = [np.empty(0)] * len(arrs)
         for dt, idx, alg in plan:
@@ -120,11 +137,11 @@ class Context:
     # -- gather / scatter / broadcast --------------------------------------------
     def allgather(self, x: Any, *, name: str | None = None) -> np.ndarray:
         """Concatenate every rank's ``x`` along axis 0 (first dims may differ)."""
-        arr = np.ascontiguousarray(_as_array(x, "allgather"))
+        arr = np.ascontiguousarray(as_array(x, "allgather"))
         if arr.ndim == 0:
             raise ValueError("allgather needs an array with at least one dimension; wrap a scalar as [x]")
         dtypes.check_dtype(arr.dtype, what="allgather input")
-        agree(self.comm, ("allgather", name, arr.shape[1:], str(arr.dtype)))
+        self._agree(("allgather", name, arr.shape[1:], str(arr.dtype)))
         rows = [int(r) for r in self.comm.allgather_object(arr.shape[0])] if self.topology.size > 1 else [arr.shape[0]]
         row_bytes = arr.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
         out = np.empty((sum(rows), *arr.shape[1:]), dtype=arr.dtype)
@@ -136,14 +153,11 @@ class Context:
 
     def broadcast(self, x: Any, *, root_rank: int = 0, name: str | None = None, inplace: bool = False) -> np.ndarray:
         """Every rank gets ``root_rank``'s ``x`` (same shape and dtype required everywhere)."""
-        arr = _as_array(x, "broadcast", writable=inplace)
+        arr = as_array(x, "broadcast", writable=inplace)
         self._check_root(root_rank)
         dtypes.check_dtype(arr.dtype, what="broadcast input")
-        agree(self.comm, ("broadcast", name, arr.shape, str(arr.dtype), root_rank))
-        if inplace and arr.flags.c_contiguous:
-            target = arr
-        else:
-            target = np.array(arr, copy=True, order="C")
+        self._agree(("broadcast", name, arr.shape, str(arr.dtype), root_rank))
+        target = arr if inplace and arr.flags.c_contiguous else np.array(arr, copy=True, order="C")
         if self.topology.size > 1 and target.size:
             self.comm.bcast_buffer(target, root_rank)
         if inplace and target is not arr:
@@ -153,13 +167,13 @@ class Context:
 
     def reducescatter(self, x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None) -> np.ndarray:
         """Reduce ``x`` over ranks and give rank r its slice of axis 0 (first ranks get extra rows)."""
-        arr = _as_array(x, "reducescatter")
+        arr = as_array(x, "reducescatter")
         if arr.ndim == 0:
             raise ValueError("reducescatter needs an array with at least one dimension to split along axis 0")
         op = as_op(op)
         dtypes.check_dtype(arr.dtype, what="reducescatter input")
         dtypes.check_op_for_dtype(op, arr.dtype)
-        agree(self.comm, ("reducescatter", name, arr.shape, str(arr.dtype), op.name))
+        self._agree(("reducescatter", name, arr.shape, str(arr.dtype), op.name))
         p, n = self.topology.size, arr.shape[0]
         rows = [n // p + (1 if r < n % p else 0) for r in range(p)]
         row = int(np.prod(arr.shape[1:], dtype=np.int64))
@@ -173,7 +187,7 @@ class Context:
             seg = max(1, self.config.segment_bytes // flat.itemsize)
             run_schedule(self.comm, Schedule("ring", topo.rank, flat.size, tuple(steps)), flat, op, segment_elems=seg)
         lo, hi = int(starts[topo.rank]), int(starts[topo.rank + 1])
-        mine = flat[lo:hi].reshape((rows[topo.rank], *arr.shape[1:])).copy()
+        mine: np.ndarray = flat[lo:hi].reshape((rows[topo.rank], *arr.shape[1:])).copy()
         if op is ReduceOp.AVERAGE:
             np.divide(mine, p, out=mine)
         return mine
@@ -181,17 +195,17 @@ class Context:
     def broadcast_object(self, obj: Any, *, root_rank: int = 0) -> Any:
         """Every rank gets ``root_rank``'s picklable ``obj``."""
         self._check_root(root_rank)
-        agree(self.comm, ("broadcast_object", root_rank))
+        self._agree(("broadcast_object", root_rank))
         return obj if self.topology.size == 1 else self.comm.bcast_object(obj, root_rank)
 
     def allgather_object(self, obj: Any) -> list[Any]:
         """A list of every rank's picklable ``obj``, by rank."""
-        agree(self.comm, ("allgather_object",))
+        self._agree(("allgather_object",))
         return [obj] if self.topology.size == 1 else self.comm.allgather_object(obj)
 
     def barrier(self) -> None:
         """Return once every rank has called ``barrier``."""
-        agree(self.comm, ("barrier",))
+        self._agree(("barrier",))
         if self.topology.size > 1:
             self.comm.barrier()
 
@@ -200,7 +214,7 @@ class Context:
             raise ValueError(f"root_rank={root_rank!r} is not a rank of this job; use 0..{self.topology.size - 1}")
 
 
-def _as_array(x: Any, what: str, *, writable: bool = False) -> np.ndarray:
+def as_array(x: Any, what: str, *, writable: bool = False) -> np.ndarray:
     if writable:
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{what}_ needs a numpy array to write into, got {type(x).__name__}")

@@ -8,6 +8,9 @@ Both ends derive the number of segments from the same range, so messages always 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import numpy as np
 
 from ddl.comm import Comm
@@ -16,9 +19,12 @@ from ddl.schedule import Schedule
 
 
 def run_schedule(
-    comm: Comm, schedule: Schedule, buf: np.ndarray, op: ReduceOp, *, segment_elems: int
+    comm: Comm, schedule: Schedule, buf: np.ndarray, op: ReduceOp, *, segment_elems: int,
+    on_phase: Callable[[tuple[str, float, float]], None] | None = None,
 ) -> None:
     """Execute ``schedule`` in place on the 1-D contiguous ``buf``.
+
+    ``on_phase`` receives ``(phase, start, end)`` for each run of steps of one phase.
 
     Raises:
         ValueError: ``buf`` does not match the schedule's element count.
@@ -29,7 +35,13 @@ def run_schedule(
     combine = ufunc(op)
     largest = max((s.recv_count for s in schedule.steps if s.reduce), default=0)
     scratch = np.empty(min(seg, largest), dtype=buf.dtype)
+    phase, phase_start = "", time.perf_counter()
     for step in schedule.steps:
+        if on_phase is not None and step.phase != phase:
+            now = time.perf_counter()
+            if phase:
+                on_phase((phase, phase_start, now))
+            phase, phase_start = step.phase, now
         n_send, n_recv = step.send_count, step.recv_count
         pieces = max(-(-n_send // seg), -(-n_recv // seg))
         for m in range(pieces):
@@ -49,3 +61,5 @@ def run_schedule(
                     comm.sendrecv(send, step.send_peer if send is not None else None, target, step.recv_peer)
             else:
                 comm.sendrecv(send, step.send_peer, None, None)
+    if on_phase is not None and phase:
+        on_phase((phase, phase_start, time.perf_counter()))

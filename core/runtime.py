@@ -17,11 +17,14 @@ from typing import Any
 from ddl.comm import Comm, MPIComm, SelfComm
 from ddl.config import Config
 from ddl.context import Context
+from ddl.engine import Engine
 from ddl.errors import NotInitializedError
+from ddl.timeline import Timeline
 from ddl.topology import Topology, build_topology
 
 _lock = threading.Lock()
 _context: Context | None = None
+_engine: Engine | None = None
 
 
 def init(*, topology: str | None = None, algorithm: str | None = None) -> Context:
@@ -41,7 +44,7 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
         >>> ddl.size() >= 1
         True
     """
-    global _context
+    global _context, _engine
     with _lock:
         config = Config.from_env()
         source = "topology argument" if topology else "DDL_TOPOLOGY"
@@ -54,7 +57,11 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
         comm = _world_comm()
         hostnames = comm.allgather_object(config.hostname or comm.hostname())
         topo = build_topology(comm.rank, hostnames, spec, source=source)
-        _context = Context(comm, topo, config)
+        ctx = Context(comm, topo, config, agree_each_call=False)
+        timeline = Timeline(config.timeline, rank=comm.rank) if config.timeline and comm.rank == 0 else None
+        _engine = Engine(ctx, fusion_threshold=config.fusion_threshold, stall_timeout=config.stall_timeout,
+                         cycle_time=config.cycle_time, timeline=timeline)
+        _context = ctx
         if comm.size > 1 and config.abort_on_exception:
             _install_abort_hooks(comm)
         if config.verbose and comm.rank == 0:
@@ -65,11 +72,15 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
 
 def shutdown() -> None:
     """Release ddl's communicator; ``init`` may be called again afterwards."""
-    global _context
+    global _context, _engine
     with _lock:
+        if _engine is not None:
+            _engine.stop()
+            if _engine.timeline is not None:
+                _engine.timeline.write()
         if _context is not None and isinstance(_context.comm, MPIComm):
             _context.comm.free()
-        _context = None
+        _context, _engine = None, None
 
 
 def context() -> Context:
@@ -81,6 +92,17 @@ def context() -> Context:
     if _context is None:
         raise NotInitializedError("ddl is not initialized; call ddl.init() first")
     return _context
+
+
+def engine() -> Engine:
+    """The running engine.
+
+    Raises:
+        NotInitializedError: ``ddl.init()`` has not been called.
+    """
+    if _engine is None:
+        raise NotInitializedError("ddl is not initialized; call ddl.init() first")
+    return _engine
 
 
 def is_initialized() -> bool:
@@ -131,7 +153,7 @@ def _install_abort_hooks(comm: Comm) -> None:
     def abort(exc_type: type[BaseException], exc: BaseException | None, tb: TracebackType | None, where: str) -> None:
         try:
             text = "".join(traceback.format_exception(exc_type, exc, tb))
-            sys.stderr.write(f"{text}ddl: rank {rank} {where} raised {exc_type.__name__}: {exc}; aborting the job\n")
+            sys.stderr.write(f"{text}ddl: rank {rank}{where} raised {exc_type.__name__}: {exc}; aborting the job\n")
             sys.stderr.flush()
         finally:
             comm.abort(1)
@@ -143,7 +165,7 @@ def _install_abort_hooks(comm: Comm) -> None:
         if args.exc_type is SystemExit:
             return
         name = args.thread.name if args.thread else "a thread"
-        abort(args.exc_type, args.exc_value, args.exc_traceback, f"(thread {name})")
+        abort(args.exc_type, args.exc_value, args.exc_traceback, f" (thread {name})")
 
     sys.excepthook = excepthook
     threading.excepthook = thread_hook

@@ -138,7 +138,7 @@ class Topology:
     def rank_at(self, coords: tuple[int, ...]) -> int:
         """The world rank at ``coords``."""
         index, stride = 0, 1
-        for c, d in zip(coords, self.dims):
+        for c, d in zip(coords, self.dims, strict=True):
             index += c * stride
             stride *= d
         return self.order[index]

@@ -1,1 +1,51 @@
-"""ddlrun: the launcher."""
+"""ddlrun, the launcher: a thin front of the mpiexec of the MPI that mpi4py uses.
+
+Its command line and environment come from :func:`build_launch`, a pure function;
+:func:`main` parses ``ddlrun``'s flags, finds MPI and runs the result.
+
+Example:
+    >>> from ddl.launcher import LaunchOptions, MpiInfo, build_launch
+    >>> launch = build_launch(LaunchOptions(np=2, command=("train",), topology="2"),
+    ...                       mpi=MpiInfo(flavour="mpich", mpiexec="mpiexec"), cpu_count=4,
+    ...                       base_env={}, python_executable="python", is_root=False)
+    >>> launch.argv, launch.env
+    (['mpiexec', '-n', '2', 'train'], {'DDL_TOPOLOGY': '2'})
+"""
+
+from __future__ import annotations
+
+from ddl.launcher.command import (
+    Launch,
+    LaunchError,
+    LaunchOptions,
+    MpiInfo,
+    build_launch,
+    ddl_environment,
+    flavour_from_version,
+    validate_options,
+)
+from ddl.launcher.hosts import (
+    HostListError,
+    HostSlots,
+    format_host_list,
+    parse_host_list,
+    parse_hostfile,
+    read_hostfile,
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``ddlrun`` with ``argv``; see :func:`ddl.launcher.cli.main`.
+
+    Imported lazily so that ``python -m ddl.launcher.cli`` does not load ``cli`` twice.
+    """
+    from ddl.launcher.cli import main as cli_main
+
+    return cli_main(argv)
+
+
+__all__ = [
+    "HostListError", "HostSlots", "Launch", "LaunchError", "LaunchOptions", "MpiInfo",
+    "build_launch", "ddl_environment", "flavour_from_version", "format_host_list", "main",
+    "parse_host_list", "parse_hostfile", "read_hostfile", "validate_options",
+]

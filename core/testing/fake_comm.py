@@ -88,7 +88,7 @@ class FakeComm:
         parts = self._exchange(as_bytes(send).copy())
         out = as_bytes(recv)
         offset = 0
-        for part, n in zip(parts, counts):
+        for part, n in zip(parts, counts, strict=True):
             out[offset : offset + n] = part[:n]
             offset += n
 

@@ -1,0 +1,57 @@
+"""Gradient compression on the wire: cast before the allreduce, cast back after."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ddl.dtypes import BFLOAT16, is_floating
+
+
+@dataclasses.dataclass(frozen=True)
+class Compressor:
+    """Sends floating-point data as ``wire`` dtype (None: unchanged). Integers pass as they are."""
+
+    name: str
+    wire: np.dtype | None
+
+    def wire_dtype(self, dtype: np.dtype) -> np.dtype:
+        """The dtype ``dtype`` travels as."""
+        if self.wire is None or not is_floating(dtype) or dtype.itemsize <= self.wire.itemsize:
+            return dtype
+        return self.wire
+
+    def __repr__(self) -> str:
+        return f"ddl.Compression.{self.name}"
+
+
+class Compression:
+    """The compressors: ``none``, ``fp16`` and (with ml_dtypes) ``bf16``.
+
+    With ``op=ddl.Average`` each rank divides by the world size *before* casting down,
+    so a float16 sum of p realistic gradients cannot overflow where the float32 one
+    would not.
+    """
+
+    none = Compressor("none", None)
+    fp16 = Compressor("fp16", np.dtype(np.float16))
+    bf16 = Compressor("bf16", BFLOAT16) if BFLOAT16 is not None else None
+
+
+def as_compressor(value: object) -> Compressor:
+    """Accept a :class:`Compressor`, None, or a name such as ``"fp16"``.
+
+    Raises:
+        ValueError: unknown compression, or bf16 without ml_dtypes.
+    """
+    if value is None:
+        return Compression.none
+    if isinstance(value, Compressor):
+        return value
+    if isinstance(value, str) and value in ("none", "fp16", "bf16"):
+        found = getattr(Compression, value)
+        if found is None:
+            raise ValueError("bf16 compression needs the ml_dtypes package: pip install ml_dtypes")
+        return found  # type: ignore[no-any-return]
+    raise ValueError(f"unknown compression {value!r}; use ddl.Compression.none, .fp16 or .bf16")
