@@ -113,6 +113,13 @@ class MPIComm:
         self._comm.Barrier()
 
     def abort(self, code: int = 1) -> NoReturn:
+        import sys
+        import time
+
+        # The launcher forwards output asynchronously; give it a moment before the kill.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(0.3)
         self._MPI.COMM_WORLD.Abort(code)
         raise SystemExit(code)  # not reached: Abort does not return
 

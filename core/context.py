@@ -137,9 +137,10 @@ class Context:
     # -- gather / scatter / broadcast --------------------------------------------
     def allgather(self, x: Any, *, name: str | None = None) -> np.ndarray:
         """Concatenate every rank's ``x`` along axis 0 (first dims may differ)."""
-        arr = np.ascontiguousarray(as_array(x, "allgather"))
+        arr = as_array(x, "allgather")
         if arr.ndim == 0:
             raise ValueError("allgather needs an array with at least one dimension; wrap a scalar as [x]")
+        arr = np.ascontiguousarray(arr)
         dtypes.check_dtype(arr.dtype, what="allgather input")
         self._agree(("allgather", name, arr.shape[1:], str(arr.dtype)))
         rows = [int(r) for r in self.comm.allgather_object(arr.shape[0])] if self.topology.size > 1 else [arr.shape[0]]

@@ -29,8 +29,8 @@ class Link:
 # Measured on the 2-core development machine (MPICH shared memory, mpi4py Sendrecv from
 # Python): ~30 us per exchange, ~2 GB/s per stream, numpy add ~1 GB/s on one core.
 SHARED_MEMORY = Link(alpha=30e-6, beta=1 / 2.0e9)
-# A commodity 25 Gb/s Ethernet port between hosts.
-NETWORK = Link(alpha=15e-6, beta=1 / 2.8e9)
+# A commodity 10 Gb/s Ethernet port between hosts.
+NETWORK = Link(alpha=25e-6, beta=1 / 1.2e9)
 REDUCE_GAMMA = 1 / 1.0e9
 
 
@@ -38,8 +38,9 @@ REDUCE_GAMMA = 1 / 1.0e9
 class CostModel:
     """Links per topology dimension (the last one repeats outward) and the reduce rate.
 
-    ``native`` prices the MPI library's own allreduce as ``2 log2(p) alpha + 2 N beta``
-    (recursive doubling for small messages, Rabenseifner for large), on the slowest link.
+    The MPI library's own allreduce is priced as ``2 log2(p) alpha + 2 N beta +
+    N gamma`` (recursive doubling for small messages, Rabenseifner for large) on the
+    slowest link: it does not know the multi-ring dims.
     """
 
     links: tuple[Link, ...]
@@ -86,7 +87,8 @@ def native_time(topology: Topology, nbytes: int, model: CostModel) -> float:
     if p == 1:
         return 0.0
     slow = model.link(len(topology.dims) - 1 if topology.cross_size > 1 else 0)
-    return model.native_overhead + 2 * math.ceil(math.log2(p)) * slow.alpha + 2 * nbytes * slow.beta
+    reduce = nbytes * (p - 1) / p * model.gamma
+    return model.native_overhead + 2 * math.ceil(math.log2(p)) * slow.alpha + 2 * nbytes * slow.beta + reduce
 
 
 def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model: CostModel) -> float:

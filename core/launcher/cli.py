@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="default allreduce algorithm: auto, mpi, ring, multiring, halving_doubling")
     parser.add_argument("--segment-bytes", dest="segment_bytes", type=int, metavar="BYTES",
                         help="largest single message (bounds each rank's scratch buffer)")
+    parser.add_argument("--timeline", dest="timeline", metavar="FILE",
+                        help="write a Chrome-trace JSON of every collective (rank 0)")
+    parser.add_argument("--fusion-threshold", dest="fusion_threshold", type=int, metavar="BYTES",
+                        help="largest fused allreduce buffer (0: no fusion)")
+    parser.add_argument("--stall-timeout", dest="stall_timeout", type=float, metavar="SECONDS",
+                        help="abort when a tensor is missing on some ranks this long")
     parser.add_argument("-v", "--verbose", dest="verbose", action="store_true",
                         help="explain the launch, print the mpiexec command line, and set DDL_VERBOSE=1")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Literal
 
 from ddl.algorithms import check_name
-from ddl.config import LAUNCHER_FLAGS
+from ddl.config import LAUNCHER_FLAGS, Config
 from ddl.errors import TopologyError
 from ddl.launcher.hosts import HostSlots, format_host_list, ranks_per_host, total_slots
 from ddl.topology import check_spec_size, parse_spec
@@ -35,7 +35,8 @@ class LaunchOptions:
         np: number of ranks.
         command: the program each rank runs, as written.
         hosts: hosts with slots (from ``-H`` or ``--hostfile``); empty for this host only.
-        topology, algorithm, segment_bytes, verbose: see :class:`ddl.config.Config`.
+        topology, algorithm, segment_bytes, verbose, timeline, fusion_threshold,
+            stall_timeout: see :class:`ddl.config.Config`; None (False) leaves them unset.
     """
 
     np: int
@@ -45,6 +46,9 @@ class LaunchOptions:
     algorithm: str | None = None
     segment_bytes: int | None = None
     verbose: bool = False
+    timeline: str | None = None
+    fusion_threshold: int | None = None
+    stall_timeout: float | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -92,7 +96,8 @@ def validate_options(options: LaunchOptions) -> None:
 
     Raises:
         LaunchError: ``np < 1``, no command, too few host slots, a malformed topology or one
-            whose product is not ``np``, an unknown algorithm, or ``segment_bytes < 1``.
+            whose product is not ``np``, an unknown algorithm, or a value ``ddl.config``
+            would refuse (``--segment-bytes 0``).
     """
     if options.np < 1:
         raise LaunchError(f"-np {options.np} is not a rank count; give at least 1, e.g. -np 2")
@@ -122,8 +127,12 @@ def validate_options(options: LaunchOptions) -> None:
             check_name(options.algorithm)
         except ValueError as exc:
             raise LaunchError(f"--algorithm: {exc}") from None
-    if options.segment_bytes is not None and options.segment_bytes < 1:
-        raise LaunchError(f"--segment-bytes {options.segment_bytes} must be at least 1, e.g. 1048576")
+    flags = {variable: flag for flag, variable in LAUNCHER_FLAGS.items()}
+    for variable, value in ddl_environment(options).items():
+        try:  # the one reader of DDL_* judges each value, as the ranks will
+            Config.from_env({variable: value})
+        except ValueError as exc:
+            raise LaunchError(f"{_flag_name(flags[variable])} {value}: {exc}") from None
 
 
 def ddl_environment(options: LaunchOptions) -> dict[str, str]:
@@ -189,7 +198,7 @@ def build_launch(
     flags = {variable: flag for flag, variable in LAUNCHER_FLAGS.items()}
     for variable, value in ddl_environment(options).items():
         env[variable] = value
-        notes.append(f"{variable}={value} (from --{flags[variable].replace('_', '-')})")
+        notes.append(f"{variable}={value} (from {_flag_name(flags[variable])})")
 
     mpi_flags: list[str] = []
     busiest = busiest_host_ranks(options)
@@ -212,6 +221,10 @@ def build_launch(
         command[0] = python_executable
     argv = [mpi.mpiexec, "-n", str(options.np), *mpi_flags, *command]
     return Launch(argv=argv, env=env, notes=notes)
+
+
+def _flag_name(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
 
 
 def _oversubscribe(

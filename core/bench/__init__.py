@@ -1,0 +1,1 @@
+"""Benchmarks that print tables and write JSON and plots (``ddl bench ...``)."""

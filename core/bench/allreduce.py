@@ -1,0 +1,190 @@
+"""``ddl bench allreduce``: every algorithm, auto and the peers, in one run.
+
+Float32 sums over sizes 4 KiB ... 256 MiB (powers of 4). Per size and contender: the
+median over repeats of the slowest rank's time, algbw = bytes / time and busbw =
+algbw * 2(p-1)/p (as nccl-tests report them), and a check of the result. Prints a
+table, writes JSON and a PNG plot (busbw against size). ``--fused N`` compares N
+tensors of size S submitted asynchronously with one tensor of N*S.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import ddl
+from ddl.bench import peers
+
+ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "auto"]
+
+
+def sizes(lo: int, hi: int) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(s)
+        s *= 4
+    return out
+
+
+def timed(comm: Any, fn: Callable[[], Any], *, budget: float, max_reps: int) -> tuple[float, Any]:
+    """Median of the slowest rank's time over repeats that fit ``budget`` seconds."""
+    from mpi4py import MPI
+
+    result = fn()  # warm-up, and the result that is checked
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    first = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    reps = int(max(3, min(max_reps, budget / max(first, 1e-6))))
+    reps = comm.bcast(reps, root=0)
+    times = []
+    for _ in range(reps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return statistics.median(times), result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddl bench allreduce", description=__doc__)
+    parser.add_argument("--min-bytes", type=int, default=4 << 10)
+    parser.add_argument("--max-bytes", type=int, default=256 << 20)
+    parser.add_argument("--budget", type=float, default=0.4, help="seconds of repeats per size and contender")
+    parser.add_argument("--max-reps", type=int, default=50)
+    parser.add_argument("--fused", type=int, default=0, metavar="N", help="also compare N async tensors with one")
+    parser.add_argument("--fused-bytes", type=int, default=16 << 10, metavar="S")
+    parser.add_argument("--no-gloo", action="store_true")
+    parser.add_argument("--out", default="bench-results", help="folder for the JSON and the PNG")
+    args = parser.parse_args(argv)
+
+    from mpi4py import MPI
+
+    ddl.init()
+    comm = MPI.COMM_WORLD.Dup()
+    rank, p = comm.Get_rank(), comm.Get_size()
+    contenders: dict[str, Callable[[np.ndarray], np.ndarray]] = {f"ddl:{a}": ddl_allreduce(a) for a in ALGORITHMS}
+    contenders["MPI_Allreduce"] = peers.mpi_allreduce(comm)
+    notes = []
+    if not args.no_gloo:
+        try:
+            from ddl.torch.peers import gloo_allreduce
+        except ImportError:
+            notes.append("gloo skipped: torch is not installed (pip install 'ddl[torch]')")
+        else:
+            gloo, _ = gloo_allreduce(comm)
+            if gloo is not None:
+                contenders["torch-gloo"] = gloo
+    rows = []
+    expected = p * (p + 1) / 2
+    for nbytes in sizes(args.min_bytes, args.max_bytes):
+        x = np.full(nbytes // 4, rank + 1, np.float32)
+        for name, fn in contenders.items():
+            t, y = timed(comm, bind(fn, x), budget=args.budget, max_reps=args.max_reps)
+            ok = bool(comm.allreduce(bool(np.all(y == expected)), op=MPI.LAND))
+            algbw = nbytes / t / 1e9
+            resolved = ddl.context().resolve_algorithm("auto", x.size, 4) if name == "ddl:auto" else ""
+            rows.append({"bytes": nbytes, "contender": name, "time_s": t, "algbw_GBps": algbw,
+                         "busbw_GBps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": ok,
+                         "auto_picked": resolved})
+        del x
+    fused_rows = run_fused(comm, args.fused, args.fused_bytes) if args.fused else []
+    if rank == 0:
+        report(rows, fused_rows, p, notes, Path(args.out))
+    ddl.shutdown()
+    return 0 if all(r["correct"] for r in rows) else 1
+
+
+def ddl_allreduce(algorithm: str) -> Callable[[np.ndarray], np.ndarray]:
+    def run(x: np.ndarray) -> np.ndarray:
+        return ddl.allreduce(x, op=ddl.Sum, algorithm=algorithm)
+
+    return run
+
+
+def bind(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> Callable[[], np.ndarray]:
+    def run() -> np.ndarray:
+        return fn(x)
+
+    return run
+
+
+def run_fused(comm: Any, n: int, nbytes: int) -> list[dict[str, Any]]:
+    xs = [np.ones(nbytes // 4, np.float32) for _ in range(n)]
+    one = np.ones(n * nbytes // 4, np.float32)
+
+    def many() -> list[np.ndarray]:
+        hs = [ddl.allreduce_async(x, op=ddl.Sum, name=f"f{i}") for i, x in enumerate(xs)]
+        return [h.wait() for h in hs]
+
+    t_many, _ = timed(comm, many, budget=1.0, max_reps=20)
+    t_one, _ = timed(comm, bind(ddl_allreduce("auto"), one), budget=1.0, max_reps=20)
+    return [{"tensors": n, "bytes_each": nbytes, "time_async_s": t_many, "time_one_s": t_one,
+             "ratio": t_many / t_one}]
+
+
+def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, notes: list[str], out: Path) -> None:
+    names = list(dict.fromkeys(r["contender"] for r in rows))
+    print(f"allreduce float32 sum, {p} ranks — busbw GB/s (time ms); * = result wrong")
+    print(f"{'size':>9} " + " ".join(f"{n:>20}" for n in names) + "   auto picked")
+    for nbytes in dict.fromkeys(r["bytes"] for r in rows):
+        cells, picked = [], ""
+        for n in names:
+            r = next(r for r in rows if r["bytes"] == nbytes and r["contender"] == n)
+            cells.append(f"{r['busbw_GBps']:8.3f} ({r['time_s'] * 1e3:8.3f}){'' if r['correct'] else '*'}")
+            picked = r["auto_picked"] or picked
+        print(f"{human(nbytes):>9} " + " ".join(f"{c:>20}" for c in cells) + f"   {picked}")
+    for f in fused:
+        print(f"fusion: {f['tensors']} x {human(f['bytes_each'])} async {f['time_async_s'] * 1e3:.2f} ms vs one "
+              f"{human(f['tensors'] * f['bytes_each'])} {f['time_one_s'] * 1e3:.2f} ms: ratio {f['ratio']:.2f}")
+    for note in notes:
+        print(note)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"allreduce-np{p}"
+    stem.with_suffix(".json").write_text(json.dumps({"ranks": p, "rows": rows, "fused": fused, "notes": notes}, indent=1))
+    plot(rows, names, p, stem.with_suffix(".png"))
+    print(f"wrote {stem}.json and {stem}.png")
+
+
+def plot(rows: list[dict[str, Any]], names: list[str], p: int, path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot")
+        return
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for n in names:
+        pts = [(r["bytes"], r["busbw_GBps"]) for r in rows if r["contender"] == n]
+        ax.plot([a for a, _ in pts], [b for _, b in pts], marker="o", label=n,
+                linewidth=2.5 if n == "ddl:auto" else 1.2)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"allreduce float32, {p} ranks")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def human(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n}{unit}"
+        n //= 1024
+    return f"{n}TiB"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,63 @@
+"""The core never imports a deep-learning framework: ddl works with them blocked."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+BLOCKED = ("torch", "tensorflow", "keras", "jax")
+
+SCRIPT = textwrap.dedent(
+    """
+    import importlib.abc
+    import sys
+
+    BLOCKED = {blocked!r}
+
+    class Blocker(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in BLOCKED:
+                raise ImportError(f"blocked import of {{name}} (ddl core must not import it)")
+            return None
+
+    sys.meta_path.insert(0, Blocker())
+    for name in list(sys.modules):
+        if name.split(".")[0] in BLOCKED:
+            del sys.modules[name]
+
+    import numpy as np
+
+    import ddl
+    import ddl.testing
+
+    ddl.init()
+    assert ddl.size() == 1 and ddl.rank() == 0
+    out = ddl.allreduce(np.arange(4.0), op=ddl.Sum)
+    assert out.tolist() == [0.0, 1.0, 2.0, 3.0], out
+    assert ddl.allreduce(np.ones(3)).tolist() == [1.0, 1.0, 1.0]
+    assert ddl.testing.run_ranks(2, lambda comm: comm.rank) == [0, 1]
+    ddl.shutdown()
+    leaked = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED)
+    assert not leaked, leaked
+    # The blocker itself works: this must fail.
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        raise SystemExit("blocker did not block torch")
+    print("isolation ok")
+    """
+).format(blocked=BLOCKED)
+
+
+def test_ddl_imports_without_frameworks() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DDL_", "PMI_", "OMPI_", "MPICH_"))}
+    env["DDL_CALIBRATE"] = "0"  # no link measurement at init: keep it fast
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, env=env,
+    )
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "isolation ok" in proc.stdout
