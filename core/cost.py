@@ -96,11 +96,19 @@ def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model
     if algorithm == "mpi":
         return native_time(topology, count * itemsize, model)
     alg = SCHEDULED[algorithm]
+    # Unit dims change no schedule; drop them so "1x6" prices exactly like "6".
+    dims = tuple(d for d in topology.dims if d > 1) or (1,)
+    if dims != topology.dims:
+        topology = dataclasses.replace(topology, dims=dims)
     group = topology.ring(0, topology.order[0]) if topology.dims[0] > 1 else [topology.order[0]]
-    schedules = [alg.compile(topology, r, count) for r in group]
-    if not any(s.steps for s in schedules):
-        return 0.0
-    return schedule_time(schedules, topology, itemsize, model)
+    # Besides the first dim-0 group (for port sharing), ranks 1 and p-1 in topology
+    # order stand for the ranks a fold step leaves busy (halving_doubling's odd ones).
+    groups = [group, [topology.order[min(1, topology.size - 1)]], [topology.order[-1]]]
+    times = []
+    for members in groups:
+        schedules = [alg.compile(topology, r, count) for r in members]
+        times.append(schedule_time(schedules, topology, itemsize, model) if any(x.steps for x in schedules) else 0.0)
+    return max(times)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -202,12 +202,6 @@ def test_predict_ignores_unit_dims_on_one_link(algorithm: str) -> None:
         cost.predict(algorithm, flat, 1 << 20, 4, model))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="core/cost.py predict(): when dims[0] == 1 the representative group is [order[0]], which for "
-    "halving_doubling on a non-power-of-two world is a folded-out rank (2 steps: fold, unfold), so the "
-    "prediction leaves out the whole halving/doubling phase (1x6: 8.4e-3 s against 2.3e-2 s for '6')",
-)
 def test_predict_halving_doubling_unit_inner_dim() -> None:
     model = cost.CostModel(links=(cost.Link(alpha=1e-5, beta=1e-9),), gamma=1e-10)
     flat = build_topology(0, ["a"] * 6, "6")
@@ -229,9 +223,9 @@ def test_outer_links_are_shared_by_a_host() -> None:
 @pytest.mark.parametrize("topo_fn", [_two_hosts, _sixteen_hosts], ids=["4x2", "4x16"])
 def test_choose_mpi_for_tiny_messages(topo_fn: object) -> None:
     topo = topo_fn()  # type: ignore[operator]
-    for model in (cost.default_model(topo),):
-        for n in (0, 1, 8):
-            assert cost.choose(topo, n, 4, model) == "mpi"
+    model = cost.default_model(topo)
+    for n in (0, 1, 8):
+        assert cost.choose(topo, n, 4, model) == "mpi"
     # On one host, where the MPI library and the schedules use the same link.
     single = build_topology(0, ["a"] * 8, "2x4")
     for n in (1, 8):
