@@ -31,8 +31,6 @@ class Config:
             aborts (a warning at half of it).
         cycle_time: seconds an idle engine waits before checking in with the others.
         timeline: path of a Chrome-trace JSON written by rank 0, or None.
-        calibration: path of a saved calibration (JSON) to load or create, or None.
-        calibrate: measure link latency/bandwidth at init for ``auto``.
     """
 
     topology: str | None = None
@@ -45,8 +43,6 @@ class Config:
     stall_timeout: float = 60.0
     cycle_time: float = 0.002
     timeline: str | None = None
-    calibration: str | None = None
-    calibrate: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -67,8 +63,6 @@ class Config:
             stall_timeout=_float(env, "DDL_STALL_TIMEOUT", 60.0),
             cycle_time=_float(env, "DDL_CYCLE_TIME_MS", 2.0) / 1e3,
             timeline=_str(env, "DDL_TIMELINE"),
-            calibration=_str(env, "DDL_CALIBRATION"),
-            calibrate=_bool(env, "DDL_CALIBRATE", True),
         )
 
 

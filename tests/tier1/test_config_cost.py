@@ -26,14 +26,12 @@ def test_defaults_from_empty_env() -> None:
     assert cfg.fusion_threshold == 64 << 20
     assert cfg.stall_timeout == 60.0
     assert cfg.cycle_time == pytest.approx(0.002)
-    assert cfg.timeline is None and cfg.calibration is None
-    assert cfg.calibrate is True
+    assert cfg.timeline is None
 
 
 ALL_VARS = (
     "DDL_TOPOLOGY", "DDL_ALGORITHM", "DDL_SEGMENT_BYTES", "DDL_ABORT_ON_EXCEPTION", "DDL_HOSTNAME",
     "DDL_VERBOSE", "DDL_FUSION_THRESHOLD", "DDL_STALL_TIMEOUT", "DDL_CYCLE_TIME_MS", "DDL_TIMELINE",
-    "DDL_CALIBRATION", "DDL_CALIBRATE",
 )
 
 
@@ -67,8 +65,6 @@ def test_blank_values_mean_default() -> None:
         ("DDL_STALL_TIMEOUT", "2.5", "stall_timeout", 2.5),
         ("DDL_CYCLE_TIME_MS", "5", "cycle_time", 0.005),
         ("DDL_TIMELINE", "/tmp/trace.json", "timeline", "/tmp/trace.json"),
-        ("DDL_CALIBRATION", "calib.json", "calibration", "calib.json"),
-        ("DDL_CALIBRATE", "0", "calibrate", False),
     ],
 )
 def test_each_variable(var: str, value: str, field: str, expected: object) -> None:
@@ -92,7 +88,6 @@ def test_each_variable(var: str, value: str, field: str, expected: object) -> No
         ("DDL_ABORT_ON_EXCEPTION", "maybe"),
         ("DDL_ABORT_ON_EXCEPTION", "2"),
         ("DDL_VERBOSE", "yep"),
-        ("DDL_CALIBRATE", "sometimes"),
         ("DDL_FUSION_THRESHOLD", "-1"),
         ("DDL_FUSION_THRESHOLD", "64MB"),
         ("DDL_STALL_TIMEOUT", "0"),
