@@ -9,10 +9,10 @@ import numpy as np
 
 from ddl import algorithms, dtypes
 from ddl.compression import as_compressor
-from ddl.context import as_array
+from ddl.context import as_array, reduction_input
 from ddl.engine import Request
 from ddl.handle import Handle
-from ddl.ops import ReduceOp, as_op
+from ddl.ops import ReduceOp
 from ddl.runtime import context, engine
 
 
@@ -31,10 +31,7 @@ def allreduce_async(
         ValueError: unknown algorithm or compression, or ``name`` already in flight.
     """
     ctx, eng = context(), engine()
-    arr = as_array(x, "allreduce", writable=inplace)
-    op = as_op(op)
-    dtypes.check_dtype(arr.dtype, what="allreduce input")
-    dtypes.check_op_for_dtype(op, arr.dtype)
+    arr, op = reduction_input(x, op, "allreduce", writable=inplace)
     alg = algorithms.check_name(algorithm or ctx.config.algorithm)
     comp = as_compressor(compression)
     name = name or eng.next_name("allreduce")
@@ -123,12 +120,7 @@ def broadcast_(x: np.ndarray, root_rank: int = 0, *, name: str | None = None) ->
 def reducescatter(x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None) -> np.ndarray:
     """Reduce ``x`` and return this rank's slice of axis 0 (the first ranks get extra rows)."""
     ctx = context()
-    arr = as_array(x, "reducescatter")
-    if arr.ndim == 0:
-        raise ValueError("reducescatter needs an array with at least one dimension to split along axis 0")
-    op = as_op(op)
-    dtypes.check_dtype(arr.dtype, what="reducescatter input")
-    dtypes.check_op_for_dtype(op, arr.dtype)
+    arr, op = reduction_input(x, op, "reducescatter", needs_axis=True)
     return _submit("reducescatter", name, (arr.shape, str(arr.dtype), op.name),  # type: ignore[no-any-return]
                    lambda: ctx.reducescatter(arr, op=op))
 

@@ -88,10 +88,7 @@ class Context:
         algorithm: str | None = None, inplace: bool = False,
     ) -> np.ndarray:
         """Reduce ``x`` over all ranks; every rank gets the same bits."""
-        arr = as_array(x, "allreduce", writable=inplace)
-        op = as_op(op)
-        dtypes.check_dtype(arr.dtype, what="allreduce input")
-        dtypes.check_op_for_dtype(op, arr.dtype)
+        arr, op = reduction_input(x, op, "allreduce", writable=inplace)
         alg = self.resolve_algorithm(algorithm, arr.size, arr.itemsize)
         self._agree(("allreduce", name, arr.shape, str(arr.dtype), op.name, alg))
         if inplace and arr.flags.c_contiguous:
@@ -168,12 +165,7 @@ class Context:
 
     def reducescatter(self, x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None) -> np.ndarray:
         """Reduce ``x`` over ranks and give rank r its slice of axis 0 (first ranks get extra rows)."""
-        arr = as_array(x, "reducescatter")
-        if arr.ndim == 0:
-            raise ValueError("reducescatter needs an array with at least one dimension to split along axis 0")
-        op = as_op(op)
-        dtypes.check_dtype(arr.dtype, what="reducescatter input")
-        dtypes.check_op_for_dtype(op, arr.dtype)
+        arr, op = reduction_input(x, op, "reducescatter", needs_axis=True)
         self._agree(("reducescatter", name, arr.shape, str(arr.dtype), op.name))
         p, n = self.topology.size, arr.shape[0]
         rows = [n // p + (1 if r < n % p else 0) for r in range(p)]
@@ -213,6 +205,25 @@ class Context:
     def _check_root(self, root_rank: int) -> None:
         if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < self.topology.size:
             raise ValueError(f"root_rank={root_rank!r} is not a rank of this job; use 0..{self.topology.size - 1}")
+
+
+def reduction_input(
+    x: Any, op: Any, what: str, *, writable: bool = False, needs_axis: bool = False
+) -> tuple[np.ndarray, ReduceOp]:
+    """``x`` as an array and ``op`` as a ReduceOp, after the checks every reduction makes.
+
+    Raises:
+        TypeError: not array-like, unsupported dtype, or Average on integers.
+        ValueError: unknown op, read-only array for an in-place call, or a scalar
+            where an axis to split is needed.
+    """
+    arr = as_array(x, what, writable=writable)
+    if needs_axis and arr.ndim == 0:
+        raise ValueError(f"{what} needs an array with at least one dimension to split along axis 0")
+    reduce_op = as_op(op)
+    dtypes.check_dtype(arr.dtype, what=f"{what} input")
+    dtypes.check_op_for_dtype(reduce_op, arr.dtype)
+    return arr, reduce_op
 
 
 def as_array(x: Any, what: str, *, writable: bool = False) -> np.ndarray:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -16,11 +15,9 @@ from ddl.bench.peers import free_port
 def gloo_allreduce(comm: Any) -> tuple[Callable[[np.ndarray], np.ndarray] | None, str]:
     """torch.distributed with the gloo backend, or (None, why) when it cannot run."""
     port = comm.bcast(free_port() if comm.Get_rank() == 0 else None, root=0)
-    # Building the child rendezvous needs these variables: gloo reads them itself.
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=comm.Get_rank(), world_size=comm.Get_size())
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(),
+                            world_size=comm.Get_size())
 
     def run(x: np.ndarray) -> np.ndarray:
         t = torch.from_numpy(x.copy())
