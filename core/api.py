@@ -34,7 +34,7 @@ def allreduce_async(
     arr, op = reduction_input(x, op, "allreduce", writable=inplace)
     alg = algorithms.check_name(algorithm or ctx.config.algorithm)
     comp = as_compressor(compression)
-    name = name or eng.next_name("allreduce")
+    name = name or eng.next_name()
     desc = ("allreduce", name, arr.shape, str(arr.dtype), op.name, alg, comp.name)
     req = Request("allreduce", name, desc, Handle(name), array=arr, op=op, algorithm=alg,
                   compression=comp, inplace=inplace)
@@ -77,7 +77,7 @@ def allreduce_(x: np.ndarray, *, op: Any = ReduceOp.AVERAGE, name: str | None = 
 def grouped_allreduce(xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                       algorithm: str | None = None, compression: Any = None) -> list[np.ndarray]:
     """Allreduce several arrays together (fused by the engine); results in input order."""
-    base = name or engine().next_name("grouped")
+    base = name or engine().next_name()
     handles = [allreduce_async(x, op=op, name=f"{base}.{i}", algorithm=algorithm, compression=compression)
                for i, x in enumerate(xs)]
     return [h.wait() for h in handles]
@@ -85,7 +85,7 @@ def grouped_allreduce(xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: st
 
 def _submit(kind: str, name: str | None, desc: tuple[Any, ...], run: Callable[[], Any]) -> Any:
     eng = engine()
-    name = name or eng.next_name(kind)
+    name = name or eng.next_name()
     return eng.submit(Request(kind, name, (kind, name, *desc), Handle(name), run=run)).wait()
 
 

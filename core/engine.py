@@ -77,7 +77,9 @@ class Engine:
             self._thread.start()
 
     # -- submission (any thread) ---------------------------------------------------
-    def next_name(self, kind: str) -> str:
+    def next_name(self) -> str:
+        """A name for an unnamed request: one counter for every kind, so ranks that call
+        different collectives at the same point collide on the name and get a MismatchError."""
         with self._cond:
             self._seq += 1
             return f"#{self._seq}"

@@ -8,11 +8,11 @@ prints its traceback and aborts the whole job, so no rank is left waiting.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import sys
 import threading
 import traceback
 from types import TracebackType
-from typing import Any
 
 from ddl.comm import Comm, MPIComm, SelfComm
 from ddl.config import Config
@@ -50,7 +50,7 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
         source = "topology argument" if topology else "DDL_TOPOLOGY"
         spec = topology or config.topology
         if algorithm:
-            config = _replace(config, algorithm=algorithm)
+            config = dataclasses.replace(config, algorithm=algorithm)
         if _context is not None:
             _check_same(_context, spec, algorithm)
             return _context
@@ -123,12 +123,6 @@ def _world_comm() -> Comm:
     if MPI.COMM_WORLD.Get_size() == 1:
         return SelfComm()
     return MPIComm(MPI.COMM_WORLD.Dup())
-
-
-def _replace(config: Config, **changes: Any) -> Config:
-    import dataclasses
-
-    return dataclasses.replace(config, **changes)
 
 
 def _check_same(ctx: Context, spec: str | None, algorithm: str | None) -> None:
