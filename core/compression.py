@@ -25,6 +25,10 @@ class Compressor:
     def __repr__(self) -> str:
         return f"ddl.Compression.{self.name}"
 
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        # Unpickle to the shared instance, so `is ddl.Compression.fp16` still holds.
+        return as_compressor, (self.name,)
+
 
 class Compression:
     """The compressors: ``none``, ``fp16`` and (with ml_dtypes) ``bf16``.

@@ -1,0 +1,139 @@
+"""The core's collectives on torch tensors (CPU zero-copy; CUDA staged through host memory)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+import ddl
+import torch
+from ddl.ops import ReduceOp
+
+from .tensors import check_tensor, from_numpy, host_view, staged
+
+
+class TorchHandle:
+    """The pending result of an asynchronous torch collective; ``wait()`` returns the tensor."""
+
+    __slots__ = ("_finish", "_handle", "_result")
+
+    def __init__(self, handle: ddl.Handle, finish: Callable[[np.ndarray], torch.Tensor]) -> None:
+        self._handle = handle
+        self._finish = finish
+        self._result: torch.Tensor | None = None
+
+    @property
+    def name(self) -> str:
+        return self._handle.name
+
+    def done(self) -> bool:
+        """True once the collective has finished."""
+        return self._handle.done()
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor:
+        """Block until done and return the result tensor (raises the collective's error)."""
+        if self._result is None:
+            self._result = self._finish(self._handle.wait(timeout))
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"<ddl.torch.Handle {self.name!r} {'done' if self.done() else 'pending'}>"
+
+
+def allreduce_async(
+    tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
+    compression: Any = None, algorithm: str | None = None,
+) -> TorchHandle:
+    """Start an allreduce of ``tensor``; the handle's ``wait()`` returns a new tensor.
+
+    Example:
+        >>> h = ddl.torch.allreduce_async(torch.ones(3), name="x")  # doctest: +SKIP
+        >>> ddl.torch.synchronize(h)                                 # doctest: +SKIP
+    """
+    t = check_tensor(tensor, "allreduce_async")
+    src = host_view(t.detach().contiguous()) if t.device.type == "cpu" else staged(t)[0]
+    h = ddl.allreduce_async(src, op=op, name=name, compression=compression, algorithm=algorithm)
+    return TorchHandle(h, lambda out: from_numpy(out, t).reshape(t.shape))
+
+
+def allreduce_async_(
+    tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
+    compression: Any = None, algorithm: str | None = None,
+) -> TorchHandle:
+    """In-place :func:`allreduce_async`: ``wait()`` writes the result into ``tensor`` and returns it."""
+    t = check_tensor(tensor, "allreduce_async_")
+    buf, back = staged(t)
+    h = ddl.allreduce_async(buf, op=op, name=name, compression=compression, algorithm=algorithm,
+                            inplace=True)
+
+    def finish(out: np.ndarray) -> torch.Tensor:
+        back(out)
+        return t
+
+    return TorchHandle(h, finish)
+
+
+def synchronize(handle: TorchHandle) -> torch.Tensor:
+    """Wait for ``handle`` and return its tensor."""
+    return handle.wait()
+
+
+def allreduce(tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
+              compression: Any = None, algorithm: str | None = None) -> torch.Tensor:
+    """Reduce ``tensor`` over all ranks and return the result as a new tensor (same bits everywhere).
+
+    Args:
+        tensor: a dense tensor on CPU or CUDA.
+        op: ``ddl.Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        name: matches the call across ranks and names it in errors.
+        compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16``.
+
+    Example:
+        >>> ddl.torch.allreduce(torch.ones(3), op=ddl.Sum)  # doctest: +SKIP
+    """
+    return allreduce_async(tensor, op=op, name=name, compression=compression, algorithm=algorithm).wait()
+
+
+def allreduce_(tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
+               compression: Any = None, algorithm: str | None = None) -> torch.Tensor:
+    """In-place :func:`allreduce`; returns ``tensor``."""
+    return allreduce_async_(tensor, op=op, name=name, compression=compression, algorithm=algorithm).wait()
+
+
+def grouped_allreduce(tensors: Sequence[torch.Tensor], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
+                      compression: Any = None) -> list[torch.Tensor]:
+    """Allreduce several tensors together (fused by the engine); results in input order."""
+    ts = [check_tensor(t, "grouped_allreduce") for t in tensors]
+    outs = ddl.grouped_allreduce([staged(t)[0] for t in ts], op=op, name=name, compression=compression)
+    return [from_numpy(o, t).reshape(t.shape) for o, t in zip(outs, ts, strict=True)]
+
+
+def allgather(tensor: torch.Tensor, *, name: str | None = None) -> torch.Tensor:
+    """Concatenate every rank's ``tensor`` along dim 0 (first dims may differ by rank)."""
+    t = check_tensor(tensor, "allgather")
+    buf, _ = staged(t)
+    return from_numpy(ddl.allgather(buf, name=name), t)
+
+
+def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, name: str | None = None) -> torch.Tensor:
+    """Return ``root_rank``'s ``tensor`` on every rank as a new tensor."""
+    t = check_tensor(tensor, "broadcast")
+    buf, _ = staged(t)
+    return from_numpy(ddl.broadcast(buf, root_rank, name=name), t).reshape(t.shape)
+
+
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, *, name: str | None = None) -> torch.Tensor:
+    """Overwrite ``tensor`` with ``root_rank``'s; returns ``tensor``."""
+    t = check_tensor(tensor, "broadcast_")
+    buf, back = staged(t)
+    back(ddl.broadcast_(buf, root_rank, name=name))
+    return t
+
+
+def reducescatter(tensor: torch.Tensor, *, op: Any = ReduceOp.SUM, name: str | None = None) -> torch.Tensor:
+    """Reduce ``tensor`` and return this rank's rows of dim 0 (the first ranks get extra rows)."""
+    t = check_tensor(tensor, "reducescatter")
+    buf, _ = staged(t)
+    return from_numpy(ddl.reducescatter(buf, op=op, name=name), t)

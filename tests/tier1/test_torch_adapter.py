@@ -1,0 +1,297 @@
+"""ddl.torch in one process: buckets, the optimizer wrapper's contract, tensor collectives."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+import ddl  # noqa: E402
+import ddl.torch as dt  # noqa: E402
+from ddl.torch.buckets import plan_buckets  # noqa: E402
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _world() -> None:
+    dt.init()
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+def backward(m: nn.Module) -> None:
+    x = torch.randn(6, 4, generator=torch.Generator().manual_seed(1))
+    nn.functional.cross_entropy(m(x), torch.tensor([0, 1, 2, 0, 1, 2])).backward()
+
+
+def wrapped(m: nn.Module, **kw) -> dt.DistributedOptimizer:
+    return dt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
+                                   named_parameters=m.named_parameters(), **kw)
+
+
+# -- bucket planning -----------------------------------------------------------------
+def test_buckets_fill_from_the_last_parameter_with_a_small_first_one() -> None:
+    assert plan_buckets([4] * 6, ["f"] * 6, first_cap=4, cap=8) == [[5], [4, 3], [2, 1], [0]]
+
+
+def test_buckets_hold_one_kind_each_and_oversized_parameters_alone() -> None:
+    plan = plan_buckets([4, 4, 100, 4], ["a", "b", "a", "a"], first_cap=8, cap=8)
+    assert plan == [[3], [2], [1], [0]] or plan == [[3], [2], [0], [1]]
+    for bucket in plan:
+        assert len({["a", "b", "a", "a"][i] for i in bucket}) == 1
+    assert sorted(i for b in plan for i in b) == [0, 1, 2, 3]
+
+
+def test_bucket_caps_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        plan_buckets([4], ["f"], first_cap=0, cap=8)
+
+
+def test_optimizer_builds_buckets_under_the_cap() -> None:
+    m = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])  # 16.6 KB per layer
+    opt = wrapped(m, bucket_cap_mb=0.04, first_bucket_mb=0.001)
+    sizes = [sum(p.numel() * 4 for p in b.params) for b in opt._buckets]
+    assert len(opt._buckets) > 2 and all(s <= 0.04 * 2**20 or len(b.params) == 1
+                                         for s, b in zip(sizes, opt._buckets, strict=True))
+    assert opt._buckets[0].params[0] is list(m.parameters())[-1]
+
+
+# -- the optimizer wrapper's contract -----------------------------------------------
+def test_step_matches_the_plain_optimizer_in_one_process() -> None:
+    a, b = model(), model()
+    plain = torch.optim.SGD(a.parameters(), lr=0.1, momentum=0.9)
+    dist = wrapped(b)
+    for _ in range(3):
+        for m, o in ((a, plain), (b, dist)):
+            o.zero_grad()
+            backward(m)
+            o.step()
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(x, y)
+
+
+def test_state_dict_round_trips_with_the_plain_optimizer() -> None:
+    m = model()
+    opt = wrapped(m)
+    backward(m)
+    opt.step()
+    sd = opt.state_dict()
+    plain = torch.optim.SGD(m.parameters(), lr=0.5, momentum=0.9)
+    plain.load_state_dict(sd)
+    assert plain.param_groups[0]["lr"] == 0.1
+    assert torch.equal(plain.state_dict()["state"][0]["momentum_buffer"], sd["state"][0]["momentum_buffer"])
+    again = wrapped(model())
+    again.load_state_dict(plain.state_dict())
+    assert again.state_dict()["param_groups"] == sd["param_groups"]
+
+
+def test_pickles_and_keeps_working() -> None:
+    m = model()
+    opt = wrapped(m, backward_passes_per_step=1, compression=ddl.Compression.fp16)
+    backward(m)
+    opt.step()
+    clone = pickle.loads(pickle.dumps(opt))
+    assert isinstance(clone, dt.DistributedOptimizer) and clone._options.compression is ddl.Compression.fp16
+    params = clone.param_groups[0]["params"]
+    loss = sum((p * p).sum() for p in params)
+    loss.backward()
+    before = [p.detach().clone() for p in params]
+    clone.step()
+    assert any(not torch.equal(p, q) for p, q in zip(params, before, strict=True))
+    copy.deepcopy(opt)
+
+
+def test_lr_schedulers_and_isinstance() -> None:
+    m = model()
+    opt = wrapped(m)
+    assert isinstance(opt, torch.optim.Optimizer)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    backward(m)
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05)
+    m2 = model()
+    opt2 = wrapped(m2)
+    one = torch.optim.lr_scheduler.OneCycleLR(opt2, max_lr=1.0, total_steps=10)
+    backward(m2)
+    opt2.step()
+    one.step()
+    assert opt2.param_groups[0]["lr"] != pytest.approx(1.0 / 25)
+
+
+def test_zero_grad_while_reductions_are_in_flight_is_an_error() -> None:
+    m = model()
+    opt = wrapped(m)
+    backward(m)
+    with pytest.raises(RuntimeError, match="in flight"):
+        opt.zero_grad()
+    opt.step()
+    opt.zero_grad()
+    assert all(p.grad is None for p in m.parameters())
+
+
+def test_a_second_backward_before_step_needs_backward_passes_per_step() -> None:
+    m = model()
+    _keep = wrapped(m)  # the hooks hold it; the name keeps it visible
+    backward(m)
+    with pytest.raises(RuntimeError, match="backward_passes_per_step"):
+        backward(m)
+
+
+def test_backward_passes_per_step_sums_locally() -> None:
+    a, b = model(), model()
+    backward(a)
+    backward(a)
+    opt = wrapped(b, backward_passes_per_step=2)
+    backward(b)
+    assert all(bk.handle is None for bk in opt._buckets)  # nothing sent after one pass
+    backward(b)
+    opt.synchronize()
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        assert torch.equal(x.grad, y.grad)
+
+
+def test_synchronize_then_skip_synchronize_for_clipping() -> None:
+    m = model()
+    opt = wrapped(m)
+    backward(m)
+    opt.synchronize()
+    nn.utils.clip_grad_norm_(m.parameters(), 1e-3)
+    clipped = [p.grad.clone() for p in m.parameters()]
+    with opt.skip_synchronize():
+        opt.step()
+    opt.synchronize()  # nothing new since the last one: a no-op
+    assert all(torch.equal(p.grad, c) for p, c in zip(m.parameters(), clipped, strict=True))
+
+
+def test_unused_parameters_keep_no_grad_and_frozen_ones_are_skipped() -> None:
+    m = nn.ModuleDict({"used": nn.Linear(3, 3), "unused": nn.Linear(3, 3), "frozen": nn.Linear(3, 3)})
+    m["frozen"].requires_grad_(False)
+    opt = dt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters())
+    m["used"](m["frozen"](torch.ones(2, 3))).sum().backward()
+    opt.step()
+    assert m["used"].weight.grad is not None
+    assert m["unused"].weight.grad is None and m["frozen"].weight.grad is None
+    m["frozen"].requires_grad_(True)
+    with pytest.raises(RuntimeError, match="frozen"):
+        opt.step()
+
+
+def test_add_param_group_rebuilds_buckets() -> None:
+    m, extra = model(), nn.Linear(2, 2)
+    opt = wrapped(m)
+    n = sum(len(b.params) for b in opt._buckets)
+    opt.add_param_group({"params": extra.parameters(), "lr": 0.01})
+    assert sum(len(b.params) for b in opt._buckets) == n + 2
+    extra(torch.ones(1, 2)).sum().backward()
+    opt.step()
+    assert extra.weight.grad is not None
+
+
+def test_sparse_gradients_are_refused_unless_densified() -> None:
+    emb = nn.Embedding(10, 3, sparse=True)
+    opt = dt.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
+                                  named_parameters=[("emb.weight", emb.weight)])
+    with pytest.raises(TypeError, match="emb.weight.*sparse_as_dense"):
+        emb(torch.tensor([1, 2])).sum().backward()
+    emb2 = nn.Embedding(10, 3, sparse=True)
+    opt2 = dt.DistributedOptimizer(torch.optim.SGD(emb2.parameters(), lr=0.1), sparse_as_dense=True)
+    emb2(torch.tensor([1, 2])).sum().backward()
+    opt2.step()
+    assert not emb2.weight.grad.is_sparse and emb2.weight.grad[1].sum() == 3
+    del opt
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"op": ddl.Max}, ValueError, "Average or ddl.Sum"),
+        ({"backward_passes_per_step": 0}, ValueError, ">= 1"),
+        ({"gradient_predivide_factor": 2.0, "op": ddl.Sum}, ValueError, "only applies"),
+        ({"bucket_cap_mb": 0}, ValueError, "> 0 MiB"),
+        ({"compression": "zip"}, ValueError, "unknown compression"),
+        ({"named_parameters": [("w", torch.zeros(1))]}, ValueError, "not in named_parameters"),
+        ({"named_parameters": [("w", 3)]}, TypeError, "pairs"),
+    ],
+)
+def test_bad_options_are_clear_errors(kwargs, error, match) -> None:
+    m = model()
+    kwargs.setdefault("named_parameters", m.named_parameters())
+    with pytest.raises(error, match=match):
+        dt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), **kwargs)
+
+
+def test_wrapping_twice_or_wrapping_a_non_optimizer_is_refused() -> None:
+    m = model()
+    opt = wrapped(m)
+    with pytest.raises(TypeError, match="already"):
+        dt.DistributedOptimizer(opt)
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        dt.DistributedOptimizer(object())
+
+
+def test_gradient_predivide_factor_gives_the_same_average() -> None:
+    a, b = model(), model()
+    oa, ob = wrapped(a), wrapped(b, gradient_predivide_factor=4.0)
+    for m, o in ((a, oa), (b, ob)):
+        backward(m)
+        o.synchronize()
+    for x, y in zip(a.parameters(), b.parameters(), strict=True):
+        torch.testing.assert_close(x.grad, y.grad)
+
+
+# -- broadcasts and tensor collectives at size 1 ------------------------------------
+def test_broadcast_parameters_validates_its_input() -> None:
+    m = model()
+    dt.broadcast_parameters(m.state_dict())
+    dt.broadcast_parameters(m.named_parameters())
+    with pytest.raises(ValueError, match="twice"):
+        dt.broadcast_parameters([("w", torch.zeros(1)), ("w", torch.zeros(1))])
+    with pytest.raises(ValueError, match="state_dict"):
+        dt.broadcast_parameters([torch.zeros(1)])
+    with pytest.raises(TypeError, match="torch optimizer"):
+        dt.broadcast_optimizer_state(m)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.int32, torch.int64, torch.uint8])
+def test_tensor_collectives_keep_dtype_and_shape(dtype) -> None:
+    x = torch.arange(6).reshape(2, 3).to(dtype)
+    assert torch.equal(dt.allreduce(x, op=ddl.Sum), x)
+    assert dt.allgather(x).shape == (2, 3) and dt.broadcast(x).dtype == dtype
+    y = x.clone()
+    assert dt.allreduce_(y, op=ddl.Sum) is y and torch.equal(y, x)
+
+
+def test_cpu_allreduce_shares_memory_in_place() -> None:
+    x = torch.ones(1000)
+    ptr = x.data_ptr()
+    dt.allreduce_(x, op=ddl.Sum)
+    assert x.data_ptr() == ptr
+
+
+def test_tensor_collective_errors() -> None:
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        dt.allreduce([1, 2])
+    with pytest.raises(TypeError, match="cannot reduce"):
+        dt.allreduce(torch.ones(2, dtype=torch.bool))
+    with pytest.raises(TypeError, match="dense"):
+        dt.allreduce(torch.ones(2).to_sparse())
+    with pytest.raises(TypeError, match="Average"):
+        dt.allreduce(torch.ones(2, dtype=torch.int32))
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_stage_through_host_memory() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    x = torch.arange(8.0, device="cuda")
+    assert dt.allreduce(x, op=ddl.Sum).device.type == "cuda"
+    dt.allreduce_(x, op=ddl.Sum)
+    assert torch.equal(x.cpu(), torch.arange(8.0))
