@@ -10,7 +10,7 @@ import numpy as np
 from ddl import algorithms, dtypes
 from ddl.compression import as_compressor
 from ddl.context import as_array, reduction_input
-from ddl.engine import Request
+from ddl.fusion import Request
 from ddl.handle import Handle
 from ddl.ops import ReduceOp
 from ddl.runtime import context, engine
@@ -30,15 +30,30 @@ def allreduce_async(
         TypeError: unsupported dtype, or Average on integers.
         ValueError: unknown algorithm or compression, or ``name`` already in flight.
     """
-    ctx, eng = context(), engine()
-    arr, op = reduction_input(x, op, "allreduce", writable=inplace)
-    alg = algorithms.check_name(algorithm or ctx.config.algorithm)
-    comp = as_compressor(compression)
+    eng = engine()
+    ctx = eng.ctx
+    fast = type(x) is np.ndarray and (not inplace or x.flags.writeable)
+    checked = _CHECKED.get((x.dtype, op)) if fast else None
+    if checked is None:
+        arr, rop = reduction_input(x, op, "allreduce", writable=inplace)
+        checked = (rop, str(arr.dtype))
+        if isinstance(op, (ReduceOp, str)):  # remember passed checks: the per-tensor path stays short
+            _CHECKED[(arr.dtype, op)] = checked
+    else:
+        arr = x
+    rop, dtype_name = checked
+    alg = algorithms.check_name(algorithm) if algorithm else ctx.config.algorithm  # the config's: checked at init
+    comp = _NONE if compression is None else as_compressor(compression)
     name = name or eng.next_name()
-    desc = ("allreduce", name, arr.shape, str(arr.dtype), op.name, alg, comp.name)
-    req = Request("allreduce", name, desc, Handle(name), array=arr, op=op, algorithm=alg,
+    desc = ("allreduce", name, arr.shape, dtype_name, rop.name, alg, comp.name)
+    req = Request("allreduce", name, desc, Handle(name), array=arr, op=rop, algorithm=alg,
                   compression=comp, inplace=inplace)
     return eng.submit(req)
+
+
+_NONE = as_compressor(None)
+# (dtype, op as passed) -> (ReduceOp, dtype name) for combinations that passed the checks.
+_CHECKED: dict[tuple[np.dtype, Any], tuple[ReduceOp, str]] = {}
 
 
 def synchronize(handle: Handle) -> Any:

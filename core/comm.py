@@ -40,6 +40,9 @@ class Comm(Protocol):
     def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         """Gather every rank's bytes (``counts[r]`` from rank r) into ``recv`` in rank order."""
 
+    def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """Gather every rank's equally sized contiguous ``send`` into ``recv`` in rank order."""
+
     def bcast_object(self, obj: Any, root: int) -> Any: ...
 
     def allgather_object(self, obj: Any) -> list[Any]: ...
@@ -64,6 +67,8 @@ class MPIComm:
 
         self._MPI = MPI
         self._comm = comm
+        self._null = MPI.PROC_NULL
+        self._empty = np.empty(0, np.uint8)
         self._ops = {
             ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM,
             ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD,
@@ -84,14 +89,17 @@ class MPIComm:
     def sendrecv(
         self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
     ) -> None:
-        MPI = self._MPI
-        empty = np.empty(0, np.uint8)
-        sbuf = as_bytes(send) if send is not None and dest is not None else empty
-        rbuf = as_bytes(recv) if recv is not None and source is not None else empty
-        self._comm.Sendrecv(
-            [sbuf, MPI.BYTE], MPI.PROC_NULL if dest is None else dest, 0,
-            [rbuf, MPI.BYTE], MPI.PROC_NULL if source is None else source, 0,
-        )
+        # Contiguous uint8 arrays go as they are: mpi4py maps them to MPI_BYTE-sized items.
+        empty, null = self._empty, self._null
+        if send is None or dest is None:
+            sbuf, dest = empty, null
+        else:
+            sbuf = send if send.dtype == np.uint8 else as_bytes(send)
+        if recv is None or source is None:
+            rbuf, source = empty, null
+        else:
+            rbuf = recv if recv.dtype == np.uint8 else as_bytes(recv)
+        self._comm.Sendrecv(sbuf, dest, 0, rbuf, source, 0)
 
     def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
         self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._ops[op])
@@ -102,6 +110,9 @@ class MPIComm:
     def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         displs = np.concatenate([[0], np.cumsum(counts[:-1])]).astype(int).tolist()
         self._comm.Allgatherv([as_bytes(send), self._MPI.BYTE], [as_bytes(recv), (counts, displs), self._MPI.BYTE])
+
+    def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
+        self._comm.Allgather(send, recv)
 
     def bcast_object(self, obj: Any, root: int) -> Any:
         return self._comm.bcast(obj, root=root)
@@ -156,6 +167,9 @@ class SelfComm:
         return None
 
     def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        as_bytes(recv)[...] = as_bytes(send)
+
+    def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         as_bytes(recv)[...] = as_bytes(send)
 
     def bcast_object(self, obj: Any, root: int) -> Any:

@@ -31,6 +31,9 @@ class Config:
             aborts (a warning at half of it).
         cycle_time: seconds an idle engine waits before checking in with the others.
         timeline: path of a Chrome-trace JSON written by rank 0, or None.
+        calibration: None measures the cost model behind ``auto`` at init; ``"off"``
+            keeps fixed constants; a path loads a matching saved calibration, or
+            measures and writes one there.
     """
 
     topology: str | None = None
@@ -43,6 +46,7 @@ class Config:
     stall_timeout: float = 60.0
     cycle_time: float = 0.002
     timeline: str | None = None
+    calibration: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -63,6 +67,7 @@ class Config:
             stall_timeout=_float(env, "DDL_STALL_TIMEOUT", 60.0),
             cycle_time=_float(env, "DDL_CYCLE_TIME_MS", 2.0) / 1e3,
             timeline=_str(env, "DDL_TIMELINE"),
+            calibration=_calibration(env, "DDL_CALIBRATION"),
         )
 
 
@@ -75,12 +80,20 @@ LAUNCHER_FLAGS: dict[str, str] = {
     "timeline": "DDL_TIMELINE",
     "fusion_threshold": "DDL_FUSION_THRESHOLD",
     "stall_timeout": "DDL_STALL_TIMEOUT",
+    "calibration": "DDL_CALIBRATION",
 }
 
 
 def _str(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name, "").strip()
     return value or None
+
+
+def _calibration(env: Mapping[str, str], name: str) -> str | None:
+    value = _str(env, name)
+    if value is None or value.lower() == "on":
+        return None
+    return "off" if value.lower() == "off" else value
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:

@@ -7,6 +7,7 @@ make one per fake rank. Every call first checks that all ranks agree on it
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ddl import algorithms, cost, dtypes
+from ddl.calibration import Calibration
 from ddl.comm import NATIVE_REDUCE_DTYPES, Comm
 from ddl.config import Config
 from ddl.executor import run_schedule
@@ -39,7 +41,9 @@ class Context:
         self.comm = comm
         self.topology = topology
         self.config = config
-        self.model = model or cost.default_model(topology)
+        self.model = model or dataclasses.replace(cost.default_model(topology), segment_bytes=config.segment_bytes)
+        #: How ``model`` was obtained (set by ``ddl.init``); None for a hand-built context.
+        self.calibration: Calibration | None = None
         # Off when the engine runs the calls: it has matched them across ranks already.
         self.agree_each_call = agree_each_call
         algorithms.check_name(config.algorithm)

@@ -1,7 +1,8 @@
 """A latency/bandwidth network model that prices schedules; the basis of ``auto``.
 
 Every link belongs to the outermost topology dimension its two ranks differ in. A step
-costs ``alpha_d + bytes * beta_d * flows + reduced_bytes * gamma``, where ``flows`` is
+costs ``pieces * (alpha_d + step_overhead) + bytes * beta_d * flows + reduced_bytes * gamma``
+(``pieces``: the executor's segments of at most ``segment_bytes``), where ``flows`` is
 how many ranks of the same dim-0 group (a host, when dims follow hosts) use an outer
 link at that step: they share one network port. A step's cost is its slowest rank's,
 since ranks move in lockstep; the ranks of the first dim-0 group stand for every group.
@@ -38,14 +39,21 @@ REDUCE_GAMMA = 1 / 1.0e9
 class CostModel:
     """Links per topology dimension (the last one repeats outward) and the reduce rate.
 
-    The MPI library's own allreduce is priced as ``2 log2(p) alpha + 2 N beta +
-    N gamma`` (recursive doubling for small messages, Rabenseifner for large) on the
-    slowest link: it does not know the multi-ring dims.
+    The MPI library's own allreduce is priced from ``native_points`` (measured
+    ``(bytes, seconds)`` pairs, interpolated) when there are any; otherwise as
+    ``2 log2(p) alpha + 2 N beta + N gamma`` (recursive doubling for small messages,
+    Rabenseifner for large) on the slowest link: it does not know the multi-ring dims.
+    ``links`` are per non-unit dim (unit dims change no schedule and are dropped).
+    ``step_overhead`` is the executor's Python cost per message beyond ``alpha``;
+    ``segment_bytes`` (0: unsegmented) is its largest single message.
     """
 
     links: tuple[Link, ...]
     gamma: float = REDUCE_GAMMA
     native_overhead: float = 0.0
+    step_overhead: float = 0.0
+    segment_bytes: int = 0
+    native_points: tuple[tuple[int, float], ...] = ()
 
     def link(self, dim: int) -> Link:
         return self.links[min(dim, len(self.links) - 1)]
@@ -76,7 +84,9 @@ def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, 
             share = flows if dim >= 1 else 1
             nbytes = max(st.send_count, st.recv_count) * itemsize
             reduce_bytes = st.recv_count * itemsize if st.reduce else 0
-            step_cost = max(step_cost, link.alpha + nbytes * link.beta * share + reduce_bytes * model.gamma)
+            pieces = max(1, -(-nbytes // model.segment_bytes)) if model.segment_bytes > 0 else 1
+            fixed = pieces * (link.alpha + model.step_overhead)
+            step_cost = max(step_cost, fixed + nbytes * link.beta * share + reduce_bytes * model.gamma)
         total += step_cost
     return total
 
@@ -86,9 +96,28 @@ def native_time(topology: Topology, nbytes: int, model: CostModel) -> float:
     p = topology.size
     if p == 1:
         return 0.0
+    if model.native_points:
+        return model.native_overhead + interpolate(model.native_points, nbytes)
     slow = model.link(len(topology.dims) - 1 if topology.cross_size > 1 else 0)
     reduce = nbytes * (p - 1) / p * model.gamma
     return model.native_overhead + 2 * math.ceil(math.log2(p)) * slow.alpha + 2 * nbytes * slow.beta + reduce
+
+
+def interpolate(points: tuple[tuple[int, float], ...], nbytes: int) -> float:
+    """Piecewise-linear ``seconds(nbytes)`` through measured points, sorted by size.
+
+    Below the first point its time holds (latency-bound); past the last, the last
+    segment's slope carries on (bandwidth-bound).
+    """
+    if nbytes <= points[0][0]:
+        return points[0][1]
+    if len(points) == 1:
+        return points[0][1] * nbytes / max(1, points[0][0])
+    for (n0, t0), (n1, t1) in zip(points, points[1:], strict=False):
+        if nbytes <= n1:
+            return t0 + (t1 - t0) * (nbytes - n0) / (n1 - n0)
+    (n0, t0), (n1, t1) = points[-2], points[-1]
+    return t1 + max(0.0, (t1 - t0) / (n1 - n0)) * (nbytes - n1)
 
 
 def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model: CostModel) -> float:

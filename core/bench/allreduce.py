@@ -21,6 +21,7 @@ import numpy as np
 
 import ddl
 from ddl.bench import peers
+from ddl.fusion import INLINE_BYTES
 
 ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "auto"]
 
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-bytes", type=int, default=256 << 20)
     parser.add_argument("--budget", type=float, default=0.4, help="seconds of repeats per size and contender")
     parser.add_argument("--max-reps", type=int, default=50)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size (median of them)")
     parser.add_argument("--fused", type=int, default=0, metavar="N", help="also compare N async tensors with one")
     parser.add_argument("--fused-bytes", type=int, default=16 << 10, metavar="S")
     parser.add_argument("--no-gloo", action="store_true")
@@ -67,12 +69,15 @@ def main(argv: list[str] | None = None) -> int:
 
     from mpi4py import MPI
 
+    t_init = time.perf_counter()
     ddl.init()
+    t_init = time.perf_counter() - t_init
     comm = MPI.COMM_WORLD.Dup()
     rank, p = comm.Get_rank(), comm.Get_size()
     contenders: dict[str, Callable[[np.ndarray], np.ndarray]] = {f"ddl:{a}": ddl_allreduce(a) for a in ALGORITHMS}
     contenders["MPI_Allreduce"] = peers.mpi_allreduce(comm)
-    notes = []
+    cal = ddl.context().calibration
+    notes = [f"ddl.init {t_init * 1e3:.0f} ms; {cal.describe() if cal else 'no calibration'}"]
     if not args.no_gloo:
         try:
             from ddl.torch.peers import gloo_allreduce
@@ -86,11 +91,22 @@ def main(argv: list[str] | None = None) -> int:
     expected = p * (p + 1) / 2
     for nbytes in sizes(args.min_bytes, args.max_bytes):
         x = np.full(nbytes // 4, rank + 1, np.float32)
-        for name, fn in contenders.items():
-            t, y = timed(comm, bind(fn, x), budget=args.budget, max_reps=args.max_reps)
+        # Rounds interleave the contenders, so a burst of noise hits them all alike.
+        per: dict[str, list[float]] = {name: [] for name in contenders}
+        results: dict[str, Any] = {}
+        for _ in range(args.rounds):
+            for name, fn in contenders.items():
+                t, results[name] = timed(comm, bind(fn, x), budget=args.budget / args.rounds,
+                                         max_reps=args.max_reps)
+                per[name].append(t)
+        for name in contenders:
+            t, y = statistics.median(per[name]), results[name]
             ok = bool(comm.allreduce(bool(np.all(y == expected)), op=MPI.LAND))
             algbw = nbytes / t / 1e9
-            resolved = ddl.context().resolve_algorithm("auto", x.size, 4) if name == "ddl:auto" else ""
+            resolved = ""
+            if name == "ddl:auto":
+                inline = nbytes <= INLINE_BYTES and p > 1
+                resolved = "inline" if inline else ddl.context().resolve_algorithm("auto", x.size, 4)
             rows.append({"bytes": nbytes, "contender": name, "time_s": t, "algbw_GBps": algbw,
                          "busbw_GBps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": ok,
                          "auto_picked": resolved})
@@ -117,33 +133,70 @@ def bind(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> Callable[[], 
 
 
 def run_fused(comm: Any, n: int, nbytes: int) -> list[dict[str, Any]]:
+    """N async tensors against one of N*S (interleaved repeats: same noise for both),
+    the engine's extra memory for the N, and what one negotiation cycle costs."""
+    import tracemalloc
+
+    from ddl import runtime
+
     xs = [np.ones(nbytes // 4, np.float32) for _ in range(n)]
     one = np.ones(n * nbytes // 4, np.float32)
+    eng = runtime.engine()
 
     def many() -> list[np.ndarray]:
         hs = [ddl.allreduce_async(x, op=ddl.Sum, name=f"f{i}") for i, x in enumerate(xs)]
         return [h.wait() for h in hs]
 
-    t_many, _ = timed(comm, many, budget=1.0, max_reps=20)
-    t_one, _ = timed(comm, bind(ddl_allreduce("auto"), one), budget=1.0, max_reps=20)
-    return [{"tensors": n, "bytes_each": nbytes, "time_async_s": t_many, "time_one_s": t_one,
-             "ratio": t_many / t_one}]
+    t_many, t_one, cycles = [], [], []
+    for _ in range(5):
+        c0 = eng.cycles
+        t_many.append(timed(comm, many, budget=0.3, max_reps=10)[0])
+        cycles.append((eng.cycles - c0) / 11)
+        t_one.append(timed(comm, bind(ddl_allreduce("auto"), one), budget=0.3, max_reps=10)[0])
+    comm.Barrier()
+    tracemalloc.start()
+    base = tracemalloc.get_traced_memory()[0]
+    results = many()
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    out_bytes = sum(r.nbytes for r in results)
+    del results
+    comm.Barrier()
+    cycle = eng.time_cycle()
+    from mpi4py import MPI
+
+    cycle = comm.allreduce(cycle, op=MPI.MAX)
+    extra = comm.allreduce(peak - out_bytes, op=MPI.MAX)
+    tm, to = statistics.median(t_many), statistics.median(t_one)
+    return [{"tensors": n, "bytes_each": nbytes, "time_async_s": tm, "time_one_s": to, "ratio": tm / to,
+             "ratios": [a / b for a, b in zip(t_many, t_one, strict=True)], "cycle_s": cycle,
+             "cycles_per_step": statistics.median(cycles), "peak_traced_bytes": peak, "result_bytes": out_bytes,
+             "extra_bytes": extra, "largest_fused_bytes": min(n * nbytes, runtime.engine().fusion_threshold)}]
 
 
 def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, notes: list[str], out: Path) -> None:
     names = list(dict.fromkeys(r["contender"] for r in rows))
     print(f"allreduce float32 sum, {p} ranks — busbw GB/s (time ms); * = result wrong")
-    print(f"{'size':>9} " + " ".join(f"{n:>20}" for n in names) + "   auto picked")
+    print(f"{'size':>9} " + " ".join(f"{n:>20}" for n in names) + "   auto/best  auto picked")
     for nbytes in dict.fromkeys(r["bytes"] for r in rows):
         cells, picked = [], ""
         for n in names:
             r = next(r for r in rows if r["bytes"] == nbytes and r["contender"] == n)
             cells.append(f"{r['busbw_GBps']:8.3f} ({r['time_s'] * 1e3:8.3f}){'' if r['correct'] else '*'}")
             picked = r["auto_picked"] or picked
-        print(f"{human(nbytes):>9} " + " ".join(f"{c:>20}" for c in cells) + f"   {picked}")
+        at = {r["contender"]: r["time_s"] for r in rows if r["bytes"] == nbytes}
+        best = min(t for n, t in at.items() if n.startswith("ddl:") and n != "ddl:auto")
+        print(f"{human(nbytes):>9} " + " ".join(f"{c:>20}" for c in cells) + f"   {at['ddl:auto'] / best:9.2f}  {picked}")
     for f in fused:
         print(f"fusion: {f['tensors']} x {human(f['bytes_each'])} async {f['time_async_s'] * 1e3:.2f} ms vs one "
-              f"{human(f['tensors'] * f['bytes_each'])} {f['time_one_s'] * 1e3:.2f} ms: ratio {f['ratio']:.2f}")
+              f"{human(f['tensors'] * f['bytes_each'])} {f['time_one_s'] * 1e3:.2f} ms: ratio {f['ratio']:.2f} "
+              f"(per round: {', '.join(f'{r:.2f}' for r in f['ratios'])})")
+        print(f"checks: one negotiation cycle {f['cycle_s'] * 1e6:.0f} us, {f['cycles_per_step']:.1f} cycles a "
+              f"step = {f['cycle_s'] * f['cycles_per_step'] / f['time_async_s'] * 100:.1f} % of the step")
+        print(f"memory: peak {f['peak_traced_bytes'] / 2**20:.2f} MiB traced during the step, results "
+              f"{f['result_bytes'] / 2**20:.2f} MiB: extra {f['extra_bytes'] / 2**20:.2f} MiB = "
+              f"{f['extra_bytes'] / f['largest_fused_bytes']:.2f}x the largest fused buffer")
+    summarize(rows)
     for note in notes:
         print(note)
     out.mkdir(parents=True, exist_ok=True)
@@ -151,6 +204,18 @@ def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, note
     stem.with_suffix(".json").write_text(json.dumps({"ranks": p, "rows": rows, "fused": fused, "notes": notes}, indent=1))
     plot(rows, names, p, stem.with_suffix(".png"))
     print(f"wrote {stem}.json and {stem}.png")
+
+
+def summarize(rows: list[dict[str, Any]]) -> None:
+    """auto against the best fixed algorithm at each size, and against MPI's own at 4 KiB."""
+    worst = 0.0
+    for nbytes in dict.fromkeys(r["bytes"] for r in rows):
+        at = {r["contender"]: r["time_s"] for r in rows if r["bytes"] == nbytes}
+        best = min(t for n, t in at.items() if n.startswith("ddl:") and n != "ddl:auto")
+        worst = max(worst, at["ddl:auto"] / best)
+        if nbytes == 4 << 10 and "MPI_Allreduce" in at:
+            print(f"auto at 4KiB: {at['ddl:auto'] / at['MPI_Allreduce']:.2f}x MPI_Allreduce's time")
+    print(f"auto vs best fixed algorithm: worst {worst:.2f}x over all sizes")
 
 
 def plot(rows: list[dict[str, Any]], names: list[str], p: int, path: Path) -> None:

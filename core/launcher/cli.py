@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="largest fused allreduce buffer (0: no fusion)")
     parser.add_argument("--stall-timeout", dest="stall_timeout", type=float, metavar="SECONDS",
                         help="abort when a tensor is missing on some ranks this long")
+    parser.add_argument("--calibration", dest="calibration", metavar="FILE|off",
+                        help="cost model behind auto: measured at init (default), 'off' for fixed "
+                             "constants, or a file to reuse (written when missing or stale)")
     parser.add_argument("-v", "--verbose", dest="verbose", action="store_true",
                         help="explain the launch, print the mpiexec command line, and set DDL_VERBOSE=1")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",

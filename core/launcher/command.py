@@ -36,7 +36,8 @@ class LaunchOptions:
         command: the program each rank runs, as written.
         hosts: hosts with slots (from ``-H`` or ``--hostfile``); empty for this host only.
         topology, algorithm, segment_bytes, verbose, timeline, fusion_threshold,
-            stall_timeout: see :class:`ddl.config.Config`; None (False) leaves them unset.
+            stall_timeout, calibration: see :class:`ddl.config.Config`; None (False)
+            leaves them unset.
     """
 
     np: int
@@ -49,6 +50,7 @@ class LaunchOptions:
     timeline: str | None = None
     fusion_threshold: int | None = None
     stall_timeout: float | None = None
+    calibration: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -92,6 +92,10 @@ class FakeComm:
             out[offset : offset + n] = part[:n]
             offset += n
 
+    def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
+        parts = self._exchange(as_bytes(send).copy())
+        as_bytes(recv)[...] = np.concatenate(parts)
+
     def bcast_object(self, obj: Any, root: int) -> Any:
         return self._exchange(obj)[root]
 

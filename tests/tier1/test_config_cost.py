@@ -27,11 +27,13 @@ def test_defaults_from_empty_env() -> None:
     assert cfg.stall_timeout == 60.0
     assert cfg.cycle_time == pytest.approx(0.002)
     assert cfg.timeline is None
+    assert cfg.calibration is None
 
 
 ALL_VARS = (
     "DDL_TOPOLOGY", "DDL_ALGORITHM", "DDL_SEGMENT_BYTES", "DDL_ABORT_ON_EXCEPTION", "DDL_HOSTNAME",
     "DDL_VERBOSE", "DDL_FUSION_THRESHOLD", "DDL_STALL_TIMEOUT", "DDL_CYCLE_TIME_MS", "DDL_TIMELINE",
+    "DDL_CALIBRATION",
 )
 
 
@@ -65,6 +67,9 @@ def test_blank_values_mean_default() -> None:
         ("DDL_STALL_TIMEOUT", "2.5", "stall_timeout", 2.5),
         ("DDL_CYCLE_TIME_MS", "5", "cycle_time", 0.005),
         ("DDL_TIMELINE", "/tmp/trace.json", "timeline", "/tmp/trace.json"),
+        ("DDL_CALIBRATION", "/tmp/calib.json", "calibration", "/tmp/calib.json"),
+        ("DDL_CALIBRATION", "OFF", "calibration", "off"),
+        ("DDL_CALIBRATION", "off", "calibration", "off"),
     ],
 )
 def test_each_variable(var: str, value: str, field: str, expected: object) -> None:
@@ -102,6 +107,10 @@ def test_bad_values_name_the_variable(var: str, value: str) -> None:
     assert value.lower() in str(info.value).lower()
 
 
+def test_calibration_on_means_measure() -> None:
+    assert Config.from_env({"DDL_CALIBRATION": "on"}).calibration is None
+
+
 def test_reads_process_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DDL_ALGORITHM", "halving_doubling")
     monkeypatch.setenv("DDL_SEGMENT_BYTES", "64")
@@ -120,7 +129,8 @@ def test_config_is_frozen() -> None:
 
 def test_launcher_flags_map_to_variables_from_env_reads() -> None:
     samples = {"DDL_TOPOLOGY": "2x2", "DDL_ALGORITHM": "ring", "DDL_SEGMENT_BYTES": "77", "DDL_VERBOSE": "1",
-               "DDL_TIMELINE": "t.json", "DDL_FUSION_THRESHOLD": "5", "DDL_STALL_TIMEOUT": "9"}
+               "DDL_TIMELINE": "t.json", "DDL_FUSION_THRESHOLD": "5", "DDL_STALL_TIMEOUT": "9",
+               "DDL_CALIBRATION": "off"}
     for flag, var in LAUNCHER_FLAGS.items():
         assert var.startswith("DDL_")
         assert flag in {f.name for f in dataclasses.fields(Config)}, flag

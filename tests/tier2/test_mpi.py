@@ -108,3 +108,18 @@ def test_stalled_rank_is_reported_and_the_job_aborts() -> None:
     assert "'late'" in proc.stderr and "not by rank(s) [1]" in proc.stderr, proc.stderr[-2000:]
     assert "warning" in proc.stderr
     assert elapsed < 12, f"took {elapsed:.1f} s"
+
+
+def test_calibrated_model_is_identical_on_every_rank(tmp_path: Path) -> None:
+    # Two dims, so both link probes and the multi-ring pricing take part.
+    np_, extra = 4, ["--topology", "2x2"]
+    calib = tmp_path / "calib.json"
+    for attempt, source in enumerate(("measured", "loaded")):
+        proc, _ = ddlrun(np_, "worker_calibration.py", *extra, "--calibration", str(calib), timeout=120)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        passed = re.findall(r"PASS calibration rank \d+/\d+ source=(\w+) seconds=([\d.]+)", proc.stdout)
+        assert len(passed) == np_, proc.stdout
+        assert all(s == source for s, _ in passed), (attempt, passed)
+        assert calib.is_file()
+        if source == "measured":
+            assert all(float(t) < 5.0 for _, t in passed), passed  # "well under 1 s" on an idle box

@@ -1,0 +1,224 @@
+"""Measures the cost model at ``init``: alpha/beta per dim, gamma, executor and MPI costs.
+
+Every rank runs the same probes in lockstep: a ring shift (``Sendrecv`` to the next
+rank, from the previous one) of a few sizes along each non-unit topology dim, a local
+numpy reduce, the executor's cost per step (tiny reducing steps, less alpha), and the
+MPI library's own allreduce at a few sizes. The medians are MAX-reduced, so every rank
+fits the same numbers with the same float arithmetic and gets an identical
+:class:`~ddl.cost.CostModel` (ranks that picked different algorithms would deadlock).
+A calibration file (``DDL_CALIBRATION=path``) skips the probes when it matches the
+world size, dims and host names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ddl import cost
+from ddl.comm import Comm
+from ddl.executor import run_schedule
+from ddl.ops import ReduceOp
+from ddl.schedule import Schedule, Step
+from ddl.topology import Topology
+
+FORMAT = 1
+#: Ring-shift probe sizes (bytes) and repeats: latency, then bandwidth points; the
+#: largest is past the caches, where large messages live.
+LINK_PROBES = ((8, 15), (64 << 10, 8), (1 << 20, 4), (4 << 20, 2))
+#: The MPI library's own allreduce: (bytes, repeats). Its large-message algorithm can
+#: switch and slow down past a few MiB (measured: 2x per byte at 16 MiB on one host),
+#: so the last point is well past that; beyond it the last slope carries on.
+NATIVE_PROBES = ((8, 15), (4 << 10, 10), (64 << 10, 6), (1 << 20, 4), (16 << 20, 2))
+GAMMA_PROBE = (1 << 20, 5)
+STEP_PROBE = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Calibration:
+    """A measured (or loaded) model and where it came from."""
+
+    model: cost.CostModel
+    source: str
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        links = ", ".join(f"dim{i}: alpha {lk.alpha * 1e6:.1f} us, {1e-9 / lk.beta:.2f} GB/s"
+                          for i, lk in enumerate(self.model.links))
+        return (f"{self.source} cost model ({self.seconds * 1e3:.0f} ms): {links}; reduce "
+                f"{1e-9 / self.model.gamma:.2f} GB/s, step overhead {self.model.step_overhead * 1e6:.1f} us, "
+                f"MPI allreduce {len(self.model.native_points)} points")
+
+
+def _median_time(fn: Any, reps: int) -> float:
+    fn()  # warm-up: first-touch pages, lazy connection set-up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _link_samples(comm: Comm, topology: Topology, dim: int, probes: tuple[tuple[int, int], ...]) -> list[float]:
+    ring = topology.ring(dim)
+    i = ring.index(topology.rank)
+    nxt, prv = ring[(i + 1) % len(ring)], ring[i - 1]
+    out = []
+    for nbytes, reps in probes:
+        send, recv = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
+        out.append(_median_time(lambda s=send, r=recv: comm.sendrecv(s, nxt, r, prv), reps))
+    return out
+
+
+def _local_samples(comm: Comm, topology: Topology, dim: int) -> list[float]:
+    n, reps = GAMMA_PROBE
+    a, b = np.ones(n // 4, np.float32), np.ones(n // 4, np.float32)
+    gamma = _median_time(lambda: np.add(a, b, out=a), reps) / n
+    # The executor's own cost per step, measured in place: tiny reducing steps along
+    # dim ``dim`` while every peer runs the same (a partner spinning in MPI slows
+    # Python here about 2x, which a quiet local probe would miss). Minus alpha below.
+    ring = topology.ring(dim)
+    i = ring.index(topology.rank)
+    step = Step(ring[(i + 1) % len(ring)], (0, 2), ring[i - 1], (2, 4), reduce=True)
+    schedule = Schedule("probe", topology.rank, 4, (step,) * STEP_PROBE)
+    buf = np.ones(4, np.float32)
+    per_step = _median_time(lambda: run_schedule(comm, schedule, buf, ReduceOp.SUM, segment_elems=1 << 20), 5)
+    return [gamma, per_step / STEP_PROBE]
+
+
+def _native_samples(comm: Comm, probes: tuple[tuple[int, int], ...]) -> list[float]:
+    out = []
+    for nbytes, reps in probes:
+        buf = np.ones(max(1, nbytes // 4), np.float32)
+        out.append(_median_time(lambda b=buf: comm.allreduce_native(b, ReduceOp.SUM), reps))
+    return out
+
+
+def fit_link(points: list[tuple[int, float]]) -> cost.Link:
+    """alpha from the smallest probe, beta by least squares of the rest through it."""
+    (n0, t0), rest = points[0], points[1:]
+    alpha = max(t0, 1e-7)
+    num = sum((t - alpha) * (n - n0) for n, t in rest)
+    den = sum((n - n0) ** 2 for n, _ in rest)
+    beta = max(num / den if den else 0.0, 1e-12)
+    return cost.Link(alpha=alpha, beta=beta)
+
+
+def fit(
+    samples: list[float], n_dims: int, *, segment_bytes: int, flows: int = 1,
+    link_probes: tuple[tuple[int, int], ...] = LINK_PROBES, native_probes: tuple[tuple[int, int], ...] = NATIVE_PROBES,
+) -> cost.CostModel:
+    """The model from the reduced sample vector that :func:`measure` gathers.
+
+    ``flows``: ranks of one dim-0 group that shared an outer link during its probe;
+    the model multiplies that sharing back in, so the per-flow beta is stored.
+    """
+    k = len(link_probes)
+    links = []
+    for d in range(n_dims):
+        link = fit_link([(n, samples[d * k + j]) for j, (n, _) in enumerate(link_probes)])
+        links.append(link if d == 0 else cost.Link(link.alpha, link.beta / max(1, flows)))
+    gamma, per_step = samples[n_dims * k], samples[n_dims * k + 1]
+    overhead = per_step - links[0].alpha if links else 0.0
+    native = samples[n_dims * k + 2 :]
+    points = tuple((n, t) for (n, _), t in zip(native_probes, native, strict=True))
+    return cost.CostModel(links=tuple(links), gamma=max(gamma, 1e-13), step_overhead=max(0.0, overhead),
+                          segment_bytes=segment_bytes, native_points=points)
+
+
+def measure(
+    comm: Comm, topology: Topology, *, segment_bytes: int,
+    link_probes: tuple[tuple[int, int], ...] = LINK_PROBES, native_probes: tuple[tuple[int, int], ...] = NATIVE_PROBES,
+) -> Calibration:
+    """Run the probes on every rank (a collective call) and fit one shared model.
+
+    ``link_probes`` / ``native_probes``: ``(bytes, repeats)``, smallest first.
+    """
+    start = time.perf_counter()
+    comm.barrier()
+    dims = [d for d, n in enumerate(topology.dims) if n > 1]
+    samples: list[float] = []
+    for d in dims:
+        samples += _link_samples(comm, topology, d, link_probes)
+    samples += _local_samples(comm, topology, dims[0]) if dims else [0.0, 0.0]
+    samples += _native_samples(comm, native_probes)
+    vec = np.array(samples, dtype=np.float64)
+    comm.allreduce_native(vec, ReduceOp.MAX)  # the slowest rank's view, identical everywhere
+    flows = topology.dims[dims[0]] if dims else 1
+    model = fit([float(v) for v in vec], len(dims), segment_bytes=segment_bytes, flows=flows,
+                link_probes=link_probes, native_probes=native_probes)
+    return Calibration(model, "measured", time.perf_counter() - start)
+
+
+def identity(topology: Topology, hostnames: list[str]) -> dict[str, Any]:
+    """What a calibration file must match to be reused."""
+    return {"world_size": topology.size, "dims": list(topology.dims), "hosts": list(hostnames)}
+
+
+def save(path: str | Path, calibration: Calibration, who: dict[str, Any]) -> None:
+    """Write ``calibration`` as JSON with the identity it was measured for."""
+    m = calibration.model
+    data = {"format": FORMAT, **who, "seconds": calibration.seconds,
+            "model": {"links": [[lk.alpha, lk.beta] for lk in m.links], "gamma": m.gamma,
+                      "step_overhead": m.step_overhead, "native_points": [list(p) for p in m.native_points]}}
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(target)
+
+
+def load(path: str | Path, who: dict[str, Any], *, segment_bytes: int) -> Calibration | None:
+    """The saved calibration if ``path`` holds one for this identity, else None."""
+    target = Path(path)
+    if not target.is_file():
+        return None
+    try:
+        data = json.loads(target.read_text())
+        if data.get("format") != FORMAT or any(data.get(k) != v for k, v in who.items()):
+            return None
+        m = data["model"]
+        model = cost.CostModel(
+            links=tuple(cost.Link(alpha=float(a), beta=float(b)) for a, b in m["links"]),
+            gamma=float(m["gamma"]), step_overhead=float(m["step_overhead"]), segment_bytes=segment_bytes,
+            native_points=tuple((int(n), float(t)) for n, t in m["native_points"]))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"ddl: ignoring calibration file {target} ({exc}); measuring again", file=sys.stderr)
+        return None
+    return Calibration(model, f"loaded from {target}")
+
+
+def calibrate(comm: Comm, topology: Topology, hostnames: list[str], setting: str | None,
+              *, segment_bytes: int, **probes: Any) -> Calibration:
+    """The model for this job (a collective call when ``comm.size > 1``).
+
+    ``setting`` is ``DDL_CALIBRATION``: None measures, ``"off"`` keeps the fixed
+    constants, anything else is a file to load when it matches this job, or to write.
+    Rank 0 alone reads and writes the file and broadcasts what it found. ``probes``
+    go to :func:`measure` (tests shrink them).
+    """
+    fixed = dataclasses.replace(cost.default_model(topology), segment_bytes=segment_bytes)
+    if comm.size == 1 or setting == "off":
+        return Calibration(fixed, "fixed")
+    who = identity(topology, hostnames)
+    loaded = None
+    if setting is not None and comm.rank == 0:
+        loaded = load(setting, who, segment_bytes=segment_bytes)
+    loaded = comm.bcast_object(loaded, 0)
+    if loaded is not None:
+        return loaded  # type: ignore[no-any-return]
+    result = measure(comm, topology, segment_bytes=segment_bytes, **probes)
+    if setting is not None and comm.rank == 0:
+        try:
+            save(setting, result, who)
+        except OSError as exc:
+            print(f"ddl: could not write calibration file {setting} ({exc}); check the path", file=sys.stderr)
+    return result

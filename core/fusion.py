@@ -1,0 +1,204 @@
+"""Runs what a cycle matched: fused allreduce buckets, inline small ones, other collectives.
+
+Ready allreduces are fused into buffers of one (dtype, wire dtype, op, algorithm) up to
+the fusion threshold, in the order the cycle agreed (identical on every rank), and the
+results are split back as views of the fused buffer (no copy). A batch small enough to
+travel inside the cycle's own negotiation record (:data:`INLINE_BYTES`) is reduced from
+that record locally, in rank order, so every rank gets the same bits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ddl.compression import Compressor
+from ddl.context import Context
+from ddl.handle import Handle
+from ddl.ops import ReduceOp, ufunc
+from ddl.timeline import Timeline
+
+#: Payload bytes per rank carried by every cycle's negotiation record (an Allgather
+#: of 4 KiB costs about a 3-int allreduce on shared memory: measured, see README).
+INLINE_BYTES = 4096
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Request:
+    """One submitted collective. ``run`` executes a non-allreduce request in the engine."""
+
+    kind: str
+    name: str
+    descriptor: tuple[Any, ...]
+    handle: Handle
+    run: Callable[[], Any] | None = None
+    array: np.ndarray | None = None
+    op: ReduceOp = ReduceOp.SUM
+    algorithm: str = "auto"
+    compression: Compressor | None = None
+    inplace: bool = False
+    submitted: float = 0.0
+    digest: int = 0
+
+
+def inline_bytes(batch: list[Request]) -> int:
+    """Payload size if ``batch`` can ride in the negotiation record, else 0.
+
+    Depends only on the descriptors, so ranks that agree on them agree on this.
+    """
+    if not batch or batch[0].array is None:
+        return 0
+    first = batch[0]
+    dtype, op, total = first.array.dtype, first.op, 0  # type: ignore[union-attr]
+    for r in batch:
+        a, comp = r.array, r.compression
+        if a is None or r.algorithm != "auto" or comp is None or comp.wire is not None or r.op is not op:
+            return 0
+        if a.dtype != dtype:
+            return 0
+        total += a.nbytes
+        if total > INLINE_BYTES:
+            return 0
+    return total
+
+
+def pack_inline(batch: list[Request], payload: np.ndarray) -> None:
+    """Copy the batch's arrays, in order, into the uint8 ``payload``."""
+    offset = 0
+    for r in batch:
+        a = r.array
+        assert a is not None
+        n = a.size * a.itemsize
+        if a.flags.c_contiguous:
+            payload[offset : offset + n] = a.reshape(-1).view(np.uint8)
+        else:
+            payload[offset : offset + n].view(a.dtype).reshape(a.shape)[...] = a
+        offset += n
+
+
+def finish_inline(ctx: Context, batch: list[Request], payloads: list[np.ndarray], nbytes: int,
+                  timeline: Timeline | None, span: tuple[float, float]) -> None:
+    """Reduce every rank's payload (uint8, in rank order) and deliver the results."""
+    first = batch[0]
+    assert first.array is not None
+    dtype, op, p = first.array.dtype, first.op, len(payloads)
+    combine = ufunc(op)
+    out = combine(payloads[0][:nbytes].view(dtype), payloads[1][:nbytes].view(dtype))
+    for q in range(2, p):
+        combine(out, payloads[q][:nbytes].view(dtype), out=out)
+    if op is ReduceOp.AVERAGE:
+        np.divide(out, p, out=out)
+    if len(batch) == 1 and not first.inplace:
+        first.handle.set_result(out.reshape(first.array.shape))
+    else:
+        _deliver(batch, out, dtype)
+    if timeline is not None:
+        info = {"bytes": nbytes, "algorithm": "inline", "tensors": len(batch), "dtype": str(dtype)}
+        for r in batch:
+            timeline.tensor(r.name, r.submitted, span[0], span[0], [("inline allgather", *span)], span[1], info)
+
+
+def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline: Timeline | None) -> None:
+    """Run ``ready`` in order: allreduces fused into buckets, the rest one by one."""
+    buckets: dict[tuple[Any, ...], tuple[list[Request], list[int]]] = {}  # open bucket, its bytes
+    order: list[list[Request] | Request] = []
+    for req in ready:
+        if req.kind != "allreduce":
+            order.append(req)
+            continue
+        a, comp = req.array, req.compression
+        assert a is not None and comp is not None
+        wire = comp.wire_dtype(a.dtype)
+        key = (a.dtype, wire, req.op, req.algorithm)
+        nbytes = a.size * wire.itemsize
+        lane = buckets.get(key)
+        if lane is not None and lane[1][0] + nbytes <= fusion_threshold:
+            lane[0].append(req)
+            lane[1][0] += nbytes
+        else:
+            lane = buckets[key] = ([req], [nbytes])
+            order.append(lane[0])
+    for item in order:
+        if isinstance(item, Request):
+            _run_single(item, timeline)
+        else:
+            _run_bucket(ctx, item, timeline)
+
+
+def _run_single(req: Request, timeline: Timeline | None) -> None:
+    assert req.run is not None
+    start = time.perf_counter()
+    try:
+        req.handle.set_result(req.run())
+    except Exception as exc:  # noqa: BLE001 - delivered to the waiter
+        req.handle.set_error(exc)
+    if timeline is not None:
+        timeline.span(req.name, req.kind, req.submitted, start, time.perf_counter(), {})
+
+
+def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) -> None:
+    first = bucket[0]
+    assert first.array is not None and first.compression is not None
+    dtype = first.array.dtype
+    wire = first.compression.wire_dtype(dtype)
+    total = _elements(bucket)
+    p = ctx.topology.size
+    start = time.perf_counter()
+    prescale = first.op is ReduceOp.AVERAGE and wire != dtype
+    op = ReduceOp.SUM if prescale else first.op
+    single = len(bucket) == 1 and wire == dtype
+    if single:
+        src = first.array
+        fused = src.reshape(-1) if first.inplace and src.flags.c_contiguous else np.array(src, order="C").reshape(-1)
+    else:
+        fused = np.empty(total, dtype=wire)
+        if prescale:
+            offset = 0
+            for r in bucket:
+                a = r.array
+                assert a is not None
+                n = a.size
+                np.divide(a, p, out=fused[offset : offset + n].reshape(a.shape), casting="unsafe")
+                offset += n
+        else:  # one C loop over every tensor, not one numpy call each
+            flats: list[np.ndarray] = [r.array.reshape(-1) for r in bucket]  # type: ignore[union-attr]
+            np.concatenate(flats, out=fused, casting="unsafe")
+    algorithm = ctx.resolve_algorithm(first.algorithm, total, wire.itemsize)
+    fused_at = time.perf_counter()
+    phases: list[tuple[str, float, float]] = []
+    ctx.allreduce_flat(fused, op, algorithm, on_phase=phases.append if timeline is not None else None)
+    _deliver(bucket, fused, dtype, single=single)
+    if timeline is not None:
+        end = time.perf_counter()
+        info = {"bytes": int(total * wire.itemsize), "algorithm": algorithm, "tensors": len(bucket), "dtype": str(wire)}
+        for r in bucket:
+            timeline.tensor(r.name, r.submitted, start, fused_at, phases, end, info)
+
+
+def _deliver(bucket: list[Request], fused: np.ndarray, dtype: np.dtype, *, single: bool = False) -> None:
+    """Split ``fused`` back into each request's result (views; copies only in place or to cast)."""
+    offset = 0
+    cast = fused.dtype != dtype
+    for r in bucket:
+        arr = r.array
+        assert arr is not None
+        n = arr.size
+        out = fused[offset : offset + n]
+        if arr.ndim != 1:
+            out = out.reshape(arr.shape)
+        offset += n
+        if cast:
+            out = out.astype(dtype)
+        if r.inplace:
+            if not (single and arr.flags.c_contiguous):
+                arr[...] = out
+            out = arr
+        r.handle.set_result(out)
+
+
+def _elements(requests: list[Request]) -> int:
+    return sum(0 if r.array is None else int(r.array.size) for r in requests)
