@@ -269,6 +269,15 @@ def test_tensor_collectives_keep_dtype_and_shape(dtype) -> None:
     assert dt.allreduce_(y, op=ddl.Sum) is y and torch.equal(y, x)
 
 
+def test_allreduce_and_allgather_are_differentiable() -> None:
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: dt.allreduce(t, op=ddl.Sum), (x,))
+    assert torch.autograd.gradcheck(lambda t: dt.allgather(t) * 2, (x,))
+    y = torch.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no gradient"):
+        dt.allreduce(y, op=ddl.Max).sum().backward()
+
+
 def test_cpu_allreduce_shares_memory_in_place() -> None:
     x = torch.ones(1000)
     ptr = x.data_ptr()
