@@ -1,6 +1,7 @@
-"""The ``ddl`` command: ``ddl bench allreduce [-np N] [options]``.
+"""The ``ddl`` command: ``ddl bench allreduce [-np N] [options]`` and ``ddl bench torch``.
 
-A bench started outside MPI re-launches itself under ``ddlrun -np N``.
+A bench started outside MPI re-launches itself under ``ddlrun -np N``; ``ddl bench
+torch`` launches one job per world size in its ``--ranks``.
 """
 
 from __future__ import annotations
@@ -10,10 +11,18 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 2 or args[0] != "bench" or args[1] not in ("allreduce",):
-        print("usage: ddl bench allreduce [-np N] [--max-bytes B] [--fused N] [--out DIR] ...", file=sys.stderr)
+    if len(args) < 2 or args[0] != "bench" or args[1] not in ("allreduce", "torch"):
+        print("usage: ddl bench allreduce [-np N] [--max-bytes B] [--fused N] [--out DIR] ...\n"
+              "       ddl bench torch [--ranks 1,2] [--models mlp,cnn] [--out DIR] ...", file=sys.stderr)
         return 2
     rest = args[2:]
+    if args[1] == "torch":
+        try:
+            from ddl.torch.bench import main as torch_bench
+        except ImportError as exc:
+            print(f"ddl bench torch needs PyTorch ({exc}); pip install 'ddl[torch]'", file=sys.stderr)
+            return 2
+        return torch_bench(rest)
     np_ = None
     if "-np" in rest:
         i = rest.index("-np")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job: sets up .venv itself, then runs the distributed example under ddlrun.
+# The main job: sets up .venv itself, then trains a CNN on the bundled digits data on 2 ranks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
-.venv/bin/ddlrun -np 4 --topology 2x2 python examples/allreduce.py "$@"
+.venv/bin/ddlrun -np 2 .venv/bin/python examples/torch_digits.py "$@"

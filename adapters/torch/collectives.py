@@ -9,7 +9,7 @@ import numpy as np
 
 import ddl
 import torch
-from ddl.ops import ReduceOp
+from ddl.ops import ReduceOp, as_op
 
 from .tensors import check_tensor, from_numpy, host_view, staged
 
@@ -93,7 +93,30 @@ def allreduce(tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | N
     Example:
         >>> ddl.torch.allreduce(torch.ones(3), op=ddl.Sum)  # doctest: +SKIP
     """
+    if check_tensor(tensor, "allreduce").requires_grad and torch.is_grad_enabled():
+        out: torch.Tensor = _AllreduceFn.apply(tensor, op, name, compression, algorithm)
+        return out
     return allreduce_async(tensor, op=op, name=name, compression=compression, algorithm=algorithm).wait()
+
+
+class _AllreduceFn(torch.autograd.Function):
+    """Differentiable allreduce: the gradient of a Sum/Average is the Sum/Average of the gradients."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, op: Any, name: str | None, compression: Any,
+                algorithm: str | None) -> torch.Tensor:
+        ctx.op, ctx.name, ctx.compression = op, name, compression
+        return allreduce_async(tensor, op=op, name=name, compression=compression, algorithm=algorithm).wait()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        op = as_op(ctx.op)
+        if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+            raise RuntimeError(f"ddl.torch.allreduce with op={op.name} has no gradient; use Sum or Average, "
+                               "or call it on a detached tensor")
+        name = None if ctx.name is None else f"{ctx.name}.grad"
+        g = allreduce_async(grad.contiguous(), op=op, name=name, compression=ctx.compression).wait()
+        return g, None, None, None, None
 
 
 def allreduce_(tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
@@ -113,8 +136,30 @@ def grouped_allreduce(tensors: Sequence[torch.Tensor], *, op: Any = ReduceOp.AVE
 def allgather(tensor: torch.Tensor, *, name: str | None = None) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0 (first dims may differ by rank)."""
     t = check_tensor(tensor, "allgather")
+    if t.requires_grad and torch.is_grad_enabled():
+        out: torch.Tensor = _AllgatherFn.apply(t, name)
+        return out
     buf, _ = staged(t)
     return from_numpy(ddl.allgather(buf, name=name), t)
+
+
+class _AllgatherFn(torch.autograd.Function):
+    """Differentiable allgather: each rank's gradient is its rows of the summed output gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, name: str | None) -> torch.Tensor:
+        rows = ddl.allgather(np.array([tensor.shape[0] if tensor.dim() else 0], dtype=np.int64),
+                             name=None if name is None else f"{name}.rows")
+        ctx.start = int(rows[: ddl.rank()].sum())
+        ctx.rows, ctx.name = int(tensor.shape[0]), name
+        buf, _ = staged(tensor.detach())
+        return from_numpy(ddl.allgather(buf, name=name), tensor)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        name = None if ctx.name is None else f"{ctx.name}.grad"
+        total = allreduce_async(grad.contiguous(), op=ReduceOp.SUM, name=name).wait()
+        return total[ctx.start : ctx.start + ctx.rows], None
 
 
 def broadcast(tensor: torch.Tensor, root_rank: int = 0, *, name: str | None = None) -> torch.Tensor:

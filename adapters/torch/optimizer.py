@@ -16,6 +16,7 @@ from ddl.ops import ReduceOp, as_op
 from .buckets import Bucket, MiB, plan_buckets
 
 _ids = itertools.count()
+_LOCAL = object()  # a bucket's "handle" when one rank needs no reduction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,16 +197,25 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _launch(self, bucket: Bucket) -> None:
         """Copy the bucket's gradients into its buffer and start the allreduce."""
+        opts = self._options
+        grads = [p.grad for p in bucket.params]
+        if ddl.size() == 1 and opts.compression.wire is None and not any(g is not None and g.is_sparse for g in grads):
+            bucket.handle = _LOCAL  # one rank: the average is the gradient itself
+            return
         with torch.no_grad():
-            for j, p in enumerate(bucket.params):
-                g = p.grad
+            flags = []
+            for j, g in enumerate(grads):
+                dst = bucket.grad_slice(j)
                 if g is None:
-                    bucket.grad_slice(j).zero_()
-                    bucket.flags[j] = 0
-                else:
-                    bucket.grad_slice(j).copy_(g.to_dense() if g.is_sparse else g)
-                    bucket.flags[j] = 1
-            opts = self._options
+                    dst.zero_()
+                    flags.append(0.0)
+                    continue
+                if g.is_sparse:
+                    g = g.to_dense()
+                if g.data_ptr() != dst.data_ptr():  # a grad left as a view of this bucket is in place already
+                    dst.copy_(g)
+                flags.append(1.0)
+            bucket.flags.copy_(torch.tensor(flags))
             op, factor = opts.op, opts.gradient_predivide_factor
             if factor != 1.0:
                 bucket.buffer.div_(factor)
@@ -237,7 +247,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         post = opts.gradient_predivide_factor / ddl.size() if opts.gradient_predivide_factor != 1.0 else None
         try:
             for b in self._buckets:
-                b.handle.wait()  # type: ignore[attr-defined]
+                if b.handle is not _LOCAL:
+                    b.handle.wait()  # type: ignore[attr-defined]
                 self._unpack(b, post)
         finally:
             for b in self._buckets:
@@ -247,6 +258,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = True
 
     def _unpack(self, bucket: Bucket, post: float | None) -> None:
+        if bucket.handle is _LOCAL:
+            return
         with torch.no_grad():
             if post is not None:
                 bucket.buffer[: bucket.numel].mul_(post)
@@ -255,8 +268,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if flags[j] <= 0:
                     continue  # no rank had a gradient: leave .grad as it is (None)
                 reduced = bucket.grad_slice(j)
-                if p.grad is None or p.grad.is_sparse:
-                    p.grad = reduced.to(p.device, copy=True)
+                if p.device == reduced.device:
+                    # .grad becomes a view of the bucket: no copy now, and none at the next
+                    # launch while the user zeroes grads in place rather than to None.
+                    p.grad = reduced
+                elif p.grad is None or p.grad.is_sparse:
+                    p.grad = reduced.to(p.device)
                 else:
                     p.grad.copy_(reduced)
 

@@ -269,6 +269,15 @@ def test_tensor_collectives_keep_dtype_and_shape(dtype) -> None:
     assert dt.allreduce_(y, op=ddl.Sum) is y and torch.equal(y, x)
 
 
+def test_allreduce_and_allgather_are_differentiable() -> None:
+    x = torch.randn(4, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: dt.allreduce(t, op=ddl.Sum), (x,))
+    assert torch.autograd.gradcheck(lambda t: dt.allgather(t) * 2, (x,))
+    y = torch.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match="no gradient"):
+        dt.allreduce(y, op=ddl.Max).sum().backward()
+
+
 def test_cpu_allreduce_shares_memory_in_place() -> None:
     x = torch.ones(1000)
     ptr = x.data_ptr()
@@ -295,3 +304,20 @@ def test_cuda_tensors_stage_through_host_memory() -> None:
     assert dt.allreduce(x, op=ddl.Sum).device.type == "cuda"
     dt.allreduce_(x, op=ddl.Sum)
     assert torch.equal(x.cpu(), torch.arange(8.0))
+
+
+# -- ddl bench torch's arithmetic ---------------------------------------------------
+def test_bench_summary_computes_efficiency_against_one_undistributed_process() -> None:
+    from ddl.torch.bench import format_table, summarize
+
+    per = {"none": 0.100, "ddl.torch": 0.104, "DDP-gloo": 0.110}
+    runs = [{"size": 1, "step_s": {"cnn": per}, "batch": {"cnn": 8}, "params": {"cnn": 1000}},
+            {"size": 2, "step_s": {"cnn": {"none": 0.1, "ddl.torch": 0.125, "DDP-gloo": 0.100}},
+             "batch": {"cnn": 8}, "params": {"cnn": 1000}}]
+    rows = {(r["ranks"], r["contender"]): r for r in summarize(runs)["rows"]}
+    assert rows[(2, "ddl.torch")]["scaling_efficiency"] == pytest.approx(0.8)
+    assert rows[(2, "ddl.torch")]["samples_per_s"] == pytest.approx(16 / 0.125)
+    assert rows[(2, "ddl.torch")]["vs_ddp"] == pytest.approx(1.25)
+    assert rows[(1, "none")]["scaling_efficiency"] == pytest.approx(1.0)
+    table = format_table(summarize(runs))
+    assert "ddl.torch" in table and "0.800" in table

@@ -180,6 +180,14 @@ fp16 = dt.allreduce(torch.full((100,), 6e4), compression=ddl.Compression.fp16, n
 assert torch.allclose(fp16, torch.full((100,), 6e4), rtol=1e-3)
 assert dt.broadcast_object({"r": torch.tensor([R])}, root_rank=0)["r"].item() == 0
 
+# Autograd through allreduce and allgather: each rank's loss weights the result by (R + 1).
+x = torch.full((3,), float(R + 1), requires_grad=True)
+(dt.allreduce(x, op=ddl.Sum, name="ag.sum") * (R + 1)).sum().backward()
+assert torch.equal(x.grad, torch.full((3,), P * (P + 1) / 2)), x.grad
+x = torch.ones(R + 1, 2, requires_grad=True)
+(dt.allgather(x, name="ag.gather") * (R + 1)).sum().backward()
+assert torch.equal(x.grad, torch.full((R + 1, 2), P * (P + 1) / 2)), x.grad
+
 # Different models on different ranks: a MismatchError on every rank, naming the parameter.
 if P > 1:
     other = nn.Linear(3, 3 + (R == 1))

@@ -1,0 +1,216 @@
+"""``ddl bench torch``: training-step time of ddl.torch, DDP with gloo and no distribution.
+
+Two models, an MLP of about 5 M parameters and a CNN whose single-process step computes
+for about ``--cnn-step-ms``, are trained on synthetic batches at each world size in
+``--ranks`` (default 1 and 2), one thread per process. Contenders run in interleaved
+rounds so machine noise hits them alike; a round's time is the slowest rank's. Prints a
+table with the step-time ratio ddl/DDP and the scaling efficiency (throughput at p ranks
+over p times the throughput of one undistributed process), and writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+CONTENDERS = ["none", "ddl.torch", "DDP-gloo"]
+
+
+def mlp() -> nn.Module:
+    """About 4.7 M parameters."""
+    return nn.Sequential(nn.Linear(1024, 2048), nn.ReLU(), nn.Linear(2048, 1024), nn.ReLU(),
+                         nn.Linear(1024, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+def cnn() -> nn.Module:
+    """A small VGG-style network on 3x32x32 inputs (about 0.6 M parameters)."""
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.Conv2d(64, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(128 * 4 * 4, 256), nn.ReLU(), nn.Linear(256, 10),
+    )
+
+
+MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
+    "mlp": (mlp, (1024,)),
+    "cnn": (cnn, (3, 32, 32)),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="ddl bench torch", description=__doc__)
+    parser.add_argument("--ranks", default="1,2", help="world sizes to run, e.g. 1,2")
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--mlp-batch", type=int, default=64, help="per rank")
+    parser.add_argument("--cnn-batch", type=int, default=0, help="per rank; 0: tuned to --cnn-step-ms")
+    parser.add_argument("--cnn-step-ms", type=float, default=100.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per round and contender")
+    parser.add_argument("--out", default="bench-results")
+    parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return _worker(args)
+    try:
+        ranks = [int(r) for r in args.ranks.split(",")]
+    except ValueError:
+        parser.error(f"--ranks takes world sizes like 1,2, got {args.ranks!r}")
+    unknown = set(args.models.split(",")) - set(MODELS)
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {sorted(MODELS)}")
+    runs: list[dict[str, Any]] = []
+    batch = args.cnn_batch
+    for p in ranks:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "result.json"
+            cmd = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(p), sys.executable, "-m", "ddl.torch.bench",
+                   "--worker", str(out), "--models", args.models, "--mlp-batch", str(args.mlp_batch),
+                   "--cnn-batch", str(batch), "--cnn-step-ms", str(args.cnn_step_ms),
+                   "--rounds", str(args.rounds), "--steps", str(args.steps)]
+            proc = subprocess.run(cmd, text=True)
+            if proc.returncode != 0 or not out.exists():
+                print(f"ddl bench torch: the {p}-rank run failed (exit {proc.returncode})", file=sys.stderr)
+                return 1
+            result = json.loads(out.read_text())
+        batch = result["batch"].get("cnn", batch)  # later world sizes reuse the tuned batch
+        runs.append(result)
+    report = summarize(runs)
+    print(format_table(report))
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "torch.json").write_text(json.dumps(report, indent=2))
+    print(f"wrote {folder / 'torch.json'}")
+    return 0
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per model, world size and contender: step time, throughput, efficiency, ddl/DDP."""
+    rows = []
+    base: dict[str, float] = {}
+    for run in runs:
+        for model, per in run["step_s"].items():
+            if run["size"] == 1:
+                base[model] = per["none"]
+    for run in runs:
+        p = run["size"]
+        for model, per in run["step_s"].items():
+            batch = run["batch"][model]
+            for c in CONTENDERS:
+                t = per[c]
+                rows.append({
+                    "model": model, "params": run["params"][model], "ranks": p, "contender": c,
+                    "batch_per_rank": batch, "step_ms": t * 1e3, "samples_per_s": p * batch / t,
+                    "scaling_efficiency": base[model] / t if model in base else None,
+                    "vs_ddp": t / per["DDP-gloo"],
+                })
+    return {"rows": rows, "threads_per_process": 1, "date": time.strftime("%Y-%m-%d"),
+            "torch": torch.__version__}
+
+
+def format_table(report: dict[str, Any]) -> str:
+    head = (f"{'model':6} {'params':>8} {'ranks':>5} {'contender':10} {'batch':>5} {'step ms':>9} "
+            f"{'samples/s':>10} {'efficiency':>10} {'vs DDP':>7}")
+    lines = [f"training step, one thread per process (torch {report['torch']})", head]
+    for r in report["rows"]:
+        eff = "" if r["scaling_efficiency"] is None else f"{r['scaling_efficiency']:.3f}"
+        lines.append(f"{r['model']:6} {r['params'] / 1e6:7.2f}M {r['ranks']:5d} {r['contender']:10} "
+                     f"{r['batch_per_rank']:5d} {r['step_ms']:9.2f} {r['samples_per_s']:10.1f} {eff:>10} "
+                     f"{r['vs_ddp']:7.3f}")
+    lines.append("efficiency: throughput at p ranks / (p x one undistributed process); "
+                 "vs DDP: step time / DDP-gloo step time")
+    return "\n".join(lines)
+
+
+# -- the worker (one per rank, under ddlrun) ------------------------------------------
+def _worker(args: argparse.Namespace) -> int:
+    from mpi4py import MPI
+
+    import ddl.torch as dt
+    import torch.distributed as dist
+    from ddl.bench.peers import free_port
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.set_num_threads(1)
+    dt.init()
+    comm = MPI.COMM_WORLD.Dup()
+    port = comm.bcast(free_port() if comm.Get_rank() == 0 else None, root=0)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=dt.rank(), world_size=dt.size())
+    result: dict[str, Any] = {"size": dt.size(), "step_s": {}, "batch": {}, "params": {}}
+    for name in args.models.split(","):
+        build, shape = MODELS[name]
+        batch = args.mlp_batch if name == "mlp" else args.cnn_batch
+        if batch <= 0:
+            batch = comm.bcast(_tune_batch(build, shape, args.cnn_step_ms) if dt.rank() == 0 else None, root=0)
+        gen = torch.Generator().manual_seed(dt.rank())
+        x, y = torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+        steppers: dict[str, Callable[[], None]] = {}
+        for c in CONTENDERS:
+            torch.manual_seed(0)
+            model = build()
+            opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+            if c == "ddl.torch":
+                opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+            elif c == "DDP-gloo":
+                model = DistributedDataParallel(model)
+            steppers[c] = _stepper(model, opt, x, y)
+        times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+        for c in CONTENDERS:
+            steppers[c]()  # warm-up: first-touch allocations, bucket rebuilds
+        for _ in range(args.rounds):
+            for c in CONTENDERS:
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(args.steps):
+                    steppers[c]()
+                times[c].append(comm.allreduce((time.perf_counter() - t0) / args.steps, op=MPI.MAX))
+        result["step_s"][name] = {c: statistics.median(v) for c, v in times.items()}
+        result["batch"][name] = batch
+        result["params"][name] = sum(p.numel() for p in build().parameters())
+    dist.destroy_process_group()
+    if dt.rank() == 0:
+        Path(args.worker).write_text(json.dumps(result))
+    dt.shutdown()
+    return 0
+
+
+def _stepper(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:
+    def step() -> None:
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()  # type: ignore[no-untyped-call]
+        opt.step()
+
+    return step
+
+
+def _tune_batch(build: Callable[[], nn.Module], shape: tuple[int, ...], target_ms: float) -> int:
+    """The batch whose undistributed step takes about ``target_ms`` on one thread."""
+    model = build()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batch = 8
+    while True:
+        x, y = torch.randn(batch, *shape), torch.randint(0, 10, (batch,))
+        step = _stepper(model, opt, x, y)
+        step()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            step()
+        ms = (time.perf_counter() - t0) / 3 * 1e3
+        if ms >= target_ms / 2 or batch >= 4096:
+            return max(1, round(batch * target_ms / ms))
+        batch *= 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
