@@ -18,7 +18,7 @@ from ddl.runtime import context, engine
 
 def allreduce_async(
     x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None, algorithm: str | None = None,
-    compression: Any = None, inplace: bool = False,
+    compression: Any = None, inplace: bool = False, _wake: bool = True,
 ) -> Handle:
     """Start an allreduce; ``wait()`` on the handle returns the result.
 
@@ -48,7 +48,9 @@ def allreduce_async(
     desc = ("allreduce", name, arr.shape, dtype_name, rop.name, alg, comp.name)
     req = Request("allreduce", name, desc, Handle(name), array=arr, op=rop, algorithm=alg,
                   compression=comp, inplace=inplace)
-    return eng.submit(req)
+    # The synchronous calls wait at once and run the cycle themselves: waking the
+    # engine thread for them would only contend with the caller.
+    return eng.submit(req, wake=_wake)
 
 
 _NONE = as_compressor(None)
@@ -79,29 +81,30 @@ def allreduce(x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None, al
     Example:
         >>> ddl.allreduce(np.arange(4.0), op=ddl.Sum)  # doctest: +SKIP
     """
-    return allreduce_async(x, op=op, name=name, algorithm=algorithm, compression=compression).wait()  # type: ignore[no-any-return]
+    return allreduce_async(x, op=op, name=name, algorithm=algorithm, compression=compression,  # type: ignore[no-any-return]
+                           _wake=False).wait()
 
 
 def allreduce_(x: np.ndarray, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                algorithm: str | None = None, compression: Any = None) -> np.ndarray:
     """In-place :func:`allreduce`; returns ``x``."""
     return allreduce_async(x, op=op, name=name, algorithm=algorithm, compression=compression,  # type: ignore[no-any-return]
-                           inplace=True).wait()
+                           inplace=True, _wake=False).wait()
 
 
 def grouped_allreduce(xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                       algorithm: str | None = None, compression: Any = None) -> list[np.ndarray]:
     """Allreduce several arrays together (fused by the engine); results in input order."""
     base = name or engine().next_name()
-    handles = [allreduce_async(x, op=op, name=f"{base}.{i}", algorithm=algorithm, compression=compression)
-               for i, x in enumerate(xs)]
+    handles = [allreduce_async(x, op=op, name=f"{base}.{i}", algorithm=algorithm, compression=compression,
+                               _wake=False) for i, x in enumerate(xs)]
     return [h.wait() for h in handles]
 
 
 def _submit(kind: str, name: str | None, desc: tuple[Any, ...], run: Callable[[], Any]) -> Any:
     eng = engine()
     name = name or eng.next_name()
-    return eng.submit(Request(kind, name, (kind, name, *desc), Handle(name), run=run)).wait()
+    return eng.submit(Request(kind, name, (kind, name, *desc), Handle(name), run=run), wake=False).wait()
 
 
 def allgather(x: Any, *, name: str | None = None) -> np.ndarray:

@@ -7,6 +7,7 @@ plain pytest. Point-to-point traffic moves raw bytes, so any dtype travels.
 
 from __future__ import annotations
 
+import time
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
@@ -57,6 +58,25 @@ class Comm(Protocol):
 def as_bytes(a: np.ndarray) -> np.ndarray:
     """A uint8 view of a contiguous array (no copy)."""
     return a.reshape(-1).view(np.uint8)
+
+
+def polite_wait(request: Any, spin: float = 250e-6, longest: float = 200e-6) -> None:
+    """Complete an MPI request, spinning briefly then sleeping in growing steps.
+
+    A short wait (all ranks arrive together) costs what a blocking call would; a long
+    one (another rank still in backward) sleeps instead of polling, so that rank's
+    compute keeps the core. mpi4py drops the GIL inside ``Test``.
+    """
+    if request.Test():
+        return
+    start = time.perf_counter()
+    while time.perf_counter() - start < spin:
+        if request.Test():
+            return
+    pause = 20e-6
+    while not request.Test():
+        time.sleep(pause)
+        pause = min(pause * 2, longest)
 
 
 class MPIComm:
@@ -112,7 +132,9 @@ class MPIComm:
         self._comm.Allgatherv([as_bytes(send), self._MPI.BYTE], [as_bytes(recv), (counts, displs), self._MPI.BYTE])
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
-        self._comm.Allgather(send, recv)
+        # The engine's negotiation: often the first rank in waits for the others to
+        # finish computing. A blocking Allgather would busy-poll a core they need.
+        polite_wait(self._comm.Iallgather(send, recv))
 
     def bcast_object(self, obj: Any, root: int) -> Any:
         return self._comm.bcast(obj, root=root)

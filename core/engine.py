@@ -40,6 +40,7 @@ __all__ = ["Engine", "Request"]
 _HEADER = 5  # int64 words: digest, batch length, stop flag, inline payload bytes, stall check due
 _RECORD = _HEADER * 8 + INLINE_BYTES
 _MASK = (1 << 62) - 1
+_IDLE_MAX = 0.02  # seconds between idle cycles once nothing has been pending for a while
 
 
 class Engine:
@@ -65,6 +66,7 @@ class Engine:
         self._stop = False
         self._finished = False
         self._last_submit = 0.0
+        self._long_sleep = False
         self._last_cycle = 0.0
         self._next_stall_check = 0.0
         self._waiting_since: dict[str, float] = {}
@@ -97,8 +99,11 @@ class Engine:
             self._seq += 1
             return f"#{self._seq}"
 
-    def submit(self, req: Request) -> Handle:
-        """Queue ``req``; at world size 1 it runs at once in the caller."""
+    def submit(self, req: Request, *, wake: bool = True) -> Handle:
+        """Queue ``req``; at world size 1 it runs at once in the caller.
+
+        ``wake=False``: the caller waits on the handle at once (and so runs the cycle).
+        """
         if self._failure is not None:
             raise DDLError(f"the ddl engine has stopped after an error: {self._failure}")
         req.submitted = now = time.perf_counter()
@@ -125,6 +130,8 @@ class Engine:
             self._names.add(req.name)
             self._pending.append(req)
             self._last_submit = now
+            if wake and self._long_sleep:
+                self._wake.notify()  # only then: waking it for every submission costs the caller
         return req.handle
 
     def wait_for(self, handle: Handle, timeout: float | None) -> bool:
@@ -182,10 +189,15 @@ class Engine:
             while not self._finished:
                 with self._wake:
                     if not self._stop:
-                        self._wake.wait(min(idle, self.cycle_time / 4) if self._pending else idle)
+                        # Nothing pending here: nothing can become ready anywhere until this
+                        # rank submits (which wakes the thread), so sleep long and give the
+                        # core to the training loop; idle cycles only serve stop and stall reports.
+                        self._long_sleep = not self._pending
+                        self._wake.wait(min(idle, self.cycle_time / 4) if self._pending else _IDLE_MAX)
+                        self._long_sleep = False
                     pending, stopping = bool(self._pending), self._stop
                 now = time.perf_counter()
-                if not stopping and (self._deferred(now) if pending else now - self._last_cycle < idle):
+                if not stopping and (self._deferred(now) if pending else now - self._last_cycle < _IDLE_MAX):
                     # Submissions still coming, or callers are cycling: an idle cycle here
                     # would only cost every rank a collective. Look again later.
                     idle = min(idle * 2, self.cycle_time)

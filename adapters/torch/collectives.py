@@ -44,7 +44,7 @@ class TorchHandle:
 
 def allreduce_async(
     tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
-    compression: Any = None, algorithm: str | None = None,
+    compression: Any = None, algorithm: str | None = None, _wake: bool = True,
 ) -> TorchHandle:
     """Start an allreduce of ``tensor``; the handle's ``wait()`` returns a new tensor.
 
@@ -54,19 +54,19 @@ def allreduce_async(
     """
     t = check_tensor(tensor, "allreduce_async")
     src = host_view(t.detach().contiguous()) if t.device.type == "cpu" else staged(t)[0]
-    h = ddl.allreduce_async(src, op=op, name=name, compression=compression, algorithm=algorithm)
+    h = ddl.allreduce_async(src, op=op, name=name, compression=compression, algorithm=algorithm, _wake=_wake)
     return TorchHandle(h, lambda out: from_numpy(out, t).reshape(t.shape))
 
 
 def allreduce_async_(
     tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
-    compression: Any = None, algorithm: str | None = None,
+    compression: Any = None, algorithm: str | None = None, _wake: bool = True,
 ) -> TorchHandle:
     """In-place :func:`allreduce_async`: ``wait()`` writes the result into ``tensor`` and returns it."""
     t = check_tensor(tensor, "allreduce_async_")
     buf, back = staged(t)
     h = ddl.allreduce_async(buf, op=op, name=name, compression=compression, algorithm=algorithm,
-                            inplace=True)
+                            inplace=True, _wake=_wake)
 
     def finish(out: np.ndarray) -> torch.Tensor:
         back(out)
@@ -94,9 +94,9 @@ def allreduce(tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | N
         >>> ddl.torch.allreduce(torch.ones(3), op=ddl.Sum)  # doctest: +SKIP
     """
     if check_tensor(tensor, "allreduce").requires_grad and torch.is_grad_enabled():
-        out: torch.Tensor = _AllreduceFn.apply(tensor, op, name, compression, algorithm)
+        out: torch.Tensor = _AllreduceFn.apply(tensor, op, name, compression, algorithm)  # type: ignore[no-untyped-call]
         return out
-    return allreduce_async(tensor, op=op, name=name, compression=compression, algorithm=algorithm).wait()
+    return allreduce_async(tensor, op=op, name=name, compression=compression, algorithm=algorithm, _wake=False).wait()
 
 
 class _AllreduceFn(torch.autograd.Function):
@@ -106,7 +106,7 @@ class _AllreduceFn(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, op: Any, name: str | None, compression: Any,
                 algorithm: str | None) -> torch.Tensor:
         ctx.op, ctx.name, ctx.compression = op, name, compression
-        return allreduce_async(tensor, op=op, name=name, compression=compression, algorithm=algorithm).wait()
+        return allreduce_async(tensor, op=op, name=name, compression=compression, algorithm=algorithm, _wake=False).wait()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -115,14 +115,14 @@ class _AllreduceFn(torch.autograd.Function):
             raise RuntimeError(f"ddl.torch.allreduce with op={op.name} has no gradient; use Sum or Average, "
                                "or call it on a detached tensor")
         name = None if ctx.name is None else f"{ctx.name}.grad"
-        g = allreduce_async(grad.contiguous(), op=op, name=name, compression=ctx.compression).wait()
+        g = allreduce_async(grad.contiguous(), op=op, name=name, compression=ctx.compression, _wake=False).wait()
         return g, None, None, None, None
 
 
 def allreduce_(tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                compression: Any = None, algorithm: str | None = None) -> torch.Tensor:
     """In-place :func:`allreduce`; returns ``tensor``."""
-    return allreduce_async_(tensor, op=op, name=name, compression=compression, algorithm=algorithm).wait()
+    return allreduce_async_(tensor, op=op, name=name, compression=compression, algorithm=algorithm, _wake=False).wait()
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
@@ -137,7 +137,7 @@ def allgather(tensor: torch.Tensor, *, name: str | None = None) -> torch.Tensor:
     """Concatenate every rank's ``tensor`` along dim 0 (first dims may differ by rank)."""
     t = check_tensor(tensor, "allgather")
     if t.requires_grad and torch.is_grad_enabled():
-        out: torch.Tensor = _AllgatherFn.apply(t, name)
+        out: torch.Tensor = _AllgatherFn.apply(t, name)  # type: ignore[no-untyped-call]
         return out
     buf, _ = staged(t)
     return from_numpy(ddl.allgather(buf, name=name), t)
@@ -158,7 +158,7 @@ class _AllgatherFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         name = None if ctx.name is None else f"{ctx.name}.grad"
-        total = allreduce_async(grad.contiguous(), op=ReduceOp.SUM, name=name).wait()
+        total = allreduce_async(grad.contiguous(), op=ReduceOp.SUM, name=name, _wake=False).wait()
         return total[ctx.start : ctx.start + ctx.rows], None
 
 
