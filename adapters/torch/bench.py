@@ -168,8 +168,8 @@ def _worker(args: argparse.Namespace) -> int:
         times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
         for c in CONTENDERS:
             steppers[c]()  # warm-up: first-touch allocations, bucket rebuilds
-        for _ in range(args.rounds):
-            for c in CONTENDERS:
+        for r in range(args.rounds):
+            for c in CONTENDERS[r % 3 :] + CONTENDERS[: r % 3]:  # rotate: no contender always goes first
                 comm.Barrier()
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
