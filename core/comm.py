@@ -87,6 +87,9 @@ class MPIComm:
 
         self._MPI = MPI
         self._comm = comm
+        #: Wait for the negotiation by sleeping rather than MPI's busy poll; set at init
+        #: from whether this host has a core per rank.
+        self.polite = True
         self._null = MPI.PROC_NULL
         self._empty = np.empty(0, np.uint8)
         self._ops = {
@@ -134,7 +137,10 @@ class MPIComm:
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         # The engine's negotiation: often the first rank in waits for the others to
         # finish computing. A blocking Allgather would busy-poll a core they need.
-        polite_wait(self._comm.Iallgather(send, recv))
+        if self.polite:
+            polite_wait(self._comm.Iallgather(send, recv))
+        else:  # more ranks than cores: MPI's own (yielding) wait hands the core over sooner
+            self._comm.Allgather(send, recv)
 
     def bcast_object(self, obj: Any, root: int) -> Any:
         return self._comm.bcast(obj, root=root)
