@@ -16,6 +16,7 @@ from ddl.ops import ReduceOp, as_op
 from .buckets import Bucket, MiB, plan_buckets
 
 _ids = itertools.count()
+_copies: dict[str, int] = {}  # unpickled copies made of each optimizer, for their names
 _LOCAL = object()  # a bucket's "handle" when one rank needs no reduction
 
 
@@ -134,24 +135,31 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer, "options": self._options, "names": list(self._names.values())}
+        return {"optimizer": self.optimizer, "options": self._options, "names": list(self._names.values()),
+                "prefix": self._prefix}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__["optimizer"] = state["optimizer"]
         self._options = state["options"]
         params = _all_params(self.optimizer)
         self._names = dict(zip(params, state["names"], strict=True))
-        self._attach()
+        # Unpickling or deepcopy may happen on one rank alone: no cross-rank check, and
+        # a name from the original's (not from the shared counter, which would then
+        # differ between ranks and leave later optimizers unmatched).
+        original = state.get("prefix", "ddl.torch.opt?")
+        n = _copies[original] = _copies.get(original, 0) + 1
+        self._attach(prefix=f"{original}.copy{n}", check=False)
 
     def __repr__(self) -> str:
         return f"ddl.torch.DistributedOptimizer({self.optimizer!r})"
 
     # -- hooks and buckets -----------------------------------------------------------
-    def _attach(self) -> None:
-        """(Re)build buckets and hooks for the current parameters."""
+    def _attach(self, *, prefix: str | None = None, check: bool = True) -> None:
+        """(Re)build buckets and hooks for the current parameters (``check``: compare the
+        parameters across ranks, a collective call)."""
         for h in self.__dict__.get("_hooks", []):
             h.remove()
-        self._prefix = f"ddl.torch.opt{next(_ids)}"
+        self._prefix = prefix or f"ddl.torch.opt{next(_ids)}"
         params = _all_params(self.optimizer)
         trainable = [p for p in params if p.requires_grad]
         self._frozen = [p for p in params if not p.requires_grad]
@@ -171,7 +179,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                        for p in trainable]
         self._synchronized = False
         self._skip = False
-        _check_same_model(self._prefix, [(self._names[p], tuple(p.shape), str(p.dtype)) for p in params])
+        if check:
+            _check_same_model(self._prefix, [(self._names[p], tuple(p.shape), str(p.dtype)) for p in params])
 
     def _on_grad(self, p: torch.Tensor) -> None:
         bucket, _ = self._slot[p]

@@ -104,7 +104,10 @@ def test_pickles_and_keeps_working() -> None:
     before = [p.detach().clone() for p in params]
     clone.step()
     assert any(not torch.equal(p, q) for p, q in zip(params, before, strict=True))
-    copy.deepcopy(opt)
+    twin = copy.deepcopy(opt)
+    assert twin._prefix == f"{opt._prefix}.copy2" and clone._prefix == f"{opt._prefix}.copy1"
+    after = wrapped(model())
+    assert after._prefix == f"ddl.torch.opt{int(opt._prefix.rsplit('opt', 1)[1]) + 1}"  # copies take no number
 
 
 def test_lr_schedulers_and_isinstance() -> None:
