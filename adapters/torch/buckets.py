@@ -42,7 +42,7 @@ def plan_buckets(
             members, size = [], 0
         members.append(i)
         open_[kind] = (members, size + nbytes[i])
-    leftover = [m for m, _ in open_.values() if m and m not in done]
+    leftover = [m for m, _ in open_.values() if m]
     # Leftover buckets are ordered by where their first (latest) parameter sits.
     done.extend(sorted(leftover, key=lambda m: -m[0]))
     return done

@@ -11,7 +11,7 @@ import ddl
 import torch
 from ddl.ops import ReduceOp, as_op
 
-from .tensors import check_tensor, from_numpy, host_view, staged
+from .tensors import check_tensor, from_numpy, staged
 
 
 class TorchHandle:
@@ -53,7 +53,7 @@ def allreduce_async(
         >>> ddl.torch.synchronize(h)                                 # doctest: +SKIP
     """
     t = check_tensor(tensor, "allreduce_async")
-    src = host_view(t.detach().contiguous()) if t.device.type == "cpu" else staged(t)[0]
+    src = staged(t)[0]
     h = ddl.allreduce_async(src, op=op, name=name, compression=compression, algorithm=algorithm, _wake=_wake)
     return TorchHandle(h, lambda out: from_numpy(out, t).reshape(t.shape))
 

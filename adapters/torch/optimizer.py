@@ -14,6 +14,7 @@ from ddl.compression import Compressor, as_compressor
 from ddl.ops import ReduceOp, as_op
 
 from .buckets import Bucket, MiB, plan_buckets
+from .tensors import host_view
 
 _ids = itertools.count()
 _copies: dict[str, int] = {}  # unpickled copies made of each optimizer, for their names
@@ -229,7 +230,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if factor != 1.0:
                 bucket.buffer.div_(factor)
                 op = ReduceOp.SUM
-            view = bucket.buffer.numpy() if bucket.buffer.dtype != torch.bfloat16 else _bf16_view(bucket.buffer)
+            view = host_view(bucket.buffer)
             bucket.handle = ddl.allreduce_async(view, op=op, name=bucket.name,
                                                 compression=opts.compression, inplace=True)
 
@@ -335,14 +336,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         """Add a parameter group to the wrapped optimizer and rebuild the buckets."""
-        if any(b.handle is not None for b in self.__dict__.get("_buckets", [])):
+        if any(b.handle is not None for b in self._buckets):
             raise RuntimeError("add_param_group() while gradient allreduces are in flight; call step() first")
         self.optimizer.add_param_group(param_group)
-        if "_buckets" in self.__dict__:  # called by torch's own __init__ otherwise
-            names = self._names
-            for i, p in enumerate(_all_params(self.optimizer)):
-                names.setdefault(p, f"param_groups[{len(self.param_groups) - 1}].{i}")
-            self._attach()
+        for i, p in enumerate(_all_params(self.optimizer)):
+            self._names.setdefault(p, f"param_groups[{len(self.param_groups) - 1}].{i}")
+        self._attach()
 
 
 def _all_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -388,8 +387,3 @@ def _check_same_model(prefix: str, manifest: list[tuple[str, tuple[int, ...], st
                 "build the same model and optimizer on every rank"
             )
 
-
-def _bf16_view(t: torch.Tensor) -> Any:
-    from .tensors import host_view
-
-    return host_view(t)
