@@ -65,7 +65,7 @@ def inline_bytes(batch: list[Request]) -> int:
     dtype, op, total = first.array.dtype, first.op, 0  # type: ignore[union-attr]
     for r in batch:
         a, comp = r.array, r.compression
-        if a is None or r.algorithm != "auto" or comp is None or comp.wire is not None or r.op is not op:
+        if a is None or r.algorithm != "auto" or comp is None or comp.name != "none" or r.op is not op:
             return 0
         if a.dtype != dtype:
             return 0
