@@ -346,8 +346,6 @@ class Engine:
         mine = {r.name: r for r in batch}
         ready = [mine[name] for name in result.ready]
         failed = [(mine[name], why) for name, why in result.failed.items()]
-        for name in (*result.ready, *result.failed):
-            self.watch.present(name)
         self._take(ready + [r for r, _ in failed])
         for req, (failing, message) in failed:
             req.handle.set_error(_failure_for(req, failing, message, self.ctx.topology.rank))
