@@ -32,6 +32,10 @@ from ddl.negotiation import INLINE_BYTES
 from ddl.ops import ReduceOp, ufunc
 from ddl.timeline import Timeline
 
+#: An in-place, contiguous allreduce at least this large runs on its own, in its own
+#: memory: fusing it would copy it in and out to save one latency it does not notice.
+SOLO_BYTES = 1 << 20
+
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Request:
@@ -122,8 +126,11 @@ def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline:
         a, comp = req.array, req.compression
         assert a is not None and comp is not None
         wire = comp.wire_dtype(a.dtype)
-        key = (a.dtype, wire, req.op, req.algorithm)
         nbytes = a.size * (accumulator(a.dtype) if wire == a.dtype else wire).itemsize
+        if req.inplace and nbytes >= SOLO_BYTES and wire == a.dtype == accumulator(a.dtype) and a.flags.c_contiguous:
+            order.append([req])  # already a bucket (a framework's): reduced where it lies, no copies
+            continue
+        key = (a.dtype, wire, req.op, req.algorithm)
         lane = buckets.get(key)
         if lane is not None and lane[1][0] + nbytes <= fusion_threshold:
             lane[0].append(req)

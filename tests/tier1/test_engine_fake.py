@@ -242,3 +242,29 @@ def test_engine_at_256_fake_ranks() -> None:
     assert isinstance(results[200][2], TypeError)
     assert all(isinstance(e, ddl.RemoteError) and "rank 200" in str(e)
                for q, (_, _, e) in enumerate(results) if q != 200)
+
+
+def test_large_in_place_buckets_are_reduced_where_they_lie(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A framework's bucket (in place, contiguous, >= 1 MiB) is not copied into a fused
+    buffer with its neighbours; small ones still fuse."""
+    seen: list[tuple[int, np.ndarray]] = []
+    real = Context.allreduce_flat
+
+    def spy(self: Context, buf: np.ndarray, *args: Any, **kwargs: Any) -> None:
+        seen.append((self.topology.rank, buf))
+        real(self, buf, *args, **kwargs)
+
+    monkeypatch.setattr(Context, "allreduce_flat", spy)
+
+    def fn(c: Collectives) -> tuple[bool, bool]:
+        big = [np.full(fusion.SOLO_BYTES // 4, 1.0, np.float32) for _ in range(2)]
+        small = [np.ones(300, np.float32) for _ in range(2)]
+        with c.engine._baton:  # no cycle until all four are queued: they arrive as one batch
+            hs = [c.allreduce_async(x, op=ddl.Sum, inplace=True, name=f"b{i}") for i, x in enumerate(big + small)]
+        for h in hs:
+            h.wait()
+        mine = [buf for r, buf in seen if r == c.topology.rank]
+        return (all(any(np.shares_memory(buf, b) for buf in mine) for b in big)
+                and all(np.all(b == 2) for b in big)), any(buf.size == 600 for buf in mine)
+
+    assert run_engines(2, fn) == [(True, True), (True, True)]
