@@ -237,7 +237,8 @@ def test_engine_at_256_fake_ranks() -> None:
         err = _catch(lambda: c.allreduce(np.ones(2, np.complex64 if r == 200 else np.float32), name="late"))
         return float(small[0]), float(big[0]), err
 
-    results = run_engines(256, fn, config=Config(segment_bytes=1 << 20, stall_timeout=30.0))
+    # algorithm="ring": pricing "auto" would be repeated by each of the 256 ranks of one process.
+    results = run_engines(256, fn, config=Config(algorithm="ring", segment_bytes=1 << 20, stall_timeout=30.0))
     assert all(s == sum(range(256)) and b == 256.0 for s, b, _ in results)
     assert isinstance(results[200][2], TypeError)
     assert all(isinstance(e, ddl.RemoteError) and "rank 200" in str(e)
