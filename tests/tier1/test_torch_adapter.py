@@ -56,10 +56,10 @@ def test_bucket_caps_must_be_positive() -> None:
 def test_optimizer_builds_buckets_under_the_cap() -> None:
     m = nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)])  # 16.6 KB per layer
     opt = wrapped(m, bucket_cap_mb=0.04, first_bucket_mb=0.001)
-    sizes = [sum(p.numel() * 4 for p in b.params) for b in opt._buckets]
-    assert len(opt._buckets) > 2 and all(s <= 0.04 * 2**20 or len(b.params) == 1
-                                         for s, b in zip(sizes, opt._buckets, strict=True))
-    assert opt._buckets[0].params[0] is list(m.parameters())[-1]
+    sizes = [sum(p.numel() * 4 for p in b.params) for b in opt._reducer.buckets]
+    assert len(opt._reducer.buckets) > 2 and all(s <= 0.04 * 2**20 or len(b.params) == 1
+                                         for s, b in zip(sizes, opt._reducer.buckets, strict=True))
+    assert opt._reducer.buckets[0].params[0] is list(m.parameters())[-1]
 
 
 # -- the optimizer wrapper's contract -----------------------------------------------
@@ -153,7 +153,7 @@ def test_backward_passes_per_step_sums_locally() -> None:
     backward(a)
     opt = wrapped(b, backward_passes_per_step=2)
     backward(b)
-    assert all(bk.handle is None for bk in opt._buckets)  # nothing sent after one pass
+    assert all(bk.handle is None for bk in opt._reducer.buckets)  # nothing sent after one pass
     backward(b)
     opt.synchronize()
     for x, y in zip(a.parameters(), b.parameters(), strict=True):
@@ -189,9 +189,9 @@ def test_unused_parameters_keep_no_grad_and_frozen_ones_are_skipped() -> None:
 def test_add_param_group_rebuilds_buckets() -> None:
     m, extra = model(), nn.Linear(2, 2)
     opt = wrapped(m)
-    n = sum(len(b.params) for b in opt._buckets)
+    n = sum(len(b.params) for b in opt._reducer.buckets)
     opt.add_param_group({"params": extra.parameters(), "lr": 0.01})
-    assert sum(len(b.params) for b in opt._buckets) == n + 2
+    assert sum(len(b.params) for b in opt._reducer.buckets) == n + 2
     extra(torch.ones(1, 2)).sum().backward()
     opt.step()
     assert extra.weight.grad is not None
