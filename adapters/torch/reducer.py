@@ -116,8 +116,9 @@ class Reducer:
             raise RuntimeError(
                 f"the gradient of {self.names[p]!r} arrived after its bucket's allreduce started "
                 f"(backward_passes_per_step={k}; buckets still waiting start when the last pass ends); "
-                "call optimizer.step() or synchronize() before the next backward, or accumulate with "
-                "`with optimizer.no_sync():` around all but the last backward pass"
+                "call optimizer.step() or synchronize() before the next backward; to accumulate over "
+                "several backward passes, wrap all but the last in `with optimizer.no_sync():` "
+                "(or set backward_passes_per_step to their number)"
             )
         self.synchronized = False
         if p.grad is not None and p.grad.is_sparse and not self.options.sparse_as_dense:
