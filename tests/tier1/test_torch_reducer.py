@@ -90,6 +90,7 @@ def test_the_plan_is_rebuilt_once_and_a_copy_keeps_it() -> None:
     opt = wrap(m, **TINY)
     loss(m).backward()
     opt.step()
+    assert opt._reducer.agreed is not None and opt._reducer._observed is None  # done watching
     plan = opt._reducer.plan
     buckets = opt._reducer.buckets
     opt.zero_grad()
