@@ -102,7 +102,8 @@ class Reducer:
         self._observed = None
         self.agreed = merged
         plan = self._plan(merged)
-        if plan != self.plan:
+        # Only membership decides when a bucket can start: keep the buffers if it holds.
+        if [set(b) for b in plan] != [set(b) for b in self.plan]:
             self._build(plan, f"{self.prefix}.r")
 
     def stop_observing(self) -> None:
