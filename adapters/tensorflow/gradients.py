@@ -36,6 +36,7 @@ def name_for(variables: Sequence[Any], prefix: str) -> str:
     return f"{prefix}.{zlib.crc32('|'.join(parts).encode()):08x}"
 
 
+@tf.autograph.experimental.do_not_convert
 def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp.AVERAGE, compression: Any = None,
                      sparse_as_dense: bool = False) -> list[Gradient]:
     """Reduce ``grads`` over all ranks in one call; None entries stay None.

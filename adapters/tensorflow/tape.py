@@ -43,6 +43,7 @@ class DistributedGradientTape:
         self._compression = compression
         self._sparse_as_dense = bool(sparse_as_dense)
 
+    @tf.autograph.experimental.do_not_convert
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
         """The wrapped tape's gradients, reduced over all ranks (same structure as ``sources``)."""
