@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 import ddl
+import tensorflow as tf
 from ddl.compression import as_compressor
 from ddl.ops import ReduceOp, as_op
 
 from .bridge import host_call
 
-Gradient = tf.Tensor | tf.IndexedSlices | None
+Gradient = Any  # a tf.Tensor, a tf.IndexedSlices or None
 
 
 def check_gradient_op(op: Any) -> ReduceOp:
@@ -36,7 +36,7 @@ def name_for(variables: Sequence[Any], prefix: str) -> str:
     return f"{prefix}.{zlib.crc32('|'.join(parts).encode()):08x}"
 
 
-@tf.autograph.experimental.do_not_convert
+@tf.autograph.experimental.do_not_convert  # type: ignore[misc,untyped-decorator]
 def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp.AVERAGE, compression: Any = None,
                      sparse_as_dense: bool = False) -> list[Gradient]:
     """Reduce ``grads`` over all ranks in one call; None entries stay None.

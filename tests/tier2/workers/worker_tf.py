@@ -96,7 +96,7 @@ def train_tape(make_model, make_opt, *, distributed: bool, seed: int = 0, **opti
             assert isinstance(grads[0], tf.IndexedSlices), type(grads[0])  # the sparse path is exercised
         if not distributed and options.get("sparse_as_dense"):
             grads = [tf.convert_to_tensor(g) for g in grads]  # the one-process run of the same arithmetic
-        opt.apply_gradients(zip(grads, model.trainable_variables))
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
     for s in range(STEPS):
         step(tf.constant(x[s * n : (s + 1) * n]), tf.constant(y[s * n : (s + 1) * n]))
