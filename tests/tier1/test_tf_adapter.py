@@ -159,3 +159,16 @@ def test_bench_arithmetic() -> None:
     assert two["scaling_efficiency"] == pytest.approx(0.5) and two["samples_per_s"] == pytest.approx(3200)
     assert rows[(1, "ddl-fit")]["vs_keras_1rank"] == pytest.approx(1.05)
     assert "ddl-tape" in format_table(summarize(runs))
+
+
+def test_fused_allreduce_returns_aligned_views_in_input_order() -> None:
+    from ddl.tensorflow.gradients import fused_allreduce
+
+    arrays = [np.arange(5, dtype=np.float32), np.ones((2, 3)), np.zeros(0, np.float32),
+              np.full((3, 3), 2, np.float32)]
+    outs = fused_allreduce(arrays, op=ddl.Sum, name="fused", compression=None)
+    for a, o in zip(arrays, outs, strict=True):
+        assert o.dtype == a.dtype and o.shape == a.shape
+        np.testing.assert_array_equal(o, a)
+        assert o.size == 0 or o.ctypes.data % 64 == 0  # TensorFlow takes these without a copy
+    assert np.shares_memory(outs[0], outs[3]) is False and outs[0].base is outs[3].base
