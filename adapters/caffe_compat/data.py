@@ -15,8 +15,11 @@ from .blobs import to_array
 from .textio import CaffeFormatError, read_binary
 
 
+_OPEN: dict[str, Any] = {}   # py-lmdb allows one environment per path and process: readers share it
+
+
 def open_lmdb(path: str | Path, *, write: bool = False, map_size: int = 1 << 36) -> Any:
-    """Open an LMDB directory (read-only unless ``write``)."""
+    """Open an LMDB directory (read-only, shared per path, unless ``write``)."""
     import lmdb
     p = Path(path)
     if not write and not (p / "data.mdb").exists():
@@ -24,7 +27,10 @@ def open_lmdb(path: str | Path, *, write: bool = False, map_size: int = 1 << 36)
     if write:
         p.mkdir(parents=True, exist_ok=True)
         return lmdb.open(str(p), map_size=map_size, subdir=True, meminit=False)
-    return lmdb.open(str(p), readonly=True, lock=False, readahead=False, subdir=True)
+    key = str(p.resolve())
+    if key not in _OPEN:
+        _OPEN[key] = lmdb.open(key, readonly=True, lock=False, readahead=False, subdir=True)
+    return _OPEN[key]
 
 
 def datum_to_array(d: Any, *, force_color: bool = False, force_gray: bool = False) -> np.ndarray:
@@ -128,6 +134,9 @@ class Transformer:
 
 def write_lmdb(path: str | Path, records: Iterator[tuple[str, Any]]) -> int:
     """Write (key, Datum) records into a new LMDB; returns how many."""
+    old = _OPEN.pop(str(Path(path).resolve()), None)
+    if old is not None:
+        old.close()
     env = open_lmdb(path, write=True)
     n = 0
     txn = env.begin(write=True)
