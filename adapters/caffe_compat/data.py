@@ -14,7 +14,6 @@ from . import schema
 from .blobs import to_array
 from .textio import CaffeFormatError, read_binary
 
-
 _OPEN: dict[str, Any] = {}   # py-lmdb allows one environment per path and process: readers share it
 
 

@@ -116,7 +116,7 @@ class Solver:
     def forward_backward(self) -> tuple[float, dict[str, torch.Tensor]]:
         loss, blobs = self.net.forward()
         if loss.requires_grad:
-            loss.backward()
+            loss.backward()  # type: ignore[no-untyped-call]
         return float(loss.detach()), blobs
 
     def step(self, iters: int, *, on_iter: Callable[[int], None] | None = None) -> None:
@@ -127,9 +127,9 @@ class Solver:
         while self.iter < stop_iter:
             for p in self.params:
                 p.tensor.grad = None
-            if sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization):
-                if self.rank == 0:
-                    self.test_all()
+            testing = sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization)
+            if testing and self.rank == 0:
+                self.test_all()
             self._reseed()
             display = sp.display and self.iter % sp.display == 0
             t0 = time.perf_counter()

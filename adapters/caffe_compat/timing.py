@@ -19,7 +19,8 @@ def _forward(net: Net, fwd: list[float]) -> tuple[list[tuple[list[torch.Tensor],
     loss = 0.0
     for i, la in enumerate(net.layers):
         orig = [blobs[b] for b in la.bottom]
-        ins = [x.detach().requires_grad_(x.is_floating_point()) for x in orig]
+        # Only blobs that depend on parameters need a gradient (Caffe's propagate_down inference).
+        ins = [x.detach().requires_grad_(x.requires_grad) for x in orig]
         t0 = time.perf_counter()
         outs = la.forward(ins)
         fwd[i] += time.perf_counter() - t0

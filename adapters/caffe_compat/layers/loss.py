@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from .base import Layer, axis_index
 
@@ -43,19 +44,18 @@ class SoftmaxWithLoss(Layer):
         x, label = bottoms
         outer, c, inner = _split(tuple(x.shape), self.axis)
         logp = torch.log_softmax(x.reshape(outer, c, inner), 1)
-        # The value is capped like Caffe's log(max(p, FLT_MIN)); the gradient is Caffe's p - 1{label}.
-        capped = logp - (logp - logp.clamp(min=LOG_FLT_MIN)).detach()
         lab = label.reshape(outer, inner).long()
-        valid = torch.ones_like(lab, dtype=torch.bool) if self.ignore is None else lab != self.ignore
-        safe = torch.where(valid, lab, torch.zeros_like(lab))
-        if int(safe.min()) < 0 or int(safe.max()) >= c:
-            raise self.error(f"labels must lie in [0, {c}) (or equal ignore_label), got {int(lab.min())}..{int(lab.max())}")
-        nll = -capped.gather(1, safe.unsqueeze(1)).squeeze(1)
-        total = (nll * valid.to(nll.dtype)).sum()
+        try:
+            nll = F.nll_loss(logp, lab, ignore_index=-100 if self.ignore is None else self.ignore, reduction="none")
+        except (IndexError, RuntimeError) as e:
+            raise self.error(f"labels must lie in [0, {c}) or equal ignore_label ({e})") from None
+        # The value is capped like Caffe's -log(max(p, FLT_MIN)); the gradient stays Caffe's p - 1{label}.
+        nll = nll - (nll - nll.clamp(max=-LOG_FLT_MIN)).detach()
+        total = nll.sum()
         if self.mode == FULL or (self.mode == VALID and self.ignore is None):
             norm = float(outer * inner)
         elif self.mode == VALID:
-            norm = float(valid.sum())
+            norm = float(lab.ne(int(self.ignore)).sum())
         elif self.mode == BATCH_SIZE:
             norm = float(outer)
         else:

@@ -57,7 +57,10 @@ class Convolution(Layer):
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         b = self.blobs[1] if len(self.blobs) > 1 else None
-        return [F.conv2d(bottoms[0], self.blobs[0], b, self.stride, self.pad, self.dilation, self.group)]
+        # channels_last makes torch's CPU convolution and max pooling several times faster;
+        # values and shapes are unchanged (only the memory order differs).
+        x = bottoms[0].contiguous(memory_format=torch.channels_last)
+        return [F.conv2d(x, self.blobs[0], b, self.stride, self.pad, self.dilation, self.group)]
 
 
 def pooled_size(size: int, k: int, pad: int, stride: int, ceil: bool) -> int:
