@@ -34,7 +34,7 @@ class SoftmaxWithLoss(Layer):
         self.axis = axis_index(self.lp.softmax_param.axis, len(shapes[0]), self)
         _check_labels(self, shapes, self.axis)
         lp = self.lp.loss_param
-        self.ignore = lp.ignore_label if lp.HasField("ignore_label") else None
+        self.ignore: int | None = int(lp.ignore_label) if lp.HasField("ignore_label") else None
         if not lp.HasField("normalization") and lp.HasField("normalize"):
             self.mode = VALID if lp.normalize else BATCH_SIZE
         else:
@@ -54,8 +54,8 @@ class SoftmaxWithLoss(Layer):
         total = nll.sum()
         if self.mode == FULL or (self.mode == VALID and self.ignore is None):
             norm = float(outer * inner)
-        elif self.mode == VALID:
-            norm = float(lab.ne(int(self.ignore)).sum())
+        elif self.mode == VALID and self.ignore is not None:
+            norm = float(lab.ne(self.ignore).sum())
         elif self.mode == BATCH_SIZE:
             norm = float(outer)
         else:
