@@ -127,8 +127,9 @@ class Solver:
         while self.iter < stop_iter:
             for p in self.params:
                 p.tensor.grad = None
-            testing = sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization)
-            if testing and self.rank == 0:
+            if sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization):
+                # Every rank tests (rank 0 alone logs): no rank idles in a collective long
+                # enough to trip ddl's stall timeout while rank 0 scores a big test set.
                 self.test_all()
             self._reseed()
             display = sp.display and self.iter % sp.display == 0
@@ -201,7 +202,7 @@ class Solver:
             self._update_smoothed_loss(float(loss), start_iter)
             if self.rank == 0:
                 log.info("Iteration %d, loss = %s", self.iter, _fmt(self.smoothed_loss))
-        if sp.test_interval and self.iter % sp.test_interval == 0 and self.rank == 0:
+        if sp.test_interval and self.iter % sp.test_interval == 0:
             self.test_all()
         if self.rank == 0:
             log.info("Optimization Done.")
