@@ -140,10 +140,25 @@ def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model
     return max(times)
 
 
-@functools.lru_cache(maxsize=4096)
 def choose(topology: Topology, count: int, itemsize: int, model: CostModel) -> str:
-    """The cheapest algorithm for this message by ``model``; ties go to the MPI library."""
+    """The cheapest algorithm for this message by ``model``; ties go to the MPI library.
+
+    Priced once per size class (four per octave of bytes), at the class's lower bound:
+    pricing compiles schedules, which costs milliseconds at hundreds of ranks, and a
+    training job's many gradient sizes then share a few cached decisions.
+    """
     if topology.size == 1 or count == 0:
         return "mpi"
+    return _choose_class(topology, size_class(count * itemsize), itemsize, model)
+
+
+def size_class(nbytes: int) -> int:
+    """The class of a message size: 4 per octave (2**(k/4) bytes and up)."""
+    return int(4 * math.log2(max(1, nbytes)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose_class(topology: Topology, klass: int, itemsize: int, model: CostModel) -> str:
+    count = max(1, int(2 ** (klass / 4)) // itemsize)
     costs = {name: predict(name, topology, count, itemsize, model) for name in ("mpi", *SCHEDULED)}
     return min(costs, key=lambda n: (costs[n], n != "mpi"))
