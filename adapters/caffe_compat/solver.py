@@ -276,7 +276,7 @@ def skip_consumed_data(net: Net, batches: int) -> None:
     for la in net.layers:
         if la.type == "Data":
             for _ in range(batches * la.batch):                  # type: ignore[attr-defined]
-                la.reader.next()                                   # type: ignore[attr-defined]
+                la.reader.next_raw()                               # type: ignore[attr-defined]
         elif la.type == "HDF5Data":
             la.pos = (la.pos + batches * la.batch) % len(la.rows)  # type: ignore[attr-defined]
 
