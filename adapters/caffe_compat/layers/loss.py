@@ -43,14 +43,15 @@ class SoftmaxWithLoss(Layer):
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         x, label = bottoms
         outer, c, inner = _split(tuple(x.shape), self.axis)
-        logp = torch.log_softmax(x.reshape(outer, c, inner), 1)
-        lab = label.reshape(outer, inner).long()
+        x3 = x.reshape(outer, c, inner) if inner > 1 else x.reshape(outer, c)
+        lab = label.reshape(outer, inner).long() if inner > 1 else label.reshape(outer).long()
         try:
-            nll = F.nll_loss(logp, lab, ignore_index=-100 if self.ignore is None else self.ignore, reduction="none")
+            nll = F.cross_entropy(x3, lab, ignore_index=-100 if self.ignore is None else self.ignore, reduction="none")
         except (IndexError, RuntimeError) as e:
             raise self.error(f"labels must lie in [0, {c}) or equal ignore_label ({e})") from None
-        # The value is capped like Caffe's -log(max(p, FLT_MIN)); the gradient stays Caffe's p - 1{label}.
-        nll = nll - (nll - nll.clamp(max=-LOG_FLT_MIN)).detach()
+        if float(nll.detach().max()) > -LOG_FLT_MIN:
+            # Caffe's value is -log(max(p, FLT_MIN)); its gradient stays p - 1{label}.
+            nll = nll - (nll - nll.clamp(max=-LOG_FLT_MIN)).detach()
         total = nll.sum()
         if self.mode == FULL or (self.mode == VALID and self.ignore is None):
             norm = float(outer * inner)
