@@ -25,7 +25,7 @@ class _Clock:
             for t in la.blobs:
                 if t.requires_grad and id(t) not in self.param_layer:
                     self.param_layer[id(t)] = i
-                    t.register_post_accumulate_grad_hook(self._param_hook)
+                    t.register_post_accumulate_grad_hook(self._param_hook)  # type: ignore[no-untyped-call]
 
     def _param_hook(self, t: torch.Tensor) -> None:
         k = id(t)
@@ -36,7 +36,7 @@ class _Clock:
 
         def hook(g: torch.Tensor) -> None:
             self.stamps[k] = time.perf_counter()
-        t.register_hook(hook)
+        t.register_hook(hook)  # type: ignore[no-untyped-call]
 
 
 def _iteration(net: Net, clock: _Clock, fwd: list[float], bwd: list[float], *, want_loss: bool = False) -> float:
