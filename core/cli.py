@@ -1,7 +1,7 @@
-"""The ``ddl`` command: ``ddl bench allreduce [-np N] [options]``, ``ddl bench torch``, ``ddl conformance``.
+"""The ``ddl`` command: ``ddl bench allreduce [-np N]``, ``ddl bench torch|tensorflow``, ``ddl conformance``.
 
 A bench started outside MPI re-launches itself under ``ddlrun -np N``; ``ddl bench
-torch`` launches one job per world size in its ``--ranks``.
+torch`` and ``ddl bench tensorflow`` launch one job per world size in their ``--ranks``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ def main(argv: list[str] | None = None) -> int:
         from ddl.conformance.suite import main as conformance  # imports no framework itself
 
         return conformance(args[1:])
-    if len(args) < 2 or args[0] != "bench" or args[1] not in ("allreduce", "torch"):
+    if len(args) < 2 or args[0] != "bench" or args[1] not in ("allreduce", "torch", "tensorflow"):
         print("usage: ddl bench allreduce [-np N] [--max-bytes B] [--fused N] [--out DIR] ...\n"
               "       ddl bench torch [--ranks 1,2] [--models mlp,cnn] [--out DIR] ...\n"
+              "       ddl bench tensorflow [--ranks 1,2] [--batch 64] [--out DIR] ...\n"
               "       ddl conformance [--ranks 1,2,4] [--frameworks torch,tensorflow,caffe] ...", file=sys.stderr)
         return 2
     rest = args[2:]
@@ -28,6 +29,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ddl bench torch needs PyTorch ({exc}); pip install 'ddl[torch]'", file=sys.stderr)
             return 2
         return torch_bench(rest)
+    if args[1] == "tensorflow":
+        try:
+            from ddl.tensorflow.bench import main as tf_bench
+        except ImportError as exc:
+            print(f"ddl bench tensorflow needs TensorFlow ({exc}); pip install 'ddl[tensorflow]'", file=sys.stderr)
+            return 2
+        return tf_bench(rest)
     np_ = None
     if "-np" in rest:
         i = rest.index("-np")

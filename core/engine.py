@@ -348,6 +348,9 @@ class Engine:
                 ids = {id(r) for r in done}
                 self._pending = [r for r in self._pending if id(r) not in ids]
             self._in_flight.difference_update(r.name for r in done)
+        # Names are reused every step; one seen missing once and then run on the fast
+        # path must not keep its old clock, or a later brief skew reads as a long stall.
+        self.watch.done(r.name for r in done)
 
 
 def _failure_for(req: Request, failing: tuple[int, ...], message: str, rank: int) -> BaseException:

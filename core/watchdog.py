@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 
@@ -51,6 +51,12 @@ class StallWatch:
     def present(self, name: str) -> None:
         self._since.pop(name, None)
         self._warned.discard(name)
+
+    def done(self, names: Iterable[str]) -> None:
+        """These names ran (on any path): a later request that reuses one starts a new clock."""
+        if self._since:
+            for name in names:
+                self.present(name)
 
     def waiting_to_stop(self, ranks: tuple[int, ...]) -> None:
         """This rank is in shutdown and ``ranks`` are not: say so now and then."""
