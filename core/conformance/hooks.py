@@ -12,12 +12,12 @@ import numpy as np
 
 from ddl.onnx import ModelSpec
 
-# One entry per adapter: its name in the table -> the module that holds its hooks. A new
-# adapter joins the suite by adding one line here (and passing).
-ADAPTERS: dict[str, str] = {
-    "torch": "ddl.torch.conformance",
-    "tensorflow": "ddl.tensorflow.conformance",
-    "caffe": "ddl.caffe.conformance",
+# One entry per adapter: its name in the table -> (the module that holds its hooks, the
+# packages it needs installed). A new adapter joins the suite by adding one line here.
+ADAPTERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "torch": ("ddl.torch.conformance", ("torch",)),
+    "tensorflow": ("ddl.tensorflow.conformance", ("tensorflow", "keras")),
+    "caffe": ("ddl.caffe.conformance", ("torch", "google.protobuf", "onnx")),
 }
 REFERENCE = "torch"  # the framework the others are compared with at one rank
 
@@ -77,8 +77,21 @@ def load(name: str) -> AdapterHooks:
     """The hooks of adapter ``name`` (a key of :data:`ADAPTERS`)."""
     if name not in ADAPTERS:
         raise ValueError(f"no conformance hooks for {name!r}; known adapters: {sorted(ADAPTERS)}")
-    module: AdapterHooks = importlib.import_module(ADAPTERS[name])  # type: ignore[assignment]
+    module: AdapterHooks = importlib.import_module(ADAPTERS[name][0])  # type: ignore[assignment]
     return module
+
+
+def available() -> list[str]:
+    """The adapters whose frameworks are installed here (found without importing them)."""
+    import importlib.util
+
+    def found(pkg: str) -> bool:
+        try:
+            return importlib.util.find_spec(pkg) is not None
+        except ModuleNotFoundError:  # a dotted name whose parent is missing
+            return False
+
+    return [name for name, (_, needs) in ADAPTERS.items() if all(found(p) for p in needs)]
 
 
 def weights_digest(spec: ModelSpec, weights: dict[str, np.ndarray]) -> str:

@@ -14,16 +14,23 @@ from .metrics import max_rel_diff
 
 RTOL_RANKS = 1e-5  # N ranks vs one rank on the global batch
 RTOL_ONNX = 1e-5   # onnxruntime vs the framework's own outputs
-# Frameworks vs each other at one rank, after 20 steps. torch/TF: different kernels
-# (oneDNN vs Eigen) sum in different orders, ~1e-7 per op, grown by 20 steps of
-# training. Caffe runs on torch kernels but applies the update as Caffe does (v = μv +
-# lr·g; w -= v instead of torch's v = μv + g; w -= lr·v: equal in exact arithmetic at a
-# constant lr, one rounding apart per step) and its Adam adds ε as Keras does.
+# Frameworks vs each other at one rank, after 20 steps (measured figures in the README).
+# torch/TF: different kernels (oneDNN vs Eigen) sum in different orders, ~1e-7 per op,
+# grown by training. Adam divides each gradient by its own running magnitude, so a
+# gradient that nearly cancels (the bias of a conv feeding a BatchNorm: a sum over batch
+# and pixels) turns those rounding differences into differences of a whole step: the bn
+# model with Adam reaches ~2e-4 between TF and the torch-kernel frameworks.
+# Caffe runs on torch kernels but updates as Caffe does (v = mu v + lr g; w -= v against
+# torch's v = mu v + g; w -= lr v: equal at a constant lr up to one rounding per step;
+# Adam's delta added before the bias correction, as Keras does, made moot by eps=1e-12).
 RTOL_PAIRS: dict[frozenset[str], float] = {
     frozenset({"torch", "tensorflow"}): 1e-4,
-    frozenset({"torch", "caffe"}): 1e-4,
+    frozenset({"torch", "caffe"}): 1e-5,
     frozenset({"tensorflow", "caffe"}): 1e-4,
 }
+# (model, optimizer) pairs where a pair involving TensorFlow gets a wider tolerance, and why above.
+RTOL_TF_ADAM_BN = 1e-3
+WIDER: dict[tuple[str, str], float] = {("bn", "adam"): RTOL_TF_ADAM_BN}
 RTOL_OTHER_PAIR = 1e-4
 
 
@@ -43,6 +50,14 @@ class Row:
             elif tol is not None and not value <= tol:
                 return False
         return True
+
+
+def pair_tolerance(a: str, b: str, model: str, optimizer: str) -> float:
+    """The tolerance of framework ``a`` against ``b`` at one rank for this model and optimiser."""
+    tol = RTOL_PAIRS.get(frozenset({a, b}), RTOL_OTHER_PAIR)
+    if "tensorflow" in (a, b) and (model, optimizer) in WIDER:
+        tol = max(tol, WIDER[(model, optimizer)])
+    return tol
 
 
 def _weights(out: Path, p: int, fw: str, m: str, o: str) -> dict[str, np.ndarray] | None:
@@ -81,12 +96,12 @@ def build_rows(out: Path, ranks: list[int]) -> tuple[list[Row], list[str]]:
             if fw != REFERENCE and w is not None:
                 ref = _weights(out, 1, REFERENCE, m, o)
                 if ref is not None:
-                    checks[f"vs {REFERENCE}"] = (max_rel_diff(w, ref), RTOL_PAIRS.get(frozenset({fw, REFERENCE}), RTOL_OTHER_PAIR))
+                    checks[f"vs {REFERENCE}"] = (max_rel_diff(w, ref), pair_tolerance(fw, REFERENCE, m, o))
                 for other in order:
                     if other not in (fw, REFERENCE) and order.index(other) < order.index(fw):
                         ow = _weights(out, 1, other, m, o)
                         if ow is not None:
-                            checks[f"vs {other}"] = (max_rel_diff(w, ow), RTOL_PAIRS.get(frozenset({fw, other}), RTOL_OTHER_PAIR))
+                            checks[f"vs {other}"] = (max_rel_diff(w, ow), pair_tolerance(fw, other, m, o))
         rows.append(Row(m, fw, o, p, checks))
     return rows, notes
 
@@ -110,6 +125,7 @@ def format_table(rows: list[Row], notes: list[str]) -> str:
     lines.append(f"max relative difference = max|a-b| / max|b| per weight tensor (outputs for ort), worst tensor; "
                  f"tolerances: N ranks vs 1 rank {RTOL_RANKS:g}, onnxruntime {RTOL_ONNX:g}, "
                  + ", ".join(f"{'/'.join(sorted(k))} {v:g}" for k, v in RTOL_PAIRS.items())
+                 + f" (pairs with tensorflow on bn+adam {RTOL_TF_ADAM_BN:g})"
                  + f"; identical = sha256 of every rank's weights equal. {len(rows) - n_fail}/{len(rows)} rows pass.")
     lines += notes
     return "\n".join(lines)

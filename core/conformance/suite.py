@@ -13,7 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .hooks import ADAPTERS, RECIPES
+from .hooks import ADAPTERS, RECIPES, available
 from .models import MODELS
 from .report import Row, build_rows, format_table
 
@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
                                  description="Train the reference ONNX models in every installed framework at "
                                              "several world sizes and compare them; prints one table.")
     ap.add_argument("--ranks", default="1,2,4", help="world sizes (must include 1), default 1,2,4")
-    ap.add_argument("--frameworks", default=",".join(ADAPTERS), help=f"default {','.join(ADAPTERS)}")
+    ap.add_argument("--frameworks", default=",".join(available()),
+                    help=f"default: those installed of {','.join(ADAPTERS)}")
     ap.add_argument("--models", default=",".join(MODELS), help=f"default {','.join(MODELS)}")
     ap.add_argument("--optimizers", default=",".join(RECIPES), help=f"default {','.join(RECIPES)}")
     ap.add_argument("--out", type=Path, help="keep the trained weights and records here (default: a temp dir)")
