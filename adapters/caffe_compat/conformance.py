@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 import torch
+
 from ddl.conformance.hooks import Recipe
 from ddl.onnx import ModelSpec
 

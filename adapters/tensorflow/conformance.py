@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import keras
 import numpy as np
 
-import keras
 import tensorflow as tf
 from ddl.conformance.hooks import Recipe
 from ddl.onnx import ModelSpec
@@ -135,7 +135,7 @@ def train(spec: ModelSpec, recipe: Recipe, shards: Sequence[tuple[np.ndarray, np
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     tvs = logits.trainable_variables
 
-    @tf.function(reduce_retracing=True)
+    @tf.function(reduce_retracing=True)  # type: ignore[misc,untyped-decorator]
     def step(x: tf.Tensor, y: tf.Tensor) -> None:
         with tf.GradientTape() as tape:
             # training=False: BatchNorm normalises with its stored statistics (see ddl.onnx.spec.FROZEN)

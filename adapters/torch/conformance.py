@@ -110,7 +110,7 @@ def train(spec: ModelSpec, recipe: Recipe, shards: Sequence[tuple[np.ndarray, np
     for x, y in shards:
         opt.zero_grad()
         loss = nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         opt.step()
     return get_weights(model, spec)
 
@@ -127,7 +127,8 @@ def predict(spec: ModelSpec, weights: dict[str, np.ndarray], x: np.ndarray) -> n
     """The model's outputs (with the spec's final softmax) for ``x``."""
     model = _with_output(spec, build(spec, weights))
     with torch.no_grad():
-        return model(torch.from_numpy(x)).numpy()
+        out: np.ndarray = model(torch.from_numpy(x)).numpy()
+    return out
 
 
 def export_onnx(spec: ModelSpec, weights: dict[str, np.ndarray], path: Path) -> None:

@@ -79,7 +79,7 @@ def run(out: Path, frameworks: list[str], models: list[str], optimizers: list[st
                 digests = ddl.allgather_object(weights_digest(spec, w))
                 rec["identical"] = len(set(digests)) == 1
                 if r == 0:
-                    np.savez(wdir / f"{fw}-{m}-{o}.npz", **w)
+                    np.savez(wdir / f"{fw}-{m}-{o}.npz", **w)  # type: ignore[arg-type]
                     if p == 1:
                         rec.update(_onnx_checks(hooks, proto, spec, w, wdir))
                 records.append(rec)

@@ -60,7 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"ddl conformance: --ranks takes whole numbers, e.g. 1,2,4; got {a.ranks!r}", file=sys.stderr)
         return 2
-    lists = {"frameworks": (a.frameworks, ADAPTERS), "models": (a.models, MODELS), "optimizers": (a.optimizers, RECIPES)}
+    lists: dict[str, tuple[str, list[str]]] = {"frameworks": (a.frameworks, list(ADAPTERS)),
+                                               "models": (a.models, list(MODELS)),
+                                               "optimizers": (a.optimizers, list(RECIPES))}
     for what, (given, known) in lists.items():
         bad = [x for x in given.split(",") if x not in known]
         if bad:

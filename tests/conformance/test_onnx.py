@@ -11,9 +11,10 @@ import pytest
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
 import ddl.onnx as donnx  # noqa: E402
 from ddl.conformance.models import MODELS  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 
 def _run(model: object, x: np.ndarray) -> np.ndarray:
