@@ -84,7 +84,7 @@ def build(spec: ModelSpec, weights: dict[str, np.ndarray] | None = None) -> tupl
     """(logits model, model with the spec's final softmax) sharing their layers, holding ``weights``."""
     full, named = _layers(spec)
     logits_layer = next(la for la in reversed(spec.layers) if la.kind == "dense")
-    logits = keras.Model(full.inputs, named[logits_layer.name].output)
+    logits = keras.Model(full.inputs[0], named[logits_layer.name].output)
     set_weights(named, spec, spec.weights if weights is None else weights)
     return logits, full
 
@@ -135,7 +135,6 @@ def train(spec: ModelSpec, recipe: Recipe, shards: Sequence[tuple[np.ndarray, np
     loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     tvs = logits.trainable_variables
 
-    @tf.function(reduce_retracing=True)  # type: ignore[misc,untyped-decorator]
     def step(x: tf.Tensor, y: tf.Tensor) -> None:
         with tf.GradientTape() as tape:
             # training=False: BatchNorm normalises with its stored statistics (see ddl.onnx.spec.FROZEN)

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
+
+
+@functools.lru_cache(maxsize=1)
+def _digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's bundled digits, pixels scaled to [0, 1] (read once per process)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    return (d.data / 16.0).astype(np.float32), d.target.astype(np.int64)
 
 
 def digits_batches(steps: int, batch: int, *, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """``steps`` global batches (x float32 (batch, 64) in [0, 1], y int64), the same on every rank."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = (d.data / 16.0).astype(np.float32)
-    y = d.target.astype(np.int64)
+    x, y = _digits()
     order = np.random.default_rng(seed).permutation(len(x))
     if steps * batch > len(x):
         raise ValueError(f"{steps} steps of {batch} need {steps * batch} samples; digits has {len(x)}")
@@ -19,12 +26,10 @@ def digits_batches(steps: int, batch: int, *, seed: int = 0) -> list[tuple[np.nd
 
 
 def test_inputs(n: int = 64) -> np.ndarray:
-    """Held-out digits (the last ``n`` of a seeded permutation) for comparing model outputs."""
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    order = np.random.default_rng(12345).permutation(len(d.data))
-    return (d.data[order[-n:]] / 16.0).astype(np.float32)
+    """``n`` digits (a seeded choice) on which model outputs are compared."""
+    x, _ = _digits()
+    order = np.random.default_rng(12345).permutation(len(x))
+    return x[order[-n:]]
 
 
 def shard(batch: tuple[np.ndarray, np.ndarray], rank: int, size: int) -> tuple[np.ndarray, np.ndarray]:

@@ -10,6 +10,7 @@ import numpy as np
 
 import ddl
 import ddl.tensorflow as dtf
+import ddl.tensorflow.keras as dk
 import ddl.torch as dt
 from ddl.conformance.data import digits_batches, shard
 from ddl.conformance.hooks import RECIPES
@@ -78,13 +79,30 @@ class Slow(list):  # type: ignore[type-arg]
 
 ref = {"torch": torch_alone(), "keras": keras_alone()}
 results: dict[str, dict[str, np.ndarray]] = {}
-# (1) one thread, the frameworks alternating step by step is not possible through the hooks;
-# run them one after the other, torch first on even ranks and Keras first on odd ranks.
+
+# (1) one thread, the two frameworks alternating step by step (the same order on every
+# rank: synchronous collectives issued in different orders by one thread would wait on
+# each other, in ddl as in MPI).
+tm = th.build(spec)
+dt.broadcast_parameters(tm.state_dict(), root_rank=0)
+topt = dt.DistributedOptimizer(torch.optim.SGD(tm.parameters(), lr=recipe.lr, momentum=recipe.momentum),
+                               named_parameters=tm.named_parameters())
+km, _ = tfh.build(spec)
+dtf.broadcast_variables(km.variables, root_rank=0)
+kopt = dk.DistributedOptimizer(keras.optimizers.SGD(learning_rate=recipe.lr, momentum=recipe.momentum))
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+for x, y in mine:
+    topt.zero_grad()
+    torch.nn.functional.cross_entropy(tm(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+    topt.step()
+    with tf.GradientTape() as tape:
+        kloss = loss_fn(y, km(x, training=False))
+    kopt.apply(tape.gradient(kloss, km.trainable_variables), km.trainable_variables)
+results["alternating-torch"] = th.get_weights(tm, spec)
+results["alternating-keras"] = tfh.get_weights(km, spec)
 order = ["torch", "keras"] if R % 2 == 0 else ["keras", "torch"]
-for fw in order:
-    results[f"seq-{fw}"] = (th if fw == "torch" else tfh).train(spec, recipe, mine)
-# (2) two threads at once, with different random pauses on every rank, so the two
-# frameworks' reductions reach the engine in a different interleaving on each rank.
+# (2) two threads at once, started in a different order and with different random pauses
+# on every rank, so the two frameworks' requests reach the engine interleaved differently.
 errors: list[BaseException] = []
 
 
