@@ -136,6 +136,7 @@ def _worker(args: argparse.Namespace) -> int:
     ports = comm.bcast([free_port() for _ in range(size)] if rank == 0 else None, root=0)
 
     import numpy as np
+
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
@@ -175,12 +176,12 @@ def _worker(args: argparse.Namespace) -> int:
     def tape_runner() -> Any:
         model, opt = mlp(), sgd()
 
-        @tf.function
+        @tf.function  # type: ignore[misc,untyped-decorator]
         def step() -> None:
             with tf.GradientTape() as tape:
                 loss = loss_fn(y, model(x, training=True))
             grads = dtf.DistributedGradientTape(tape).gradient(loss, model.trainable_variables)
-            opt.apply_gradients(zip(grads, model.trainable_variables))
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
         return lambda n: [step() for _ in range(n)]
 
@@ -188,7 +189,7 @@ def _worker(args: argparse.Namespace) -> int:
         with strategy.scope():
             model, opt = mlp(), sgd()
 
-        @tf.function
+        @tf.function  # type: ignore[misc,untyped-decorator]
         def step() -> None:
             def replica_step() -> None:
                 with tf.GradientTape() as tape:
@@ -196,7 +197,7 @@ def _worker(args: argparse.Namespace) -> int:
                 grads = tape.gradient(loss, model.trainable_variables)
                 # Keras 3's optimizer sums the gradients over the replicas itself (one
                 # replica_context.all_reduce of the whole list), hence the scaled loss.
-                opt.apply_gradients(zip(grads, model.trainable_variables))
+                opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
 
             strategy.run(replica_step)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
 import tensorflow as tf
 
 _trace_names = itertools.count()

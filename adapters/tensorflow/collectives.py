@@ -6,9 +6,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 import ddl
+import tensorflow as tf
 from ddl.ops import ReduceOp, as_op
 
 from .bridge import graph_name, host_call
@@ -54,7 +54,7 @@ def allreduce(tensor: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = Non
     if not t.dtype.is_floating:
         return _raw_allreduce(t, rop, name, compression, algorithm)
 
-    @tf.custom_gradient  # type: ignore[misc]
+    @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
     def differentiable(x: tf.Tensor) -> Any:
         def grad(dy: tf.Tensor) -> tf.Tensor:
             if rop not in (ReduceOp.SUM, ReduceOp.AVERAGE):
@@ -103,7 +103,7 @@ def allgather(tensor: Any, *, name: str | None = None) -> tf.Tensor:
     if not t.dtype.is_floating:
         return host_call(fn, [t], [t.dtype, tf.int64], [out_shape, []], what="allgather")[0]
 
-    @tf.custom_gradient  # type: ignore[misc]
+    @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
     def differentiable(x: tf.Tensor) -> Any:
         out, start = host_call(fn, [x], [x.dtype, tf.int64], [out_shape, []], what="allgather")
 

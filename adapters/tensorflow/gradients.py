@@ -7,15 +7,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 import ddl
+import tensorflow as tf
 from ddl.compression import as_compressor
 from ddl.ops import ReduceOp, as_op
 
 from .bridge import host_call
 
-Gradient = tf.Tensor | tf.IndexedSlices | None
+Gradient = Any  # a tf.Tensor, a tf.IndexedSlices or None
 
 
 def check_gradient_op(op: Any) -> ReduceOp:
@@ -36,13 +36,45 @@ def name_for(variables: Sequence[Any], prefix: str) -> str:
     return f"{prefix}.{zlib.crc32('|'.join(parts).encode()):08x}"
 
 
-@tf.autograph.experimental.do_not_convert
+_ALIGN = 64  # TensorFlow adopts a returned numpy array without a copy when its data is 64-byte aligned
+
+
+def fused_allreduce(arrays: Sequence[np.ndarray], *, op: ReduceOp, name: str, compression: Any) -> list[np.ndarray]:
+    """Allreduce ``arrays`` packed into one 64-byte-aligned buffer per dtype; views of it come back.
+
+    The packing is the copy the core's fusion would make anyway; because every view
+    starts on a 64-byte boundary, ``tf.numpy_function`` hands the results to TensorFlow
+    without copying them out again.
+    """
+    outs: list[np.ndarray] = [np.empty(0)] * len(arrays)
+    groups: dict[np.dtype, list[int]] = {}
+    for i, a in enumerate(arrays):
+        groups.setdefault(a.dtype, []).append(i)
+    for dtype, idx in groups.items():
+        starts, total = [], 0
+        for i in idx:
+            starts.append(total // dtype.itemsize)
+            total += -(-arrays[i].nbytes // _ALIGN) * _ALIGN
+        raw = np.empty(total + _ALIGN, np.uint8)
+        skip = (-raw.ctypes.data) % _ALIGN
+        buf = raw[skip : skip + total].view(dtype)
+        for i, start, end in zip(idx, starts, [*starts[1:], buf.size], strict=True):
+            buf[start : start + arrays[i].size] = arrays[i].reshape(-1)
+            buf[start + arrays[i].size : end] = 0  # padding, reduced along with the data
+        if buf.size:
+            ddl.allreduce_(buf, op=op, name=f"{name}.{dtype.name}", compression=compression)
+        for i, start in zip(idx, starts, strict=True):
+            outs[i] = buf[start : start + arrays[i].size].reshape(arrays[i].shape)
+    return outs
+
+
+@tf.autograph.experimental.do_not_convert  # type: ignore[misc,untyped-decorator]
 def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp.AVERAGE, compression: Any = None,
                      sparse_as_dense: bool = False) -> list[Gradient]:
     """Reduce ``grads`` over all ranks in one call; None entries stay None.
 
-    Dense gradients go into one grouped allreduce (fused by the core into as few
-    buffers as their dtypes allow). ``tf.IndexedSlices`` (from ``Embedding`` or
+    Dense gradients are packed into one buffer per dtype and reduced in place
+    (:func:`fused_allreduce`). ``tf.IndexedSlices`` (from ``Embedding`` or
     ``tf.gather``) are allgathered as indices and values — with Average the values are
     divided by the world size — unless ``sparse_as_dense`` densifies them first.
     At one rank nothing is reduced and nothing is copied.
@@ -66,7 +98,7 @@ def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp
     nd, size = len(dense), ddl.size()
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        outs = ddl.grouped_allreduce(list(arrays[:nd]), op=rop, name=name, compression=comp) if nd else []
+        outs = fused_allreduce(arrays[:nd], op=rop, name=name, compression=comp)
         for k in range(len(sparse)):
             values, indices = arrays[nd + 2 * k], arrays[nd + 2 * k + 1]
             vals = ddl.allgather(values, name=f"{name}.s{k}.values")

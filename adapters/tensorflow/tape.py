@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 
 import ddl
+import tensorflow as tf
 from ddl.ops import ReduceOp
 
 from .bridge import host_call
@@ -43,7 +43,7 @@ class DistributedGradientTape:
         self._compression = compression
         self._sparse_as_dense = bool(sparse_as_dense)
 
-    @tf.autograph.experimental.do_not_convert
+    @tf.autograph.experimental.do_not_convert  # type: ignore[misc,untyped-decorator]
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
         """The wrapped tape's gradients, reduced over all ranks (same structure as ``sources``)."""
@@ -76,8 +76,9 @@ def broadcast_variables(variables: Any, root_rank: int = 0, *, name: str | None 
         >>> ddl.tensorflow.broadcast_variables(model.variables, root_rank=0)  # doctest: +SKIP
     """
     vs = list(tf.nest.flatten(variables))
+    if not isinstance(root_rank, int) or not 0 <= root_rank < ddl.size():
+        raise ValueError(f"root_rank must be a rank in 0..{ddl.size() - 1}, got {root_rank!r}")
     if not vs or ddl.size() == 1:
-        ddl.context()._check_root(root_rank)
         return
     name = name or name_for(vs, "ddl.broadcast_variables")
     values = [tf.convert_to_tensor(v) for v in vs]

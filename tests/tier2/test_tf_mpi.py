@@ -28,10 +28,13 @@ def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("np_", [2, 4])
 def test_tf_ranks_train_like_one_process(np_: int, references: Path) -> None:
-    cmd = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(np_), sys.executable, str(WORKER), str(references)]
+    # The other checks (callbacks, save/load, XLA error, collectives) run once, at 2 ranks.
+    cmd = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(np_), sys.executable, str(WORKER), str(references),
+           *(["--all-checks"] if np_ == 2 else [])]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert len(re.findall(r"PASS tensorflow rank \d+/\d+", proc.stdout)) == np_, proc.stdout
+    assert len(re.findall(rf"PASS tensorflow rank \d+/{np_}", proc.stdout)) == np_, proc.stdout
+    assert ("PASS tensorflow all checks" in proc.stdout) == (np_ == 2), proc.stdout
     seen = re.findall(rf"EQUIV (\S+) ranks={np_} max_abs_diff=\S+ .*? identical=yes", proc.stdout)
     assert seen == CASES, proc.stdout

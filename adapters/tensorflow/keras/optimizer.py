@@ -6,9 +6,9 @@ import itertools
 from typing import Any
 
 import keras
-import tensorflow as tf
 from keras.src.utils import tracking  # the decorator Keras's own LossScaleOptimizer uses in build()
 
+import tensorflow as tf
 from ddl.compression import as_compressor
 from ddl.ops import ReduceOp
 
@@ -73,7 +73,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self._compression = as_compressor(compression)
         self._index = next(_ids)
 
-    @tracking.no_automatic_dependency_tracking  # type: ignore[misc]
+    @tracking.no_automatic_dependency_tracking  # type: ignore[misc,untyped-decorator]
     def build(self, var_list: list[Any]) -> None:
         """Build the wrapped optimizer (and gradient accumulators when passes > 1)."""
         k = self.backward_passes_per_step
@@ -109,8 +109,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self._accumulate(grads, tvs)
 
     def _reduce(self, grads: list[Any], tvs: list[Any]) -> list[Any]:
-        return reduce_gradients(grads, name=name_for(tvs, f"ddl.keras.{self._index}"), op=self._op,
-                                compression=self._compression, sparse_as_dense=self.sparse_as_dense)
+        out: list[Any] = reduce_gradients(grads, name=name_for(tvs, f"ddl.keras.{self._index}"), op=self._op,
+                                          compression=self._compression, sparse_as_dense=self.sparse_as_dense)
+        return out
 
     def _accumulate(self, grads: list[Any], tvs: list[Any]) -> None:
         k = self.backward_passes_per_step
