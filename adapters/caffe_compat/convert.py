@@ -49,12 +49,12 @@ def _image_records(lines: list[tuple[str, int]], root: Path, *, encoded: bool, g
     for n, (name, label) in enumerate(lines):
         p = root / name
         try:
-            img = Image.open(p)
+            img: Any = Image.open(p)
             img = img.convert("L" if gray else "RGB")
         except OSError as e:
             raise CaffeFormatError(f"{p}: cannot read the image ({e})") from None
         if size is not None:
-            img = img.resize((size[1], size[0]), Image.BILINEAR)
+            img = img.resize((size[1], size[0]), Image.Resampling.BILINEAR)
         if encoded:
             buf = io.BytesIO()
             img.save(buf, format="PNG")

@@ -14,7 +14,6 @@ from . import schema
 from .blobs import to_array
 from .textio import CaffeFormatError, read_binary
 
-
 _OPEN: dict[str, Any] = {}   # py-lmdb allows one environment per path and process: readers share it
 
 
@@ -69,14 +68,17 @@ class LmdbReader:
             self.restarts += 1
         self.offset += 1
 
-    def next(self) -> Any:
-        """The next Datum that belongs to this rank."""
+    def next_raw(self) -> tuple[bytes, bytes]:
+        """(key, serialized Datum) of the next record that belongs to this rank."""
         while self.offset % self.size != self.rank:
             self._advance()
-        d = schema.Datum()
-        d.ParseFromString(self.cursor.value())
+        kv = (self.cursor.key(), self.cursor.value())
         self._advance()
-        return d
+        return kv
+
+    def next(self) -> Any:
+        """The next Datum that belongs to this rank."""
+        return schema.Datum.FromString(self.next_raw()[1])
 
     def peek(self) -> Any:
         d = schema.Datum()
@@ -99,6 +101,20 @@ class Transformer:
             blob = read_binary(tp.mean_file, schema.BlobProto())
             m = to_array(blob, where=f"{tp.mean_file}")
             self.mean = m.reshape(m.shape[-3:]) if m.ndim >= 3 else m
+
+    @property
+    def per_sample(self) -> bool:
+        """Whether each sample needs its own draw or mean image (else a batch transforms at once)."""
+        return bool(self.crop or self.mirror or self.mean is not None)
+
+    def batch(self, xs: np.ndarray) -> np.ndarray:
+        """Transform a stacked (N, C, H, W) batch when ``per_sample`` is False."""
+        c = xs.shape[1]
+        if self.mean_values:
+            if len(self.mean_values) not in (1, c):
+                raise CaffeFormatError(f"{self.where}: {len(self.mean_values)} mean_value entries for {c} channels (give 1 or {c})")
+            xs = xs - np.asarray(self.mean_values, np.float32).reshape(1, -1, 1, 1)
+        return xs * np.float32(self.scale) if self.scale != 1 else xs
 
     def out_shape(self, c: int, h: int, w: int) -> tuple[int, int, int]:
         return (c, self.crop or h, self.crop or w)

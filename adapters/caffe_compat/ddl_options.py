@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 log = logging.getLogger("ddl.caffe")
 
-# DDL's mode letters. r: its multi-dimensional ring; b: the latency-bound recursive exchange we
-# offer as halving_doubling; m: plain MPI allreduce; n/p: let ddl choose from its cost model.
-MODES = {"r": "multiring", "b": "halving_doubling", "m": "mpi", "n": "auto", "p": "auto"}
+# DDL's mode letters, as ddl's topology parser knows them: r, the ring along every dimension
+# (ddl's multiring; one ring when there is one dim); p, pick by ddl's cost model. One letter
+# may stand for every dimension, or one per dimension when they all agree.
+MODES = {"r": "multiring", "p": "auto"}
 _IGNORED = {"-dump_iter": 1, "-dev_sync": 1, "-rebind_iter": 1, "-dbg_level": 1}
 
 
@@ -41,9 +42,10 @@ def parse(text: str) -> DdlOptions:
             if i + 1 >= len(toks):
                 raise ValueError("--ddl: -mode needs a value such as r:2x2")
             mode = toks[i + 1]
-            letter, _, dims = mode.partition(":")
-            if letter not in MODES:
-                raise ValueError(f"--ddl: mode '{mode}' is unknown; use <letter>[:<dims>] with letter one of {', '.join(MODES)} (e.g. r:4x2)")
+            letters, _, dims = mode.partition(":")
+            letter = letters[:1]
+            if not letters or set(letters) != {letter} or letter not in MODES:
+                raise ValueError(f"--ddl: mode '{mode}' is unknown; use <letter>[:<dims>] (one letter, or the same one per dim) with letter one of {', '.join(MODES)} (e.g. r:4x2)")
             if dims and not all(d.isdigit() and int(d) > 0 for d in dims.split("x")):
                 raise ValueError(f"--ddl: dims '{dims}' must be positive integers joined by 'x' (e.g. 4x2)")
             algo, topo = MODES[letter], dims or None
@@ -52,6 +54,6 @@ def parse(text: str) -> DdlOptions:
             log.warning("--ddl: %s has no ddl equivalent and is ignored", t)
             i += 1 + _IGNORED[t]
         else:
-            raise ValueError(f"--ddl: option '{t}' is not understood; supported: -mode <r|b|m|n|p>[:dims], "
+            raise ValueError(f"--ddl: option '{t}' is not understood; supported: -mode <r|p>[:dims], "
                              f"{', '.join(_IGNORED)} (ignored)")
     return DdlOptions(algorithm=algo, topology=topo)

@@ -114,7 +114,10 @@ def test_export_matches_onnxruntime(tmp_path: Path, capsys: pytest.CaptureFixtur
 
 def test_ddl_option_string() -> None:
     assert ddl_options.parse("-mode r:2x2") == ddl_options.DdlOptions("multiring", "2x2")
-    assert ddl_options.parse("-mode b -dump_iter 100") == ddl_options.DdlOptions("halving_doubling", None)
+    assert ddl_options.parse("-mode p -dump_iter 100") == ddl_options.DdlOptions("auto", None)
+    assert ddl_options.parse("-mode rr:4x2") == ddl_options.DdlOptions("multiring", "4x2")
+    with pytest.raises(ValueError, match="mode 'rp:4x2' is unknown"):
+        ddl_options.parse("-mode rp:4x2")
     assert ddl_options.parse("") == ddl_options.DdlOptions(None, None)
     with pytest.raises(ValueError, match="mode 'q:2' is unknown"):
         ddl_options.parse("-mode q:2")

@@ -206,3 +206,19 @@ def test_bad_layer_parameters_are_named() -> None:
         build('layer { name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param { num_output: 4 kernel_size: 1 group: 2 } }')
     with pytest.raises(LayerError, match="layer 'r' .*cannot reshape"):
         build('layer { name: "r" type: "Reshape" bottom: "x" top: "y" reshape_param { shape { dim: 5 dim: 5 } } }')
+
+
+def test_several_losses_with_loss_weight_like_googlenet_heads() -> None:
+    x = np.random.default_rng(6).standard_normal((4, 5)).astype(np.float32)
+    net = build('layer { name: "l" type: "Input" top: "lab" input_param { shape { dim: 4 } } }\n'
+                'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "ip" inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }\n'
+                'layer { name: "aux" type: "InnerProduct" bottom: "x" top: "aux" inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }\n'
+                'layer { name: "main" type: "SoftmaxWithLoss" bottom: "ip" bottom: "lab" top: "main" }\n'
+                'layer { name: "head" type: "SoftmaxWithLoss" bottom: "aux" bottom: "lab" top: "head" loss_weight: 0.3 }', (4, 5), phase=schema.TRAIN)
+    net.feed("x", x)
+    net.feed("lab", np.array([0, 1, 2, 1], np.float32))
+    loss, blobs = net.forward()
+    assert net.outputs == ["main", "head"] and net.loss_weights["head"] == pytest.approx(0.3)
+    assert float(loss.detach()) == pytest.approx(float(blobs["main"].detach()) + 0.3 * float(blobs["head"].detach()), rel=1e-6)
+    loss.backward()
+    assert all(p.tensor.grad is not None and float(p.tensor.grad.abs().sum()) > 0 for p in net.params)

@@ -13,6 +13,7 @@ from ..fillers import fill
 from .base import Layer
 
 LEVELDB, LMDB = 0, 1
+CACHE_BYTES = 512 << 20          # decoded Data records kept per layer
 
 
 class _DataLayer(Layer):
@@ -107,21 +108,40 @@ class Data(_DataLayer):
         first = datum_to_array(self.reader.peek(), force_color=tp.force_color or p.force_encoded_color, force_gray=tp.force_gray)
         self.shape = (self.batch, *self.tf.out_shape(*first.shape))
         self.force_color = tp.force_color or p.force_encoded_color
+        self.cache: dict[bytes, tuple[np.ndarray, int]] = {}
+        self.cached_bytes = 0
 
     def top_shapes(self) -> list[tuple[int, ...]]:
         return [self.shape, (self.batch,)][: len(self.top)]
 
+    def _decoded(self) -> tuple[np.ndarray, int]:
+        key, raw = self.reader.next_raw()
+        hit = self.cache.get(key)
+        if hit is None:
+            d = schema.Datum.FromString(raw)
+            hit = (datum_to_array(d, force_color=self.force_color, force_gray=self.tf.force_gray), d.label)
+            # Decoded records are kept while they fit, so later epochs skip parsing and decoding.
+            if self.cached_bytes + hit[0].nbytes <= CACHE_BYTES:
+                self.cache[key] = hit
+                self.cached_bytes += hit[0].nbytes
+        return hit
+
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
-        xs = np.empty(self.shape, np.float32)
-        ys = np.empty(self.batch, np.float32)
-        for i in range(self.batch):
-            d = self.reader.next()
-            x = self.tf(datum_to_array(d, force_color=self.force_color, force_gray=self.tf.force_gray))
-            if x.shape != self.shape[1:]:
-                raise self.error(f"record of shape {list(x.shape)} after transform; the first was {list(self.shape[1:])}")
-            xs[i], ys[i] = x, d.label
-        out = [torch.from_numpy(xs), torch.from_numpy(ys)]
+        recs = [self._decoded() for _ in range(self.batch)]
+        ys = np.array([r[1] for r in recs], np.float32)
+        if self.tf.per_sample:
+            xs = np.empty(self.shape, np.float32)
+            for i, (x, _) in enumerate(recs):
+                xs[i] = self._fit(self.tf(x))
+        else:
+            xs = self.tf.batch(np.stack([self._fit(r[0]) for r in recs]).astype(np.float32, copy=False))
+        out = [torch.from_numpy(np.ascontiguousarray(xs, dtype=np.float32)), torch.from_numpy(ys)]
         return out[: len(self.top)]
+
+    def _fit(self, x: np.ndarray) -> np.ndarray:
+        if x.shape != self.shape[1:]:
+            raise self.error(f"record of shape {list(x.shape)} after transform; the first was {list(self.shape[1:])}")
+        return x
 
 
 class HDF5Data(_DataLayer):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from .base import Layer, axis_index
 
@@ -33,7 +34,7 @@ class SoftmaxWithLoss(Layer):
         self.axis = axis_index(self.lp.softmax_param.axis, len(shapes[0]), self)
         _check_labels(self, shapes, self.axis)
         lp = self.lp.loss_param
-        self.ignore = lp.ignore_label if lp.HasField("ignore_label") else None
+        self.ignore: int | None = int(lp.ignore_label) if lp.HasField("ignore_label") else None
         if not lp.HasField("normalization") and lp.HasField("normalize"):
             self.mode = VALID if lp.normalize else BATCH_SIZE
         else:
@@ -42,20 +43,20 @@ class SoftmaxWithLoss(Layer):
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         x, label = bottoms
         outer, c, inner = _split(tuple(x.shape), self.axis)
-        logp = torch.log_softmax(x.reshape(outer, c, inner), 1)
-        # The value is capped like Caffe's log(max(p, FLT_MIN)); the gradient is Caffe's p - 1{label}.
-        capped = logp - (logp - logp.clamp(min=LOG_FLT_MIN)).detach()
-        lab = label.reshape(outer, inner).long()
-        valid = torch.ones_like(lab, dtype=torch.bool) if self.ignore is None else lab != self.ignore
-        safe = torch.where(valid, lab, torch.zeros_like(lab))
-        if int(safe.min()) < 0 or int(safe.max()) >= c:
-            raise self.error(f"labels must lie in [0, {c}) (or equal ignore_label), got {int(lab.min())}..{int(lab.max())}")
-        nll = -capped.gather(1, safe.unsqueeze(1)).squeeze(1)
-        total = (nll * valid.to(nll.dtype)).sum()
+        x3 = x.reshape(outer, c, inner) if inner > 1 else x.reshape(outer, c)
+        lab = label.reshape(outer, inner).long() if inner > 1 else label.reshape(outer).long()
+        try:
+            nll = F.cross_entropy(x3, lab, ignore_index=-100 if self.ignore is None else self.ignore, reduction="none")
+        except (IndexError, RuntimeError) as e:
+            raise self.error(f"labels must lie in [0, {c}) or equal ignore_label ({e})") from None
+        if float(nll.detach().max()) > -LOG_FLT_MIN:
+            # Caffe's value is -log(max(p, FLT_MIN)); its gradient stays p - 1{label}.
+            nll = nll - (nll - nll.clamp(max=-LOG_FLT_MIN)).detach()
+        total = nll.sum()
         if self.mode == FULL or (self.mode == VALID and self.ignore is None):
             norm = float(outer * inner)
-        elif self.mode == VALID:
-            norm = float(valid.sum())
+        elif self.mode == VALID and self.ignore is not None:
+            norm = float(lab.ne(self.ignore).sum())
         elif self.mode == BATCH_SIZE:
             norm = float(outer)
         else:

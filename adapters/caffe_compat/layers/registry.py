@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 from .base import Layer
-from .common import BatchNorm, Concat, Dropout, Eltwise, Flatten, InnerProduct, ReLU, Reshape, Scale, Sigmoid, Softmax, TanH
+from .common import (
+    BatchNorm,
+    Concat,
+    Dropout,
+    Eltwise,
+    Flatten,
+    InnerProduct,
+    ReLU,
+    Reshape,
+    Scale,
+    Sigmoid,
+    Softmax,
+    TanH,
+)
 from .data_layers import Data, DummyData, HDF5Data, Input
 from .loss import Accuracy, EuclideanLoss, SoftmaxWithLoss
 from .vision import LRN, Convolution, Pooling

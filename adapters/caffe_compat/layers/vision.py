@@ -13,6 +13,7 @@ from .base import Layer
 MAX, AVE, STOCHASTIC = 0, 1, 2
 CEIL, FLOOR = 0, 1
 ACROSS_CHANNELS, WITHIN_CHANNEL = 0, 1
+CHANNELS_LAST_MIN_HW = 256       # below 16x16 the layout change costs more than it saves
 
 
 def _pair(rep: Any, h: int, w: int, has_hw: bool, default: int, layer: Layer, what: str) -> tuple[int, int]:
@@ -57,7 +58,12 @@ class Convolution(Layer):
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         b = self.blobs[1] if len(self.blobs) > 1 else None
-        return [F.conv2d(bottoms[0], self.blobs[0], b, self.stride, self.pad, self.dilation, self.group)]
+        # channels_last makes torch's CPU convolution and max pooling several times faster;
+        # values and shapes are unchanged (only the memory order differs).
+        x = bottoms[0]
+        if x.shape[2] * x.shape[3] >= CHANNELS_LAST_MIN_HW:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return [F.conv2d(x, self.blobs[0], b, self.stride, self.pad, self.dilation, self.group)]
 
 
 def pooled_size(size: int, k: int, pad: int, stride: int, ceil: bool) -> int:
