@@ -1,4 +1,4 @@
-"""The ``ddl`` command: ``ddl bench allreduce [-np N] [options]``, ``ddl bench torch``, ``ddl bench tensorflow``.
+"""The ``ddl`` command: ``ddl bench allreduce [-np N]``, ``ddl bench torch|tensorflow``, ``ddl conformance``.
 
 A bench started outside MPI re-launches itself under ``ddlrun -np N``; ``ddl bench
 torch`` and ``ddl bench tensorflow`` launch one job per world size in their ``--ranks``.
@@ -11,10 +11,15 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["conformance"]:
+        from ddl.conformance.suite import main as conformance  # imports no framework itself
+
+        return conformance(args[1:])
     if len(args) < 2 or args[0] != "bench" or args[1] not in ("allreduce", "torch", "tensorflow"):
         print("usage: ddl bench allreduce [-np N] [--max-bytes B] [--fused N] [--out DIR] ...\n"
               "       ddl bench torch [--ranks 1,2] [--models mlp,cnn] [--out DIR] ...\n"
-              "       ddl bench tensorflow [--ranks 1,2] [--batch 64] [--out DIR] ...", file=sys.stderr)
+              "       ddl bench tensorflow [--ranks 1,2] [--batch 64] [--out DIR] ...\n"
+              "       ddl conformance [--ranks 1,2,4] [--frameworks torch,tensorflow,caffe] ...", file=sys.stderr)
         return 2
     rest = args[2:]
     if args[1] == "torch":
