@@ -1,4 +1,4 @@
-"""The ``ddl`` command: ``ddl bench allreduce [-np N] [options]`` and ``ddl bench torch``.
+"""The ``ddl`` command: ``ddl bench allreduce|torch|hosts`` and ``ddl plan`` (see each module).
 
 A bench started outside MPI re-launches itself under ``ddlrun -np N``; ``ddl bench
 torch`` launches one job per world size in its ``--ranks``.
@@ -11,9 +11,20 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["plan"]:
+        from ddl.plan import main as plan
+
+        return plan(args[1:])
+    if args[:2] == ["bench", "hosts"]:
+        from ddl.bench.hosts import main as hosts
+
+        return hosts(args[2:])
     if len(args) < 2 or args[0] != "bench" or args[1] not in ("allreduce", "torch"):
         print("usage: ddl bench allreduce [-np N] [--max-bytes B] [--fused N] [--out DIR] ...\n"
-              "       ddl bench torch [--ranks 1,2] [--models mlp,cnn] [--out DIR] ...", file=sys.stderr)
+              "       ddl bench torch [--ranks 1,2] [--models mlp,cnn] [--out DIR] ...\n"
+              "       ddl bench hosts [--hosts 2,3] [--rates 1gbit,none] [--out DIR]  (root: emulated hosts)\n"
+              "       ddl plan --topology 4x64 --link 20GB/s:5us --link 100gbit:3us --model resnet50 --step-ms 200",
+              file=sys.stderr)
         return 2
     rest = args[2:]
     if args[1] == "torch":
