@@ -146,7 +146,7 @@ def test_calibration_file_feeds_the_plan(tmp_path: Path) -> None:
     same, _ = plan.model_from_calibration(path, topo, segment_bytes=1 << 20)
     assert same.links == measured.links and same.native_points == measured.native_points
     other, notes = plan.model_from_calibration(path, plan.plan_topology("4x64"), segment_bytes=1 << 20)
-    assert other.native_points == () and "priced by formula" in notes[-1]
+    assert other.native_points == () and "dropped" in notes[-1]
     assert plan.price("mpi", topo, 1 << 18, 4, same) == pytest.approx(20e-3)
 
 
@@ -176,3 +176,12 @@ def test_cluster_names_fit_interfaces_and_stay_in_their_range(tmp_path: Path) ->
     assert all(f"{h}|{c.address(h)}) ns={c.namespace(h)} ;;" in script for h in c.hosts)
     with pytest.raises(ValueError):
         Cluster(hosts=10)
+
+
+def test_unmeasured_mpi_is_priced_as_rabenseifner_for_auto_too() -> None:
+    topo = plan.plan_topology("4x8")
+    bare = cost.CostModel(links=(cost.Link(5e-6, 1 / 20e9), cost.Link(3e-6, 1 / 12.5e9)), segment_bytes=0)
+    model = plan.with_native_estimate(bare, topo)
+    n = 1 << 22  # one of the points: exact, and what choose() sees
+    assert cost.native_time(topo, n * 4, model) == pytest.approx(cost.predict("halving_doubling", topo, n, 4, bare))
+    assert plan.price("auto", topo, n, 4, model) == min(plan.price(a, topo, n, 4, model) for a in plan.ALGORITHMS)
