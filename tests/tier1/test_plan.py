@@ -185,3 +185,17 @@ def test_unmeasured_mpi_is_priced_as_rabenseifner_for_auto_too() -> None:
     n = 1 << 22  # one of the points: exact, and what choose() sees
     assert cost.native_time(topo, n * 4, model) == pytest.approx(cost.predict("halving_doubling", topo, n, 4, bare))
     assert plan.price("auto", topo, n, 4, model) == min(plan.price(a, topo, n, 4, model) for a in plan.ALGORITHMS)
+
+
+def test_calibration_fits_beta_on_the_messages_the_executor_sends() -> None:
+    # 1 MiB messages at 0.15 GB/s, 4 MiB ones at 0.3 GB/s: with 1 MiB segments the
+    # executor only ever sends the former, so that is the rate to price.
+    k = len(calibration.LINK_PROBES)
+    rate = {8: 1e12, 64 << 10: 0.15e9, 1 << 20: 0.15e9, 4 << 20: 0.3e9}
+    dim = [2e-4 + n / rate[n] for n, _ in calibration.LINK_PROBES]
+    native = [1e-3] * len(calibration.NATIVE_PROBES)
+    assert k == len(dim)
+    seg = calibration.fit([*dim, 1e-10, 3e-4, *native], 1, segment_bytes=1 << 20)
+    whole = calibration.fit([*dim, 1e-10, 3e-4, *native], 1, segment_bytes=0)
+    assert 1 / seg.links[0].beta == pytest.approx(0.15e9, rel=1e-3)
+    assert 1 / whole.links[0].beta > 0.25e9  # the 4 MiB point pulls an unsegmented fit up
