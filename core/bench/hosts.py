@@ -40,8 +40,17 @@ def worker(args: argparse.Namespace) -> int:
 
     fns: dict[str, Callable[[np.ndarray], np.ndarray]] = {a: ddl_allreduce(a) for a in (*FIXED, "auto")}
     fns["MPI_Allreduce"] = peers.mpi_allreduce(comm)
+    from ddl import calibration
+    from ddl.comm import MPIComm
+
+    probe_comm = MPIComm(MPI.COMM_WORLD.Dup())  # its own communicator: the engine keeps ddl's
     rows = []
     for nbytes in [s for s in SIZES if s <= args.max_bytes]:
+        # The model again, in the same minute as this size's timings: on a shared machine
+        # the load drifts, and init's probes alone may have met a different one.
+        cal = calibration.measure(probe_comm, ddl.topology(), segment_bytes=ddl.context().config.segment_bytes)
+        if rank == 0:
+            calibration.save(f"{args.worker}.{nbytes}.cal", cal, {"world_size": p, "dims": list(ddl.topology().dims)})
         x = np.full(nbytes // 4, rank + 1, np.float32)
         samples: dict[str, list[float]] = {n: [] for n in fns}
         correct = {}
@@ -96,8 +105,10 @@ def run_config(hosts: int, rate: str | None, args: argparse.Namespace, tmp: Path
         at = {r["contender"]: r for r in measured if r["bytes"] == nbytes}
         count = nbytes // 4
         predicted = {a: plan.price(a, topology, count, 4, model) for a in (*FIXED, "auto")}
+        same_minute, _ = plan.model_from_calibration(f"{out}.{nbytes}.cal", topology, segment_bytes=1 << 20)
+        predicted_now = {a: plan.price(a, topology, count, 4, same_minute) for a in (*FIXED, "auto")}
         rows.append({"bytes": nbytes, "measured_s": {n: r["time_s"] for n, r in at.items()},
-                     "predicted_s": predicted, "auto_picked": at["auto"]["auto_picked"],
+                     "predicted_s": predicted, "predicted_same_minute_s": predicted_now, "auto_picked": at["auto"]["auto_picked"],
                      "link_bound_s": plan.link_bound(topology, nbytes, model) if rate else None,
                      "correct": all(r["correct"] for r in at.values())})
     return {"config": tag, "hosts": hosts, "ranks_per_host": 2, "rate": rate, "rows": rows, "veth_bytes": moved,
@@ -118,7 +129,7 @@ def report(results: list[dict[str, Any]]) -> list[str]:
         lines.append(f"\n{res['config']}: {res['hosts']} hosts x 2 ranks; measured ms (predicted ms) — "
                      f"veth GB moved per host {max(max(v) for v in res['veth_bytes'].values()) / 1e9:.2f}, "
                      f"job {res['job_seconds']:.0f} s")
-        head = f"{'size':>7} " + " ".join(f"{c:>18}" for c in cols) + "  picked    auto/best auto/MPI pred/meas"
+        head = f"{'size':>7} " + " ".join(f"{c:>18}" for c in cols) + "  picked    auto/best auto/MPI pred/meas now/meas"
         if res["rate"]:
             head += " bound%"
         lines.append(head)
@@ -129,7 +140,7 @@ def report(results: list[dict[str, Any]]) -> list[str]:
             best = min(m[a] for a in FIXED)
             line = (f"{human(r['bytes']):>7} " + " ".join(f"{c:>18}" for c in cells) +
                     f"  {r['auto_picked']:<9} {m['auto'] / best:9.2f} {m['auto'] / m['MPI_Allreduce']:8.2f}"
-                    f" {pr['auto'] / m['auto']:9.2f}")
+                    f" {pr['auto'] / m['auto']:9.2f} {r['predicted_same_minute_s']['auto'] / m['auto']:8.2f}")
             if res["rate"]:
                 line += f" {shaped_bound(res['rate'], res['hosts'], r['bytes']) / m['auto'] * 100:6.0f}"
             lines.append(line + ("" if r["correct"] else "  WRONG RESULT"))
@@ -137,7 +148,8 @@ def report(results: list[dict[str, Any]]) -> list[str]:
         links = ", ".join(f"dim{i} alpha {a * 1e6:.0f} us {1e-9 / b:.2f} GB/s" for i, (a, b) in enumerate(cal["links"]))
         lines.append(f"calibrated at init: {links}; step overhead {cal['step_overhead'] * 1e6:.0f} us")
     lines.append("\nauto/best: auto's time / the best fixed algorithm's; auto/MPI: / MPI_Allreduce's; pred/meas: "
-                 "ddl plan's auto prediction / auto measured; bound%: 2(H-1)/H x N at the shaped rate / auto's time")
+                 "ddl plan's auto prediction (init's calibration file) / auto measured; now/meas: the same from probes run "
+                 "just before that size's timings; bound%: 2(H-1)/H x N at the shaped rate / auto's time")
     return lines
 
 
