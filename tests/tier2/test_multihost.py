@@ -107,6 +107,7 @@ def test_rank_killed_on_one_host_ends_the_job_on_all(cluster: Cluster) -> None:
             job.send_signal(signal.SIGKILL)
             job.wait()
         job.communicate()
+    print(f"job ended {elapsed:.1f} s after a rank was killed on h2")
     assert job.returncode != 0
     assert elapsed < 10, f"job took {elapsed:.1f} s to end after a rank was killed on h2"
     left = {h: [pid for pid in cluster.pids(h) if _runs_worker(pid)] for h in cluster.hosts}
