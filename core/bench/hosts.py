@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -85,9 +86,9 @@ def run_config(hosts: int, rate: str | None, args: argparse.Namespace, tmp: Path
         argv = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(2 * hosts), "-H", cluster.host_list(),
                 "--calibration", str(cal), sys.executable, "-m", "ddl.bench.hosts", "--worker", str(out),
                 "--rounds", str(args.rounds), "--max-bytes", str(args.max_bytes)]
-        t0 = time.monotonic()
+        t0, load0 = time.monotonic(), os.getloadavg()[0]
         proc = cluster.run(argv, timeout=args.timeout)
-        wall = time.monotonic() - t0
+        wall, load = time.monotonic() - t0, (load0 + os.getloadavg()[0]) / 2
         after = cluster.counters()
     if proc.returncode != 0:
         raise RuntimeError(f"{tag}: the job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
@@ -112,7 +113,7 @@ def run_config(hosts: int, rate: str | None, args: argparse.Namespace, tmp: Path
                      "link_bound_s": plan.link_bound(topology, nbytes, model) if rate else None,
                      "correct": all(r["correct"] for r in at.values())})
     return {"config": tag, "hosts": hosts, "ranks_per_host": 2, "rate": rate, "rows": rows, "veth_bytes": moved,
-            "job_seconds": wall, "calibration": calibration}
+            "job_seconds": wall, "load_average": load, "calibration": calibration}
 
 
 def shaped_bound(rate: str, hosts: int, nbytes: int) -> float:
@@ -128,7 +129,8 @@ def report(results: list[dict[str, Any]]) -> list[str]:
     for res in results:
         lines.append(f"\n{res['config']}: {res['hosts']} hosts x 2 ranks; measured ms (predicted ms) — "
                      f"veth GB moved per host {max(max(v) for v in res['veth_bytes'].values()) / 1e9:.2f}, "
-                     f"job {res['job_seconds']:.0f} s")
+                     f"job {res['job_seconds']:.0f} s, load average {res['load_average']:.1f} on "
+                     f"{os.cpu_count()} cores")
         head = f"{'size':>7} " + " ".join(f"{c:>18}" for c in cols) + "  picked    auto/best auto/MPI pred/meas now/meas"
         if res["rate"]:
             head += " bound%"
