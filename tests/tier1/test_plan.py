@@ -11,7 +11,6 @@ import pytest
 
 from ddl import calibration, cost, plan
 from ddl.plan_models import ModelSpecError, gradient_sizes, onnx_sizes, parse_sizes, resnet50_sizes
-from ddl.testing.cluster import Cluster
 
 
 @pytest.mark.parametrize(("text", "rate"), [("1gbit", 125e6), ("100Gbit", 12.5e9), ("100Gb/s", 12.5e9),
@@ -163,19 +162,6 @@ def test_calibration_file_feeds_the_plan(tmp_path: Path) -> None:
 def test_bad_input_is_a_clear_error(argv: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert plan.main(argv) == 2
     assert words in capsys.readouterr().err
-
-
-def test_cluster_names_fit_interfaces_and_stay_in_their_range(tmp_path: Path) -> None:
-    c = Cluster(hosts=9, ranks_per_host=3, rate=None)
-    names = [c.veth(h) for h in c.hosts] + [c.namespace(h) for h in c.hosts] + [c.switch, c.launcher]
-    assert all(n.startswith("ddlh") and len(n) + 1 <= 15 for n in names)  # +1: the peer end's letter
-    assert c.host_list() == ",".join(f"h{i}:3" for i in range(1, 10))
-    assert c.hostfile(tmp_path / "hosts").read_text().splitlines()[0] == "h1 slots=3"
-    assert all(c.address(h).startswith("10.231.") for h in c.hosts)
-    script = c._exec_script()
-    assert all(f"{h}|{c.address(h)}) ns={c.namespace(h)} ;;" in script for h in c.hosts)
-    with pytest.raises(ValueError):
-        Cluster(hosts=10)
 
 
 def test_unmeasured_mpi_is_priced_as_rabenseifner_for_auto_too() -> None:
