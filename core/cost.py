@@ -132,10 +132,6 @@ def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model
     if dims != topology.dims:
         topology = dataclasses.replace(topology, dims=dims)
     group = topology.ring(0, topology.order[0]) if topology.dims[0] > 1 else [topology.order[0]]
-    if len(topology.dims) == 1:
-        # No outer links to share, and a ring's ranks move alike: pricing all p schedules
-        # would cost O(p^2) steps (26 s at p=1024) for the same answer.
-        group = group[:1]
     # Besides the first dim-0 group (for port sharing), ranks 1 and p-1 in topology
     # order stand for the ranks a fold step leaves busy (halving_doubling's odd ones).
     groups = [_sample(group), [topology.order[min(1, topology.size - 1)]], [topology.order[-1]]]
