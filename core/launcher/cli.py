@@ -12,6 +12,7 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             **{flag: getattr(args, flag) for flag in LAUNCHER_FLAGS},
         )
         validate_options(options)
+        check_resolvable(options.hosts)
     except (LaunchError, HostListError) as exc:
         if not command:
             parser.print_usage(sys.stderr)
@@ -197,6 +199,22 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ddlrun: {note}", file=sys.stderr)
         print(f"ddlrun: running {shlex.join(launch.argv)}", file=sys.stderr, flush=True)
     return run(launch)
+
+
+def check_resolvable(hosts: tuple[HostSlots, ...]) -> None:
+    """Every host name must resolve here, so a typo stops ddlrun before any rank starts.
+
+    Raises:
+        HostListError: a name does not resolve (the message names it and what to check).
+    """
+    for host in hosts:
+        try:
+            socket.getaddrinfo(host.name, None)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise HostListError(
+                f"host {host.name!r} does not resolve ({exc}); check the name in -H/--hostfile, "
+                "/etc/hosts or DNS"
+            ) from None
 
 
 def _hosts(args: argparse.Namespace) -> tuple[HostSlots, ...]:

@@ -373,6 +373,7 @@ def fake_mpi(monkeypatch: pytest.MonkeyPatch) -> type[FakePopen]:
     FakePopen.returncode = 0
     monkeypatch.setattr(cli, "detect_mpi", lambda **_: MPICH)
     monkeypatch.setattr(cli.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(cli.socket, "getaddrinfo", lambda *a, **k: [])  # made-up host names resolve
     return FakePopen
 
 
@@ -411,6 +412,18 @@ def test_usage_errors_exit_2_without_launching(
     err = capsys.readouterr().err
     for word in words:
         assert word in err
+
+
+def test_host_that_does_not_resolve_fails_before_launching(
+    no_launch: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert cli.main(["-np", "4", "-H", "localhost:2,nosuchhost.invalid:2", "python", "t.py"]) == 2
+    assert "host 'nosuchhost.invalid' does not resolve" in capsys.readouterr().err
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\nno-such-host.invalid slots=2\n")
+    assert cli.main(["-np", "4", "--hostfile", str(hostfile), "python", "t.py"]) == 2
+    assert "'no-such-host.invalid' does not resolve" in capsys.readouterr().err
+    cli.check_resolvable(parse_host_list("localhost:2"))  # a real name passes
 
 
 def test_cli_runs_the_built_launch(fake_mpi: type[FakePopen], capsys: pytest.CaptureFixture[str]) -> None:
