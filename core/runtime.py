@@ -23,6 +23,7 @@ from ddl.engine import Engine
 from ddl.errors import NotInitializedError
 from ddl.timeline import Timeline
 from ddl.topology import Topology, build_topology
+from ddl.world_check import check_world
 
 _lock = threading.Lock()
 _context: Context | None = None
@@ -57,6 +58,7 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
             _check_same(_context, spec, algorithm)
             return _context
         comm = _world_comm()
+        check_world(comm.size, config)  # srun tasks that MPI left as singletons: refuse
         hostnames = comm.allgather_object(config.hostname or comm.hostname())
         topo = build_topology(comm.rank, hostnames, spec, source=source)
         if isinstance(comm, MPIComm):
