@@ -1,4 +1,4 @@
-"""The ``ddl`` command: ``ddl bench allreduce [-np N] [options]`` and ``ddl bench torch``.
+"""The ``ddl`` command: ``ddl bench allreduce [-np N] [options]``, ``ddl bench torch``, ``ddl doctor``.
 
 A bench started outside MPI re-launches itself under ``ddlrun -np N``; ``ddl bench
 torch`` launches one job per world size in its ``--ranks``.
@@ -11,9 +11,14 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["doctor"]:
+        from ddl.doctor import main as doctor
+
+        return doctor(args[1:])
     if len(args) < 2 or args[0] != "bench" or args[1] not in ("allreduce", "torch"):
         print("usage: ddl bench allreduce [-np N] [--max-bytes B] [--fused N] [--out DIR] ...\n"
-              "       ddl bench torch [--ranks 1,2] [--models mlp,cnn] [--out DIR] ...", file=sys.stderr)
+              "       ddl bench torch [--ranks 1,2] [--models mlp,cnn] [--out DIR] ...\n"
+              "       ddl doctor [-np N] [-H HOST:SLOTS,... | --hostfile F]", file=sys.stderr)
         return 2
     rest = args[2:]
     if args[1] == "torch":

@@ -131,6 +131,27 @@ def job_from_env(env: Mapping[str, str] | None = None) -> JobEnv:
     )
 
 
+#: Prefixes of the variables that steer how MPI moves data (shown by ``ddl doctor``).
+TRANSPORT_PREFIXES: tuple[str, ...] = ("UCX_", "FI_", "OMPI_MCA_", "MPIR_CVAR_", "MPICH_", "I_MPI_")
+
+
+def transport_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The set variables that choose MPI's transports (``UCX_TLS``, ``FI_PROVIDER``, ...), sorted.
+
+    Example:
+        >>> transport_env({"UCX_TLS": "tcp", "HOME": "/root"})
+        {'UCX_TLS': 'tcp'}
+    """
+    env = os.environ if env is None else env
+    return {name: env[name] for name in sorted(env) if name.startswith(TRANSPORT_PREFIXES)}
+
+
+def search_path(env: Mapping[str, str] | None = None) -> list[str]:
+    """The folders of ``PATH``, where the launcher looks for mpiexec last."""
+    env = os.environ if env is None else env
+    return [entry for entry in env.get("PATH", "").split(os.pathsep) if entry]
+
+
 # ddlrun flag (its argparse dest) -> environment variable read above.
 LAUNCHER_FLAGS: dict[str, str] = {
     "topology": "DDL_TOPOLOGY",

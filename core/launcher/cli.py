@@ -17,7 +17,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from ddl.config import LAUNCHER_FLAGS, job_from_env
+from ddl.config import LAUNCHER_FLAGS, job_from_env, search_path
 from ddl.launcher.command import (
     Launch,
     LaunchError,
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         _error(str(exc))
         return USAGE_ERROR
     try:
-        mpi = detect_mpi(python_executable=sys.executable, path=os.environ.get("PATH", ""))
+        mpi = detect_mpi(python_executable=sys.executable, path=search_path())
     except MpiNotFoundError as exc:
         _error(str(exc))
         return NOT_FOUND

@@ -138,6 +138,19 @@ def launcher_flavour(version_text: str) -> Flavour | None:
     return None
 
 
+def launcher_version(version_text: str) -> str:
+    """A one-line name and version from an ``mpiexec --version`` text.
+
+    Example:
+        >>> launcher_version("HYDRA build details:\n    Version:   5.0.2\n")
+        'HYDRA 5.0.2'
+    """
+    found = re.search(r"^\s*Version:\s*(\S+)", version_text, re.MULTILINE)
+    if "HYDRA" in version_text and found:
+        return f"HYDRA {found.group(1)}"
+    return next((line.strip() for line in version_text.splitlines() if line.strip()), "unknown")
+
+
 def probe_launcher(mpiexec: Path) -> str:
     """``mpiexec --version``'s output (empty when it cannot run in 10 s)."""
     try:
@@ -186,12 +199,12 @@ def find_mpiexec(
     )
 
 
-def detect_mpi(*, python_executable: str, path: str) -> MpiInfo:
+def detect_mpi(*, python_executable: str, path: list[str]) -> MpiInfo:
     """The MPI mpi4py loads and its own mpiexec, as :class:`MpiInfo`.
 
     Args:
         python_executable: the interpreter the ranks will run.
-        path: the ``PATH`` to search last (ddlrun passes its own).
+        path: the ``PATH`` folders to search last (ddlrun passes its own).
 
     Raises:
         MpiNotFoundError: see :func:`load_library` and :func:`find_mpiexec`.
@@ -199,7 +212,7 @@ def detect_mpi(*, python_executable: str, path: str) -> MpiInfo:
     """
     library = load_library()
     mpiexec, _ = find_mpiexec(flavour=library.flavour, library_path=library.path,
-                              python_executable=python_executable, path_dirs=path.split(os.pathsep))
+                              python_executable=python_executable, path_dirs=path)
     return MpiInfo(flavour=library.flavour, mpiexec=str(mpiexec), library=library.first_line)
 
 

@@ -93,9 +93,9 @@ class SlurmCluster:
                 timeout: float = 300, cwd: str | None = None) -> subprocess.CompletedProcess[str]:
         """Run ``argv`` on ``node`` (its network, host name, /etc/hosts and /tmp), as a login shell would."""
         target = str(self.daemons[node].pid)
-        cmd = ["nsenter", "-t", target, "--net", "--uts", "--mount", *argv]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env={**self.env, **(env or {})}, cwd=cwd)
+        # Entering a mount namespace resets the working directory: carry it over explicitly.
+        cmd = ["nsenter", "-t", target, "--net", "--uts", "--mount", f"--wd={cwd or os.getcwd()}", *argv]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**self.env, **(env or {})})
 
     def veth_bytes(self, node: str) -> int:
         """Bytes received plus sent by ``node``'s link to the bridge so far."""

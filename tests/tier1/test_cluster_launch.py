@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
 import pytest
 
-from ddl.config import Config, JobEnv, job_from_env
+from ddl.config import Config, JobEnv, job_from_env, search_path
 from ddl.launcher import cli
 from ddl.launcher import mpi as mpi_module
 from ddl.launcher.command import LaunchError, placement
@@ -195,7 +194,7 @@ def test_find_mpiexec_prefers_the_venvs_own(tmp_path: Path) -> None:
 
 
 def test_this_environment_uses_its_own_mpiexec() -> None:
-    info = mpi_module.detect_mpi(python_executable=sys.executable, path=os.environ.get("PATH", ""))
+    info = mpi_module.detect_mpi(python_executable=sys.executable, path=search_path())
     library = mpi_module.load_library()
     assert info.flavour == library.flavour and info.library == library.first_line
     assert library.path is not None and Path(library.path).exists()
@@ -234,3 +233,50 @@ def test_worlds_of_one_that_are_fine(size: int, config: Config, job: JobEnv) -> 
 def test_allow_singletons_is_read_from_the_environment() -> None:
     assert Config.from_env({"DDL_ALLOW_SINGLETONS": "1"}).allow_singletons
     assert not Config.from_env({}).allow_singletons
+
+
+# ---------------------------------------------------------------- ddl doctor
+
+
+def test_launcher_version_lines() -> None:
+    from ddl.launcher.mpi import launcher_version
+
+    assert launcher_version("HYDRA build details:\n    Version:        5.0.2\n") == "HYDRA 5.0.2"
+    assert launcher_version("mpirun (Open MPI) 4.1.4\n\nReport bugs to") == "mpirun (Open MPI) 4.1.4"
+
+
+def test_transport_warnings() -> None:
+    from ddl.doctor import transport_warnings
+
+    ucx = {"flavour": "mpich", "library_version": "MPICH Device: ch4:ucx ofi"}
+    assert "UCX_TLS=tcp" in transport_warnings(**ucx, host_count=2, variables={}, shared_kernel=True)[0]
+    assert "UCX_TLS is unset" in transport_warnings(**ucx, host_count=2, variables={}, shared_kernel=False)[0]
+    assert transport_warnings(**ucx, host_count=2, variables={"UCX_TLS": "tcp"}, shared_kernel=True) == []
+    assert transport_warnings(**ucx, host_count=1, variables={}, shared_kernel=True) == []
+    assert transport_warnings(flavour="openmpi", library_version="Open MPI v4.1.4", host_count=2,
+                              variables={}, shared_kernel=True) == []
+
+
+def test_doctor_reports_this_environment(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddl import cli as ddl_cli
+
+    for name in SALLOC:
+        monkeypatch.delenv(name, raising=False)
+    assert ddl_cli.main(["doctor", "-H", "a:2,b:2"]) == 0
+    out = capsys.readouterr().out
+    library = mpi_module.load_library()
+    assert f"MPI library    {library.first_line}" in out
+    assert "launcher       " in out and "placement      4 rank(s) on a:2,b:2" in out
+    assert "topology       2x2 " in out
+
+
+def test_doctor_in_an_allocation_plans_its_hosts(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddl.doctor import main as doctor
+
+    for name, value in {**SALLOC, "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "4(x3)"}.items():
+        monkeypatch.setenv(name, value)
+    assert doctor([]) == 0
+    out = capsys.readouterr().out
+    assert "12 rank(s) on n1:4,n2:4,n3:4" in out and "topology       4x3 " in out
+    assert doctor(["-np", "13"]) == 1
+    assert "problem:" in capsys.readouterr().out
