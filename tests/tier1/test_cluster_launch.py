@@ -280,3 +280,25 @@ def test_doctor_in_an_allocation_plans_its_hosts(capsys: pytest.CaptureFixture[s
     assert "12 rank(s) on n1:4,n2:4,n3:4" in out and "topology       4x3 " in out
     assert doctor(["-np", "13"]) == 1
     assert "problem:" in capsys.readouterr().out
+
+
+def test_doctor_warns_when_a_wheel_mpi_sits_beside_the_loaded_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib.metadata
+
+    from ddl import doctor
+
+    try:
+        importlib.metadata.distribution("mpich")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("this environment has no mpich wheel")
+    system = mpi_module.MpiLibrary(flavour="openmpi", version="Open MPI v4.1.4", path="/usr/lib/libmpi.so.40",
+                                   standard="3.1", mpi4py_version="4.1.2", mpi4py_extension="MPI.cpython.so",
+                                   mpi4py_build={"mpicc": "mpicc"})
+    monkeypatch.setattr(doctor, "load_library", lambda: system)
+    monkeypatch.setattr(doctor, "_launcher", lambda report, library: None)
+    assert doctor.main(["-np", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "built from source with mpicc" in out
+    assert "warning:       the mpich wheel is installed but mpi4py loads /usr/lib/libmpi.so.40: two MPIs" in out

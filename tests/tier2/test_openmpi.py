@@ -100,3 +100,23 @@ def test_torch_digits_on_open_mpi_reaches_95_percent(venv: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     found = re.search(r"final test accuracy (\d\.\d+) .* on 2 rank", done.stdout)
     assert found and float(found.group(1)) >= 0.95, done.stdout
+
+
+def test_binary_mpi4py_wheel_loads_the_system_open_mpi(tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    # No compiler: mpi4py >= 4.1's wheel loads Open MPI's libmpi.so.40 when no MPI wheel is installed.
+    if "openmpi" not in (request.config.option.markexpr or ""):
+        pytest.skip("opt-in: bash scripts/test-cluster.sh or pytest -m openmpi")
+    reason = open_mpi_missing()
+    if reason:
+        pytest.skip(reason)
+    venv = tmp_path / "venv"
+    assert sh([sys.executable, "-m", "venv", str(venv)]).returncode == 0
+    installed = sh([str(venv / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", str(ROOT)],
+                   env={"DDL_MPI": "system"}, cwd=tmp_path)
+    assert installed.returncode == 0, installed.stdout[-3000:] + installed.stderr[-3000:]
+    assert sh([str(venv / "bin" / "python"), "-m", "pip", "check"]).returncode == 0
+    doctor = sh([str(venv / "bin" / "ddl"), "doctor"])
+    assert re.search(r"MPI library +Open MPI v", doctor.stdout) and "binary wheel" in doctor.stdout, doctor.stdout
+    done = sh([str(venv / "bin" / "ddlrun"), "-np", "2", "python", str(WORKERS / "worker_collectives.py")], timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert len(re.findall(r"PASS rank \d+/2 ", done.stdout)) == 2, done.stdout
