@@ -27,12 +27,20 @@ from ddl.api import (
     synchronize,
 )
 from ddl.compression import Compression
-from ddl.errors import DDLError, MismatchError, NotInitializedError, TopologyError
+from ddl.errors import (
+    DDLError,
+    MismatchError,
+    NotInitializedError,
+    RemoteError,
+    SettingsMismatchError,
+    TopologyError,
+)
 from ddl.handle import Handle
 from ddl.ops import Average, Max, Min, Product, ReduceOp, Sum
-from ddl.runtime import context, init, is_initialized, shutdown, topology
+from ddl.runtime import VERSION
 
-__version__ = "0.1.0"
+__version__ = VERSION
+from ddl.runtime import context, init, is_initialized, shutdown, topology
 
 
 def rank() -> int:
@@ -67,7 +75,7 @@ def cross_size() -> int:
 
 __all__ = [
     "Average", "Compression", "Handle", "allreduce_async", "synchronize", "DDLError", "Max", "Min", "MismatchError", "NotInitializedError", "Product",
-    "ReduceOp", "Sum", "TopologyError", "allgather", "allgather_object", "allreduce",
+    "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "allgather", "allgather_object", "allreduce",
     "allreduce_", "barrier", "broadcast", "broadcast_", "broadcast_object", "context",
     "cross_rank", "cross_size", "grouped_allreduce", "init", "is_initialized", "local_rank",
     "local_size", "rank", "reducescatter", "shutdown", "size", "topology",

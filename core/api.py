@@ -1,19 +1,19 @@
-"""The public collectives: arguments checked in the caller, work done by the engine."""
+"""The public collectives: ``ddl.allreduce`` and friends on the process-wide runtime.
+
+Each function delegates to :class:`~ddl.collectives.Collectives` bound to the engine
+that ``ddl.init()`` started; see that module for how refused arguments are agreed on.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ddl import algorithms, dtypes
-from ddl.compression import as_compressor
-from ddl.context import as_array, reduction_input
-from ddl.fusion import Request
 from ddl.handle import Handle
 from ddl.ops import ReduceOp
-from ddl.runtime import context, engine
+from ddl.runtime import collectives
 
 
 def allreduce_async(
@@ -23,39 +23,16 @@ def allreduce_async(
     """Start an allreduce; ``wait()`` on the handle returns the result.
 
     Do not modify ``x`` until the handle is done. Requests from different ranks are
-    matched by ``name`` (unnamed ones by submission order), so ranks may submit named
-    tensors in different orders.
+    matched by ``name`` (unnamed ones by their order within the submitting thread), so
+    ranks may submit named tensors in different orders.
 
     Raises:
-        TypeError: unsupported dtype, or Average on integers.
+        TypeError: unsupported dtype, or Average on integers (on the other ranks the
+            same call raises :class:`ddl.RemoteError`).
         ValueError: unknown algorithm or compression, or ``name`` already in flight.
     """
-    eng = engine()
-    ctx = eng.ctx
-    fast = type(x) is np.ndarray and (not inplace or x.flags.writeable)
-    checked = _CHECKED.get((x.dtype, op)) if fast else None
-    if checked is None:
-        arr, rop = reduction_input(x, op, "allreduce", writable=inplace)
-        checked = (rop, str(arr.dtype))
-        if isinstance(op, (ReduceOp, str)):  # remember passed checks: the per-tensor path stays short
-            _CHECKED[(arr.dtype, op)] = checked
-    else:
-        arr = x
-    rop, dtype_name = checked
-    alg = algorithms.check_name(algorithm) if algorithm else ctx.config.algorithm  # the config's: checked at init
-    comp = _NONE if compression is None else as_compressor(compression)
-    name = name or eng.next_name()
-    desc = ("allreduce", name, arr.shape, dtype_name, rop.name, alg, comp.name)
-    req = Request("allreduce", name, desc, Handle(name), array=arr, op=rop, algorithm=alg,
-                  compression=comp, inplace=inplace)
-    # The synchronous calls wait at once and run the cycle themselves: waking the
-    # engine thread for them would only contend with the caller.
-    return eng.submit(req, wake=_wake)
-
-
-_NONE = as_compressor(None)
-# (dtype, op as passed) -> (ReduceOp, dtype name) for combinations that passed the checks.
-_CHECKED: dict[tuple[np.dtype, Any], tuple[ReduceOp, str]] = {}
+    return collectives().allreduce_async(x, op=op, name=name, algorithm=algorithm, compression=compression,
+                                         inplace=inplace, wake=_wake)
 
 
 def synchronize(handle: Handle) -> Any:
@@ -77,92 +54,56 @@ def allreduce(x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None, al
     Raises:
         TypeError: unsupported dtype, or Average on integers.
         MismatchError: ranks passed different shapes, dtypes, ops for one name.
+        RemoteError: another rank refused its arguments for this call.
 
     Example:
         >>> ddl.allreduce(np.arange(4.0), op=ddl.Sum)  # doctest: +SKIP
     """
-    return allreduce_async(x, op=op, name=name, algorithm=algorithm, compression=compression,  # type: ignore[no-any-return]
-                           _wake=False).wait()
+    return collectives().allreduce(x, op=op, name=name, algorithm=algorithm, compression=compression)
 
 
 def allreduce_(x: np.ndarray, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                algorithm: str | None = None, compression: Any = None) -> np.ndarray:
     """In-place :func:`allreduce`; returns ``x``."""
-    return allreduce_async(x, op=op, name=name, algorithm=algorithm, compression=compression,  # type: ignore[no-any-return]
-                           inplace=True, _wake=False).wait()
+    return collectives().allreduce_(x, op=op, name=name, algorithm=algorithm, compression=compression)
 
 
 def grouped_allreduce(xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                       algorithm: str | None = None, compression: Any = None) -> list[np.ndarray]:
     """Allreduce several arrays together (fused by the engine); results in input order."""
-    base = name or engine().next_name()
-    handles = [allreduce_async(x, op=op, name=f"{base}.{i}", algorithm=algorithm, compression=compression,
-                               _wake=False) for i, x in enumerate(xs)]
-    return [h.wait() for h in handles]
-
-
-def _submit(kind: str, name: str | None, desc: tuple[Any, ...], run: Callable[[], Any]) -> Any:
-    eng = engine()
-    name = name or eng.next_name()
-    return eng.submit(Request(kind, name, (kind, name, *desc), Handle(name), run=run), wake=False).wait()
+    return collectives().grouped_allreduce(xs, op=op, name=name, algorithm=algorithm, compression=compression)
 
 
 def allgather(x: Any, *, name: str | None = None) -> np.ndarray:
     """Concatenate every rank's ``x`` along axis 0; first dims may differ by rank."""
-    ctx = context()
-    arr = as_array(x, "allgather")
-    if arr.ndim == 0:
-        raise ValueError("allgather needs an array with at least one dimension; wrap a scalar as [x]")
-    dtypes.check_dtype(arr.dtype, what="allgather input")
-    return _submit("allgather", name, (arr.shape[1:], str(arr.dtype)), lambda: ctx.allgather(arr))  # type: ignore[no-any-return]
+    return collectives().allgather(x, name=name)
 
 
 def broadcast(x: Any, root_rank: int = 0, *, name: str | None = None) -> np.ndarray:
     """Return ``root_rank``'s ``x`` on every rank (shape and dtype must match everywhere)."""
-    ctx = context()
-    arr = as_array(x, "broadcast")
-    _check(ctx, arr, root_rank, "broadcast")
-    return _submit("broadcast", name, (arr.shape, str(arr.dtype), root_rank),  # type: ignore[no-any-return]
-                   lambda: ctx.broadcast(arr, root_rank=root_rank))
+    return collectives().broadcast(x, root_rank, name=name)
 
 
 def broadcast_(x: np.ndarray, root_rank: int = 0, *, name: str | None = None) -> np.ndarray:
     """Overwrite ``x`` with ``root_rank``'s ``x``; returns ``x``."""
-    ctx = context()
-    arr = as_array(x, "broadcast", writable=True)
-    _check(ctx, arr, root_rank, "broadcast")
-    return _submit("broadcast", name, (arr.shape, str(arr.dtype), root_rank),  # type: ignore[no-any-return]
-                   lambda: ctx.broadcast(arr, root_rank=root_rank, inplace=True))
+    return collectives().broadcast_(x, root_rank, name=name)
 
 
 def reducescatter(x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None) -> np.ndarray:
     """Reduce ``x`` and return this rank's slice of axis 0 (the first ranks get extra rows)."""
-    ctx = context()
-    arr, op = reduction_input(x, op, "reducescatter", needs_axis=True)
-    return _submit("reducescatter", name, (arr.shape, str(arr.dtype), op.name),  # type: ignore[no-any-return]
-                   lambda: ctx.reducescatter(arr, op=op))
+    return collectives().reducescatter(x, op=op, name=name)
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, *, name: str | None = None) -> Any:
     """Return ``root_rank``'s picklable ``obj`` on every rank."""
-    ctx = context()
-    ctx._check_root(root_rank)
-    return _submit("broadcast_object", name, (root_rank,), lambda: ctx.broadcast_object(obj, root_rank=root_rank))
+    return collectives().broadcast_object(obj, root_rank, name=name)
 
 
 def allgather_object(obj: Any, *, name: str | None = None) -> list[Any]:
     """Return every rank's picklable ``obj``, in rank order."""
-    ctx = context()
-    return _submit("allgather_object", name, (), lambda: ctx.allgather_object(obj))  # type: ignore[no-any-return]
+    return collectives().allgather_object(obj, name=name)
 
 
 def barrier() -> None:
     """Block until every rank has reached the barrier."""
-    ctx = context()
-    _submit("barrier", None, (), ctx.barrier)
-
-
-def _check(ctx: Any, arr: np.ndarray, root_rank: int, what: str) -> None:
-    ctx._check_root(root_rank)
-    dtypes.check_dtype(arr.dtype, what=f"{what} input")
-
+    collectives().barrier()

@@ -76,6 +76,37 @@ class Config:
         )
 
 
+    def sequence_settings(self, *, topology: str | None, version: str) -> dict[str, str]:
+        """The settings that change which MPI calls a rank makes, and in what order.
+
+        Ranks must agree on every one of them (``init`` compares them): a rank that
+        fuses differently, cuts other segments, calibrates when another does not, or
+        runs another ddl version would wait forever in a call the others never make.
+        """
+        return {
+            "ddl version": version,
+            "DDL_TOPOLOGY": str(topology),
+            "DDL_ALGORITHM": self.algorithm,
+            "DDL_SEGMENT_BYTES": str(self.segment_bytes),
+            "DDL_FUSION_THRESHOLD": str(self.fusion_threshold),
+            "DDL_CALIBRATION": "off" if self.calibration == "off" else "on",
+        }
+
+
+def settings_differences(per_rank: list[dict[str, str]]) -> list[str]:
+    """'DDL_FUSION_THRESHOLD: rank 0: 67108864; rank 1: 0' for each differing setting."""
+    out = []
+    for key in per_rank[0]:
+        groups: dict[str, list[int]] = {}
+        for rank, settings in enumerate(per_rank):
+            groups.setdefault(settings.get(key, "(missing)"), []).append(rank)
+        if len(groups) > 1:
+            parts = [f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r[:8]))}{'...' if len(r) > 8 else ''}: {v}"
+                     for v, r in groups.items()]
+            out.append(f"{key}: " + "; ".join(parts))
+    return out
+
+
 #: Variables an MPI launcher sets in each rank it starts (hydra and Slurm's PMI-1/2,
 #: Open MPI, PMIx): their presence means the process was started as an MPI rank.
 MPI_RANK_VARIABLES: tuple[str, ...] = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")

@@ -49,3 +49,13 @@ def check_op_for_dtype(op: ReduceOp, dtype: np.dtype) -> None:
             f"ddl.Average on an integer array ({dtype}) would truncate; "
             "use op=ddl.Sum and divide yourself, or cast to a float type first"
         )
+
+
+_FLOAT32 = np.dtype(np.float32)
+
+
+def accumulator(dtype: np.dtype) -> np.dtype:
+    """The dtype a reduction of ``dtype`` accumulates in: float32 for the half types
+    (float16, bfloat16), so sums neither lose bits with the tensor's size nor overflow
+    before an Average divides; ``dtype`` itself otherwise."""
+    return _FLOAT32 if dtype.itemsize == 2 and is_floating(dtype) else dtype

@@ -1,45 +1,45 @@
 """The engine: one lockstep sequence of *cycles* per rank owns every MPI call after ``init``.
 
-Callers submit named requests and get :class:`~ddl.handle.Handle` objects. Each cycle
-the ranks agree on what is ready everywhere with one Allgather of a fixed record per
-rank: a hash of the rank's pending list, its length, a stop flag, and up to
-:data:`~ddl.fusion.INLINE_BYTES` of payload. Equal hashes mean equal lists: the batch
-runs (a small allreduce batch is already done, reduced from the payloads). Otherwise
-the full lists are gathered and requests are matched by name (unnamed ones by
-submission order), so ranks may submit in different orders. Requests that share a
-name but not a shape/dtype/op fail with a MismatchError on every rank; a request
-missing on some ranks for the stall timeout is reported and aborts the job.
+THE CONTRACT: every rank issues the same sequence of MPI calls, whichever thread runs
+a cycle. Everything here serves it:
 
-Cycles run under one lock (the *baton*), so MPI calls stay in one order per rank. A
-caller that waits on a pending handle runs cycles itself when the baton is free
-(no thread hand-off on the critical path); the background thread runs them when
-nobody waits — after submissions have paused, or a cycle time after the oldest one —
-and keeps idle ranks answering the others' cycles.
+- *One baton*: cycles run under one lock, so a rank's MPI calls never interleave; a
+  caller that waits on a handle runs cycles itself when the baton is free (no thread
+  hand-off on the critical path), the background thread runs them otherwise.
+- *Agree before you act*: a cycle's work is decided by :mod:`ddl.negotiation` from
+  gathered words alone, so every rank decides alike. Argument errors travel as
+  requests too (see :mod:`ddl.collectives`): a call one rank refused is cancelled on
+  every rank, with a :class:`~ddl.errors.RemoteError` naming that rank.
+- *Fail together*: an exception inside a cycle (after the ranks agreed to run
+  something) leaves the others inside a collective this rank will never finish, so it
+  aborts the job with its message instead of returning to a caller who might catch it.
+- *Names are per thread* (:mod:`ddl.naming`); settings that change the call sequence
+  are compared at ``init`` (:mod:`ddl.config`).
+- *Shutdown* agrees with every rank to stop and returns only when this engine's
+  thread has ended, so the communicator is never freed under it.
 """
 
 from __future__ import annotations
 
-import hashlib
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
-from ddl import fusion
+from ddl import fusion, negotiation
 from ddl.context import Context
-from ddl.errors import DDLError, MismatchError
-from ddl.fusion import INLINE_BYTES, Request
+from ddl.errors import DDLError, MismatchError, RemoteError
+from ddl.fusion import Request
 from ddl.handle import Handle
-from ddl.negotiation import describe_mismatch, digest
+from ddl.naming import ThreadNamer
+from ddl.negotiation import HEADER_WORDS, RECORD_BYTES
 from ddl.timeline import Timeline
+from ddl.watchdog import StallWatch
 
 __all__ = ["Engine", "Request"]
 
-_HEADER = 5  # int64 words: digest, batch length, stop flag, inline payload bytes, stall check due
-_RECORD = _HEADER * 8 + INLINE_BYTES
-_MASK = (1 << 62) - 1
 _IDLE_MAX = 0.02  # seconds between idle cycles once nothing has been pending for a while
 
 
@@ -53,33 +53,30 @@ class Engine:
         """``start=False``: the thread waits for :meth:`start_cycles` (init probes first)."""
         self.ctx = ctx
         self.fusion_threshold = fusion_threshold
-        self.stall_timeout = stall_timeout
         self.cycle_time = cycle_time
         self.timeline = timeline
+        self.names = ThreadNamer()
+        p = ctx.topology.size
+        self.watch = StallWatch(ctx.topology.rank, p, stall_timeout, self._abort_job)
         self._pending: list[Request] = []
-        self._names: set[str] = set()
+        self._in_flight: set[str] = set()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._baton = threading.Lock()
         self._digests: dict[tuple[Any, ...], int] = {}
-        self._seq = 0
         self._stop = False
         self._finished = False
         self._last_submit = 0.0
         self._long_sleep = False
         self._last_cycle = 0.0
-        self._next_stall_check = 0.0
-        self._waiting_since: dict[str, float] = {}
-        self._warned: set[str] = set()
         self._failure: BaseException | None = None
-        p = ctx.topology.size
-        self._send = np.zeros(_RECORD, np.uint8)
-        self._recv = np.zeros(p * _RECORD, np.uint8)
+        self._send = np.zeros(RECORD_BYTES, np.uint8)
+        self._recv = np.zeros(p * RECORD_BYTES, np.uint8)
         # Header words through memoryviews: numpy calls on tiny arrays cost microseconds.
         self._send_words = memoryview(self._send.data).cast("q")
         self._recv_words = memoryview(self._recv.data).cast("q")
-        self._payload_out = self._send[_HEADER * 8 :]
-        self._payloads = [self._recv[q * _RECORD + _HEADER * 8 : (q + 1) * _RECORD] for q in range(p)]
+        self._payload_out = self._send[HEADER_WORDS * 8 :]
+        self._payloads = [self._recv[q * RECORD_BYTES + HEADER_WORDS * 8 : (q + 1) * RECORD_BYTES] for q in range(p)]
         self.cycles = 0
         self.slow_cycles = 0
         self.inline_cycles = 0
@@ -92,17 +89,14 @@ class Engine:
             self._thread.start()
 
     # -- submission (any thread) ---------------------------------------------------
-    def next_name(self) -> str:
-        """A name for an unnamed request: one counter for every kind, so ranks that call
-        different collectives at the same point collide on the name and get a MismatchError."""
-        with self._lock:
-            self._seq += 1
-            return f"#{self._seq}"
-
     def submit(self, req: Request, *, wake: bool = True) -> Handle:
         """Queue ``req``; at world size 1 it runs at once in the caller.
 
         ``wake=False``: the caller waits on the handle at once (and so runs the cycle).
+
+        Raises:
+            DDLError: the engine stopped after an error, or is shutting down.
+            ValueError: a request of the same name is still in flight on this rank.
         """
         if self._failure is not None:
             raise DDLError(f"the ddl engine has stopped after an error: {self._failure}")
@@ -110,24 +104,24 @@ class Engine:
         # Training repeats the same descriptors every step: hash each one once.
         d = self._digests.get(req.descriptor)
         if d is None:
-            d = digest(req.descriptor)
+            d = negotiation.digest(req.descriptor)
             if req.name[0] != "#":  # unnamed ones never repeat
                 if len(self._digests) > 65536:
                     self._digests.clear()
                 self._digests[req.descriptor] = d
         req.digest = d
         if self._thread is None:
-            fusion.execute(self.ctx, [req], self.fusion_threshold, self.timeline)
+            self._execute([req])
             return req.handle
         req.handle._waiter = self
         with self._lock:
             if self._stop:
                 raise DDLError("ddl is shutting down; no new collectives are accepted")
-            if req.name in self._names:
+            if req.name in self._in_flight:
                 raise ValueError(
                     f"a collective named {req.name!r} is already in flight; wait for it or use another name"
                 )
-            self._names.add(req.name)
+            self._in_flight.add(req.name)
             self._pending.append(req)
             self._last_submit = now
             if wake and self._long_sleep:
@@ -168,19 +162,30 @@ class Engine:
                 times.append(time.perf_counter() - t0)
         return sorted(times)[len(times) // 2]
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Finish pending work, agree with all ranks to stop, and join the thread."""
+    # -- lifecycle -----------------------------------------------------------------
+    def start_cycles(self) -> None:
+        """Let the thread begin cycling (every rank at the same point, after init's probes)."""
+        self._started.set()
+
+    def stop(self) -> None:
+        """Finish pending work, agree with all ranks to stop, and return once the thread
+        has ended (however long other ranks take to reach their own shutdown)."""
         if self._thread is None:
+            self._finished = True
             return
         with self._wake:
             self._stop = True
             self._wake.notify()
-        self._thread.join(timeout)
+        self._thread.join()
+        with self._baton:  # a caller's cycle in progress ends before the comm may go
+            self._finished = True
 
-    # -- the loop (engine thread) --------------------------------------------------
-    def start_cycles(self) -> None:
-        """Let the thread begin cycling (every rank at the same point, after init's probes)."""
+    def discard(self) -> None:
+        """End an engine that never started cycling (``init`` failed): no collective."""
+        self._finished = True
         self._started.set()
+        if self._thread is not None:
+            self._thread.join()
 
     def _loop(self) -> None:
         idle = self.cycle_time / 8
@@ -210,9 +215,8 @@ class Engine:
                         continue  # a caller cycled while this thread waited for the baton
                     busy = self._cycle()
                 idle = self.cycle_time / 8 if busy else min(idle * 2, self.cycle_time)
-        except BaseException as exc:  # noqa: BLE001 - fail every waiter, then the job
-            self._fail(exc)
-            raise
+        except BaseException as exc:  # noqa: BLE001 - _cycle has failed the job already
+            self._failure = self._failure or exc
 
     def _deferred(self, now: float) -> bool:
         """While submissions keep coming (a backward pass), wait to batch them, but at
@@ -221,13 +225,6 @@ class Engine:
             oldest = self._pending[0].submitted if self._pending else now
         return now - self._last_submit < self.cycle_time / 4 and now - oldest < self.cycle_time
 
-    def _fail(self, exc: BaseException) -> None:
-        self._failure = exc
-        with self._lock:
-            for req in self._pending:
-                req.handle.set_error(DDLError(f"ddl engine failed: {exc!r}"))
-            self._pending.clear()
-
     # -- one cycle (baton held) ----------------------------------------------------
     def _cycle(self) -> bool:
         """Negotiate and run what is ready everywhere; True if anything ran."""
@@ -235,102 +232,111 @@ class Engine:
             batch = list(self._pending)
             stopping = self._stop
         try:
-            ready, ran, all_stop = self._negotiate(batch, stopping)
+            ran, all_stop = self._negotiate(batch, stopping)
             self.cycles += 1
-            if ready:
-                fusion.execute(self.ctx, ready, self.fusion_threshold, self.timeline)
             if all_stop and not batch and not ran:
                 self._finished = True
         except BaseException as exc:
-            self._fail(exc)
-            raise
+            self._fail(exc, batch)
         self._last_cycle = time.perf_counter()
         return ran
 
-    def _negotiate(self, batch: list[Request], stopping: bool) -> tuple[list[Request], bool, bool]:
-        """(requests to execute, whether anything ran or failed, whether all ranks stop)."""
-        comm, p = self.ctx.comm, self.ctx.topology.size
+    def _fail(self, exc: BaseException, batch: list[Request]) -> NoReturn:
+        """A cycle raised after the ranks agreed on it: fail every waiter here, and end
+        the job, because the other ranks wait in a collective this rank left."""
+        self._failure = exc
+        with self._lock:
+            for req in self._pending:
+                req.handle.set_error(DDLError(f"ddl engine failed: {exc!r}"))
+            self._pending.clear()
+        names = ", ".join(repr(r.name) for r in batch[:5]) or "(none pending)"
+        sys.stderr.write(f"ddl: rank {self.ctx.topology.rank}: the engine failed during a collective "
+                         f"({names}): {type(exc).__name__}: {exc}; the other ranks cannot finish it, "
+                         "so the job is aborted\n")
+        sys.stderr.flush()
+        self._abort_job(1)
+
+    def _abort_job(self, code: int) -> NoReturn:
+        self.ctx.comm.abort(code)
+
+    def _negotiate(self, batch: list[Request], stopping: bool) -> tuple[bool, bool]:
+        """(whether anything ran or failed, whether all ranks stop)."""
+        p = self.ctx.topology.size
         n = len(batch)
-        h = _combine([r.digest for r in batch])
+        h = negotiation.combine([r.digest for r in batch])
         inline = fusion.inline_bytes(batch)
         head = self._send_words
         # Whether to gather the full lists must be decided alike everywhere (they are
         # collectives), so each rank's "my stall check is due" travels in the header.
-        due = 1 if n and time.monotonic() >= self._next_stall_check else 0
+        due = 1 if n and self.watch.due(time.monotonic()) else 0
         head[0], head[1], head[2], head[3], head[4] = h, n, 1 if stopping else 0, inline, due
         if inline:
             fusion.pack_inline(batch, self._payload_out)
         start = time.perf_counter()
-        comm.allgather_buffer(self._send, self._recv)
-        words, stride = self._recv_words, _RECORD // 8
-        same, all_stop, everyone_has, check = True, True, True, False
-        for q in range(0, p * stride, stride):
-            same = same and words[q] == h and words[q + 1] == n
-            all_stop = all_stop and words[q + 2] != 0
-            everyone_has = everyone_has and words[q + 1] > 0
-            check = check or words[q + 4] != 0
-        if same:
+        self.ctx.comm.allgather_buffer(self._send, self._recv)
+        verdict = negotiation.decide(self._recv_words, p, h, n)
+        if stopping:
+            self.watch.waiting_to_stop(verdict.waiting_to_stop)
+        if verdict.action == "run":
             self._take(batch)
-            if inline:
+            if verdict.inline:
                 self.inline_cycles += 1
-                span = (start, time.perf_counter())
-                fusion.finish_inline(self.ctx, batch, self._payloads, inline, self.timeline, span)
-                return [], True, all_stop
-            return batch, n > 0, all_stop
-        if everyone_has:
-            ready = self._common_prefix(batch, min(words[q + 1] for q in range(0, p * stride, stride)))
+                fusion.finish_inline(self.ctx, batch, self._payloads, inline, self.timeline,
+                                     (start, time.perf_counter()))
+            else:
+                self._execute(batch)
+            return n > 0, verdict.all_stop
+        if verdict.action == "prefix":
+            ready = self._common_prefix(batch, verdict.prefix)
             if ready:
-                return ready, True, all_stop
-        # A rank with nothing pending (often just a cycle early) makes nothing ready:
-        # skip gathering the lists, except now and then to watch for stalls.
-        if everyone_has or check:
-            self._next_stall_check = time.monotonic() + min(1.0, self.stall_timeout / 8)
-            return self._match(batch, all_stop)
-        return [], False, all_stop
+                self._execute(ready)
+                return True, verdict.all_stop
+        if verdict.action in ("prefix", "match"):
+            self.watch.checked(time.monotonic())
+            return self._match(batch), verdict.all_stop
+        return False, verdict.all_stop
 
     def _common_prefix(self, batch: list[Request], m: int) -> list[Request]:
         """Ranks caught at different points of the same submission order (a backward pass
         seen mid-way): one more small round checks their first ``m`` requests agree."""
         head = self._send_words
-        head[0], head[1], head[3], head[4] = _combine([r.digest for r in batch[:m]]), m, 0, 0
+        h = negotiation.combine([r.digest for r in batch[:m]])
+        head[0], head[1], head[3], head[4] = h, m, 0, 0
         self.ctx.comm.allgather_buffer(self._send, self._recv)
-        words, stride, p = self._recv_words, _RECORD // 8, self.ctx.topology.size
-        if all(words[q] == head[0] and words[q + 1] == m for q in range(0, p * stride, stride)):
+        if negotiation.prefix_agreed(self._recv_words, self.ctx.topology.size, h, m):
             self._take(batch[:m])
             return batch[:m]
         return []
 
-    def _match(self, batch: list[Request], all_stop: bool) -> tuple[list[Request], bool, bool]:
-        """The slow path: gather every rank's descriptors and match them by name."""
+    def _match(self, batch: list[Request]) -> bool:
+        """The slow path: gather every rank's descriptors and pair them by name."""
         self.slow_cycles += 1
-        everyone: list[list[tuple[Any, ...]]] = self.ctx.comm.allgather_object([r.descriptor for r in batch])
-        mine = {r.name: r for r in batch}
-        tables = [{d[1]: d for d in lst} for lst in everyone]
-        ready: list[Request] = []
-        failed: list[tuple[Request, str]] = []
+        everyone = self.ctx.comm.allgather_object([r.descriptor for r in batch])
+        result = negotiation.match(everyone)
         now = time.monotonic()
-        seen: set[str] = set()
-        for lst in everyone:
-            for d in lst:
-                name = d[1]
-                if name in seen:
-                    continue
-                seen.add(name)
-                have = [r for r, t in enumerate(tables) if name in t]
-                if len(have) < len(tables):
-                    self._watch_stall(name, have, len(tables), now)
-                    continue
-                self._waiting_since.pop(name, None)
-                descs = [t[name] for t in tables]
-                req = mine[name]
-                if any(x != descs[0] for x in descs):
-                    failed.append((req, describe_mismatch(descs)))
-                else:
-                    ready.append(req)
+        for name, have in result.missing.items():
+            self.watch.missing(name, have, now)
+        mine = {r.name: r for r in batch}
+        ready = [mine[name] for name in result.ready]
+        failed = [(mine[name], why) for name, why in result.failed.items()]
+        for name in (*result.ready, *result.failed):
+            self.watch.present(name)
         self._take(ready + [r for r, _ in failed])
-        for req, message in failed:
-            req.handle.set_error(MismatchError(f"tensor {req.name!r}: {message}"))
-        return ready, bool(ready or failed), all_stop
+        for req, (failing, message) in failed:
+            req.handle.set_error(_failure_for(req, failing, message, self.ctx.topology.rank))
+        self._execute(ready)
+        return bool(ready or failed)
+
+    def _execute(self, ready: list[Request]) -> None:
+        """Run agreed requests in the agreed order; refused calls end with their error."""
+        if any(r.kind == "error" for r in ready):
+            for r in ready:
+                if r.kind == "error":
+                    assert r.error is not None
+                    r.handle.set_error(r.error)
+            ready = [r for r in ready if r.kind != "error"]
+        if ready:
+            fusion.execute(self.ctx, ready, self.fusion_threshold, self.timeline)
 
     def _take(self, done: list[Request]) -> None:
         if not done:
@@ -341,30 +347,14 @@ class Engine:
             else:
                 ids = {id(r) for r in done}
                 self._pending = [r for r in self._pending if id(r) not in ids]
-            self._names.difference_update(r.name for r in done)
-
-    def _watch_stall(self, name: str, have: list[int], size: int, now: float) -> None:
-        first = self._waiting_since.setdefault(name, now)
-        waited = now - first
-        missing = [r for r in range(size) if r not in have]
-        text = (f"tensor {name!r} was submitted by rank(s) {have} but not by rank(s) {missing} "
-                f"for {waited:.1f} s")
-        if waited >= self.stall_timeout:
-            sys.stderr.write(f"ddl: rank {self.ctx.topology.rank}: stall: {text}; aborting the job "
-                             f"(DDL_STALL_TIMEOUT={self.stall_timeout:g})\n")
-            sys.stderr.flush()
-            self.ctx.comm.abort(1)
-        elif waited >= self.stall_timeout / 2 and name not in self._warned:
-            self._warned.add(name)
-            sys.stderr.write(f"ddl: rank {self.ctx.topology.rank}: warning: {text}\n")
-            sys.stderr.flush()
+            self._in_flight.difference_update(r.name for r in done)
 
 
-def _combine(digests: list[int]) -> int:
-    """One 62-bit hash of an ordered list of request digests."""
-    if not digests:
-        return 0
-    if len(digests) == 1:
-        return digests[0]
-    raw = hashlib.blake2b(np.array(digests, dtype=np.int64).tobytes(), digest_size=8).digest()
-    return int.from_bytes(raw, "little") & _MASK
+def _failure_for(req: Request, failing: tuple[int, ...], message: str, rank: int) -> BaseException:
+    """This rank's error for a request the ranks could not run together."""
+    if rank in failing and req.error is not None:
+        return req.error  # the rank whose arguments were refused raises its own error
+    if failing:
+        return RemoteError(f"collective {req.name!r}: {message}")
+    return MismatchError(f"tensor {req.name!r}: {message}")
+

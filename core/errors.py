@@ -17,3 +17,15 @@ class TopologyError(ValueError):
 
 class MismatchError(DDLError):
     """Ranks submitted collectives that do not agree (name, shape, dtype, op, kind)."""
+
+
+class RemoteError(DDLError):
+    """Another rank could not start a collective this rank called, so every rank ends it.
+
+    The message names the failing rank and its own error; that rank raised the original
+    exception (a ``TypeError`` for an unsupported dtype, say). The runtime stays usable.
+    """
+
+
+class SettingsMismatchError(DDLError):
+    """Ranks were started with settings that change the sequence of MPI calls."""

@@ -5,6 +5,14 @@ the fusion threshold, in the order the cycle agreed (identical on every rank), a
 results are split back as views of the fused buffer (no copy). A batch small enough to
 travel inside the cycle's own negotiation record (:data:`INLINE_BYTES`) is reduced from
 that record locally, in rank order, so every rank gets the same bits.
+
+One numeric rule for half types (float16, bfloat16) on every path: they are
+*accumulated in float32* — the fused buffer (or the inline sum) is float32, reduced by
+whichever algorithm, divided for Average, and rounded to the half type once at the
+end. So precision does not depend on a tensor's size or the algorithm, and an Average
+of large half values cannot overflow. Compression (fp16/bf16 *on the wire*) is the
+stated exception: partial sums then travel, and are rounded, in the wire type at each
+hop (each addition itself done in float32 by numpy); Average divides before casting.
 """
 
 from __future__ import annotations
@@ -18,18 +26,18 @@ import numpy as np
 
 from ddl.compression import Compressor
 from ddl.context import Context
+from ddl.dtypes import accumulator
 from ddl.handle import Handle
+from ddl.negotiation import INLINE_BYTES
 from ddl.ops import ReduceOp, ufunc
 from ddl.timeline import Timeline
-
-#: Payload bytes per rank carried by every cycle's negotiation record (an Allgather
-#: of 4 KiB costs about a 3-int allreduce on shared memory: measured, see README).
-INLINE_BYTES = 4096
 
 
 @dataclasses.dataclass(slots=True, eq=False)
 class Request:
-    """One submitted collective. ``run`` executes a non-allreduce request in the engine."""
+    """One submitted collective. ``run`` executes a non-allreduce request in the engine;
+    ``error`` is set on a request of kind ``"error"``: a call whose arguments this rank
+    refused, which still takes part in the negotiation so the other ranks end it too."""
 
     kind: str
     name: str
@@ -43,6 +51,7 @@ class Request:
     inplace: bool = False
     submitted: float = 0.0
     digest: int = 0
+    error: BaseException | None = None
 
 
 def inline_bytes(batch: list[Request]) -> int:
@@ -87,12 +96,12 @@ def finish_inline(ctx: Context, batch: list[Request], payloads: list[np.ndarray]
     assert first.array is not None
     dtype, op, p = first.array.dtype, first.op, len(payloads)
     combine = ufunc(op)
-    out = combine(payloads[0][:nbytes].view(dtype), payloads[1][:nbytes].view(dtype))
-    for q in range(2, p):
+    out = payloads[0][:nbytes].view(dtype).astype(accumulator(dtype))
+    for q in range(1, p):
         combine(out, payloads[q][:nbytes].view(dtype), out=out)
     if op is ReduceOp.AVERAGE:
         np.divide(out, p, out=out)
-    if len(batch) == 1 and not first.inplace:
+    if len(batch) == 1 and not first.inplace and out.dtype == dtype:
         first.handle.set_result(out.reshape(first.array.shape))
     else:
         _deliver(batch, out, dtype)
@@ -114,7 +123,7 @@ def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline:
         assert a is not None and comp is not None
         wire = comp.wire_dtype(a.dtype)
         key = (a.dtype, wire, req.op, req.algorithm)
-        nbytes = a.size * wire.itemsize
+        nbytes = a.size * (accumulator(a.dtype) if wire == a.dtype else wire).itemsize
         lane = buckets.get(key)
         if lane is not None and lane[1][0] + nbytes <= fusion_threshold:
             lane[0].append(req)
@@ -130,12 +139,11 @@ def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline:
 
 
 def _run_single(req: Request, timeline: Timeline | None) -> None:
+    # No try here: a failure after the ranks agreed to run this leaves the others in
+    # the collective; the engine turns it into a job abort (see its contract).
     assert req.run is not None
     start = time.perf_counter()
-    try:
-        req.handle.set_result(req.run())
-    except Exception as exc:  # noqa: BLE001 - delivered to the waiter
-        req.handle.set_error(exc)
+    req.handle.set_result(req.run())
     if timeline is not None:
         timeline.span(req.name, req.kind, req.submitted, start, time.perf_counter(), {})
 
@@ -144,11 +152,13 @@ def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) 
     first = bucket[0]
     assert first.array is not None and first.compression is not None
     dtype = first.array.dtype
-    wire = first.compression.wire_dtype(dtype)
+    compressed = first.compression.wire_dtype(dtype)
+    # Uncompressed half types are reduced in float32 (the module's one rule).
+    wire = accumulator(dtype) if compressed == dtype else compressed
     total = _elements(bucket)
     p = ctx.topology.size
     start = time.perf_counter()
-    prescale = first.op is ReduceOp.AVERAGE and wire != dtype
+    prescale = first.op is ReduceOp.AVERAGE and compressed != dtype
     op = ReduceOp.SUM if prescale else first.op
     single = len(bucket) == 1 and wire == dtype
     if single:

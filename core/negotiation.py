@@ -1,22 +1,29 @@
-"""Agreement check before every collective: all ranks must call the same thing.
+"""The negotiation protocol: what every rank may run this cycle, as pure functions.
 
-Each rank hashes a small descriptor of its call (kind, name, shape, dtype, op, ...),
-and one 2-element MIN allreduce tells whether all hashes are equal. Only on a
-disagreement are the full descriptors gathered, to raise a :class:`MismatchError` on
-every rank that names the ranks and both values, instead of hanging or corrupting.
+Each cycle every rank contributes one fixed-size *record* to an Allgather: a header of
+int64 words (a hash of its pending list, the list's length, a stop flag, the inline
+payload size, whether its stall check is due) and up to :data:`INLINE_BYTES` of
+payload. :func:`decide` turns the gathered headers into one verdict that is the same
+on every rank (it reads only gathered words and this rank's own hash); :func:`match`
+pairs the full request lists by name when the hashes differ. Neither touches MPI, so
+both are tested at hundreds of ranks without one.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ddl.comm import Comm
-from ddl.errors import MismatchError
-from ddl.ops import ReduceOp
-
+#: Payload bytes per rank carried by every cycle's record (an Allgather of 4 KiB costs
+#: about a 3-int allreduce on shared memory: measured, see README).
+INLINE_BYTES = 4096
+HEADER_WORDS = 5  # digest, batch length, stop flag, inline payload bytes, stall check due
+RECORD_BYTES = HEADER_WORDS * 8 + INLINE_BYTES
+STRIDE = RECORD_BYTES // 8
 _MASK = (1 << 62) - 1
 
 
@@ -26,25 +33,120 @@ def digest(descriptor: tuple[Any, ...]) -> int:
     return int.from_bytes(raw, "little") & _MASK
 
 
-def agree(comm: Comm, descriptor: tuple[Any, ...]) -> None:
-    """Return when every rank passed an equal ``descriptor``; else raise on every rank.
+def combine(digests: Sequence[int]) -> int:
+    """One 62-bit hash of an ordered list of request digests (0 for none)."""
+    if not digests:
+        return 0
+    if len(digests) == 1:
+        return digests[0]
+    raw = hashlib.blake2b(np.array(digests, dtype=np.int64).tobytes(), digest_size=8).digest()
+    return int.from_bytes(raw, "little") & _MASK
 
-    Raises:
-        MismatchError: ranks disagree; the message groups the ranks by what they called.
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a cycle does next; equal on every rank for equal gathered words.
+
+    ``action``: ``"run"`` (every rank holds this very list: run it, from the payloads
+    when ``inline``), ``"prefix"`` (all hold something: check whether the first
+    ``prefix`` requests agree), ``"match"`` (gather the lists and pair them by name) or
+    ``"idle"``. ``waiting_to_stop``: ranks that have not asked to stop while some have.
     """
-    if comm.size == 1:
-        return
-    h = digest(descriptor)
-    buf = np.array([h, -h], dtype=np.int64)
-    comm.allreduce_native(buf, ReduceOp.MIN)
-    if int(buf[0]) == -int(buf[1]):
-        return
-    everyone = comm.allgather_object(descriptor)
-    raise MismatchError(describe_mismatch(everyone))
+
+    action: str
+    all_stop: bool
+    inline: bool = False
+    prefix: int = 0
+    waiting_to_stop: tuple[int, ...] = ()
 
 
-def describe_mismatch(descriptors: list[tuple[Any, ...]]) -> str:
-    """'ranks 0,2: allreduce(...) | ranks 1: allreduce(...)' for the differing calls."""
+def decide(words: Sequence[int], size: int, my_digest: int, my_length: int) -> Verdict:
+    """The verdict from the gathered header ``words`` (``size`` records of :data:`STRIDE`)."""
+    same, all_stop, everyone_has, check = True, True, True, False
+    shortest = my_length
+    stopping: list[int] = []
+    for q in range(size):
+        base = q * STRIDE
+        n = words[base + 1]
+        same = same and words[base] == my_digest and n == my_length
+        if words[base + 2]:
+            stopping.append(q)
+        else:
+            all_stop = False
+        everyone_has = everyone_has and n > 0
+        check = check or words[base + 4] != 0
+        shortest = min(shortest, n)
+    waiting = tuple(q for q in range(size) if q not in stopping) if stopping and not all_stop else ()
+    if same:
+        return Verdict("run", all_stop, inline=my_length > 0 and words[3] > 0, waiting_to_stop=waiting)
+    if everyone_has:
+        return Verdict("prefix", all_stop, prefix=shortest, waiting_to_stop=waiting)
+    # A rank with nothing pending (often just a cycle early) makes nothing ready: the
+    # lists are gathered only now and then, to watch for stalls.
+    return Verdict("match" if check else "idle", all_stop, waiting_to_stop=waiting)
+
+
+def prefix_agreed(words: Sequence[int], size: int, my_digest: int, length: int) -> bool:
+    """After a ``"prefix"`` round: every rank's first ``length`` requests hash alike."""
+    return all(words[q * STRIDE] == my_digest and words[q * STRIDE + 1] == length for q in range(size))
+
+
+@dataclasses.dataclass
+class Matched:
+    """The outcome of pairing every rank's request list by name.
+
+    ``ready``: names every rank holds with equal descriptors, in one order shared by all
+    ranks. ``failed``: name -> (ranks whose argument check failed, message); those ranks
+    raise their own error, the others a RemoteError with the message (or a MismatchError
+    when nothing failed but the descriptors differ). ``missing``: name -> ranks that
+    hold it, for names some ranks have not submitted yet.
+    """
+
+    ready: list[str] = dataclasses.field(default_factory=list)
+    failed: dict[str, tuple[tuple[int, ...], str]] = dataclasses.field(default_factory=dict)
+    missing: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+
+
+def match(everyone: Sequence[Sequence[tuple[Any, ...]]]) -> Matched:
+    """Pair the gathered descriptor lists (one per rank, ``(kind, name, ...)``) by name."""
+    tables = [{d[1]: d for d in lst} for lst in everyone]
+    out = Matched()
+    seen: set[str] = set()
+    for lst in everyone:
+        for d in lst:
+            name = d[1]
+            if name in seen:
+                continue
+            seen.add(name)
+            have = [r for r, t in enumerate(tables) if name in t]
+            if len(have) < len(tables):
+                out.missing[name] = have
+                continue
+            descs = [t[name] for t in tables]
+            errors = tuple(r for r, x in enumerate(descs) if x[0] == "error")
+            if errors:
+                out.failed[name] = (errors, describe_failure(name, descs, errors))
+            elif any(x != descs[0] for x in descs):
+                out.failed[name] = ((), describe_mismatch(descs))
+            else:
+                out.ready.append(name)
+    return out
+
+
+def error_descriptor(name: str, kind: str, exc: BaseException) -> tuple[Any, ...]:
+    """The descriptor a rank submits in place of a call whose arguments it refused."""
+    return ("error", name, kind, f"{type(exc).__name__}: {exc}")
+
+
+def describe_failure(name: str, descs: Sequence[tuple[Any, ...]], errors: Sequence[int]) -> str:
+    """'rank 1 could not start allreduce '#3': TypeError: ...' for the failing ranks."""
+    parts = [f"rank {r} could not start {descs[r][2]} {name!r}: {descs[r][3]}" for r in errors[:4]]
+    more = f" (and {len(errors) - 4} more ranks)" if len(errors) > 4 else ""
+    return "; ".join(parts) + more + " — so this collective was cancelled on every rank"
+
+
+def describe_mismatch(descriptors: Sequence[tuple[Any, ...]]) -> str:
+    """'ranks 0,2: allreduce(...); rank 1: allreduce(...)' for the differing calls."""
     groups: dict[str, list[int]] = {}
     for rank, d in enumerate(descriptors):
         groups.setdefault(format_call(d), []).append(rank)

@@ -16,18 +16,22 @@ import traceback
 from types import TracebackType
 
 from ddl.calibration import calibrate
+from ddl.collectives import Collectives
 from ddl.comm import Comm, MPIComm, SelfComm
-from ddl.config import Config
+from ddl.config import Config, settings_differences
 from ddl.context import Context
 from ddl.engine import Engine
-from ddl.errors import NotInitializedError
+from ddl.errors import NotInitializedError, SettingsMismatchError
 from ddl.timeline import Timeline
 from ddl.topology import Topology, build_topology
 from ddl.world_check import check_world
 
+VERSION = "0.1.0"
+
 _lock = threading.Lock()
 _context: Context | None = None
 _engine: Engine | None = None
+_collectives: Collectives | None = None
 
 
 def init(*, topology: str | None = None, algorithm: str | None = None) -> Context:
@@ -40,6 +44,8 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
     Raises:
         TopologyError: the topology is malformed or does not multiply to the world size.
         ValueError: unknown algorithm, or a second ``init`` asks for another topology.
+        SettingsMismatchError: ranks were started with different settings that change
+            the sequence of MPI calls (raised on every rank, naming them).
 
     Example:
         >>> import ddl
@@ -47,7 +53,7 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
         >>> ddl.size() >= 1
         True
     """
-    global _context, _engine
+    global _context, _engine, _collectives
     with _lock:
         config = Config.from_env()
         source = "topology argument" if topology else "DDL_TOPOLOGY"
@@ -59,22 +65,38 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
             return _context
         comm = _world_comm()
         check_world(comm.size, config)  # srun tasks that MPI left as singletons: refuse
-        hostnames = comm.allgather_object(config.hostname or comm.hostname())
+        # One gather carries the host names and the settings every rank must share.
+        mine = config.sequence_settings(topology=spec, version=VERSION)
+        gathered = comm.allgather_object((config.hostname or comm.hostname(), mine))
+        hostnames = [h for h, _ in gathered]
+        differences = settings_differences([s for _, s in gathered])
+        if differences:
+            _free(comm)
+            raise SettingsMismatchError(
+                "ranks were started with different settings, which would make them issue different "
+                "MPI calls and hang: " + " | ".join(differences)
+                + ". Start every rank with the same DDL_* environment (ddlrun passes its own to all ranks)."
+            )
         topo = build_topology(comm.rank, hostnames, spec, source=source)
         if isinstance(comm, MPIComm):
             # Measured on 2 cores: sleeping waits free a core for the training loop at 2
             # ranks, but at 4 they wake late and a cycle costs 5x MPI's yielding wait.
             comm.polite = topo.local_size <= (os.cpu_count() or 1)
-        ctx = Context(comm, topo, config, agree_each_call=False)
+        ctx = Context(comm, topo, config)
         timeline = Timeline(config.timeline, rank=comm.rank) if config.timeline and comm.rank == 0 else None
-        _engine = Engine(ctx, fusion_threshold=config.fusion_threshold, stall_timeout=config.stall_timeout,
-                         cycle_time=config.cycle_time, timeline=timeline, start=False)
-        # Probed with the engine thread alive but parked, as collectives later run (a
-        # ddl process runs MPI ~20 % slower than a bare one); it starts cycling after.
-        calib = calibrate(comm, topo, hostnames, config.calibration, segment_bytes=config.segment_bytes)
+        engine = Engine(ctx, fusion_threshold=config.fusion_threshold, stall_timeout=config.stall_timeout,
+                        cycle_time=config.cycle_time, timeline=timeline, start=False)
+        try:
+            # Probed with the engine thread alive but parked, as collectives later run (a
+            # ddl process runs MPI ~20 % slower than a bare one); it starts cycling after.
+            calib = calibrate(comm, topo, hostnames, config.calibration, segment_bytes=config.segment_bytes)
+        except BaseException:
+            engine.discard()  # its thread never cycled: nothing to agree on, no wait
+            _free(comm)
+            raise
         ctx.model, ctx.calibration = calib.model, calib
-        _engine.start_cycles()
-        _context = ctx
+        engine.start_cycles()
+        _context, _engine, _collectives = ctx, engine, Collectives(engine)
         if comm.size > 1 and config.abort_on_exception:
             _install_abort_hooks(comm)
         if config.verbose and comm.rank == 0:
@@ -85,15 +107,20 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
 
 def shutdown() -> None:
     """Release ddl's communicator; ``init`` may be called again afterwards."""
-    global _context, _engine
+    global _context, _engine, _collectives
     with _lock:
         if _engine is not None:
-            _engine.stop()
+            _engine.stop()  # returns once every rank agreed to stop and the thread ended
             if _engine.timeline is not None:
                 _engine.timeline.write()
-        if _context is not None and isinstance(_context.comm, MPIComm):
-            _context.comm.free()
-        _context, _engine = None, None
+        if _context is not None:
+            _free(_context.comm)
+        _context, _engine, _collectives = None, None, None
+
+
+def _free(comm: Comm) -> None:
+    if isinstance(comm, MPIComm):
+        comm.free()
 
 
 def context() -> Context:
@@ -116,6 +143,17 @@ def engine() -> Engine:
     if _engine is None:
         raise NotInitializedError("ddl is not initialized; call ddl.init() first")
     return _engine
+
+
+def collectives() -> Collectives:
+    """The running collectives (the public API's target).
+
+    Raises:
+        NotInitializedError: ``ddl.init()`` has not been called.
+    """
+    if _collectives is None:
+        raise NotInitializedError("ddl is not initialized; call ddl.init() first")
+    return _collectives
 
 
 def is_initialized() -> bool:

@@ -9,6 +9,8 @@ from ddl.algorithms.ring import Ring
 
 #: Algorithms that compile to schedules (``mpi`` and ``auto`` are resolved elsewhere).
 SCHEDULED: dict[str, Algorithm] = {a.name: a for a in (Ring(), MultiRing(), HalvingDoubling())}
+#: The reduce-scatter collective's algorithm (a ring in topology order).
+REDUCE_SCATTER = Ring()
 #: Every name ``algorithm=`` accepts.
 NAMES: tuple[str, ...] = ("auto", "mpi", *SCHEDULED)
 
@@ -24,4 +26,4 @@ def check_name(name: str) -> str:
     return name
 
 
-__all__ = ["NAMES", "SCHEDULED", "Algorithm", "check_name"]
+__all__ = ["NAMES", "REDUCE_SCATTER", "SCHEDULED", "Algorithm", "check_name"]

@@ -6,8 +6,10 @@ once; cost 2(p-1) a + 2(p-1)/p * N * b. The executor cuts long steps into segmen
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ddl.algorithms.multiring import MultiRing
-from ddl.schedule import Schedule
+from ddl.schedule import Schedule, ring_reduce_scatter
 from ddl.topology import Topology
 
 
@@ -19,3 +21,12 @@ class Ring:
     def compile(self, topology: Topology, rank: int, count: int) -> Schedule:
         flat = MultiRing().compile(topology.flat(), rank, count)
         return Schedule(self.name, rank, count, flat.steps)
+
+    def compile_reduce_scatter(self, topology: Topology, rank: int, bounds: Sequence[int]) -> Schedule:
+        """Reduce-scatter along the ring: rank r ends owning ``[bounds[r], bounds[r+1])``
+        summed over every rank (the ranges follow rank order, the ring topology order)."""
+        p = topology.size
+        members = [topology.order[i] for i in range(p)]
+        chunks = [(bounds[r], bounds[r + 1]) for r in members]
+        steps = ring_reduce_scatter(members, rank, chunks, dim=0, phase="reduce-scatter")
+        return Schedule("ring reduce-scatter", rank, bounds[-1], tuple(steps))

@@ -21,7 +21,7 @@ import numpy as np
 
 import ddl
 from ddl.bench import peers
-from ddl.fusion import INLINE_BYTES
+from ddl.negotiation import INLINE_BYTES
 
 ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "auto"]
 

@@ -32,6 +32,7 @@ class _World:
         self.queues = {(s, d): queue.Queue[np.ndarray]() for s in range(size) for d in range(size)}
         self.barrier = threading.Barrier(size, timeout=TIMEOUT_S)
         self.slots: list[Any] = [None] * size
+        self.aborted = False  # like MPI_Abort: every rank's pending receive ends
 
 
 class FakeComm:
@@ -55,14 +56,23 @@ class FakeComm:
         if dest is not None and send is not None:
             self._world.queues[(self._rank, dest)].put(as_bytes(send).copy())
         if source is not None and recv is not None:
-            try:
-                data = self._world.queues[(source, self._rank)].get(timeout=TIMEOUT_S)
-            except queue.Empty:
-                raise TimeoutError(f"rank {self._rank}: no message from rank {source}") from None
+            data = self._receive(source)
             target = as_bytes(recv)
             if data.size != target.size:
                 raise ValueError(f"rank {self._rank}: got {data.size} bytes from {source}, expected {target.size}")
             target[...] = data
+
+    def _receive(self, source: int) -> np.ndarray:
+        q, waited = self._world.queues[(source, self._rank)], 0.0
+        while True:
+            if self._world.aborted:
+                raise FakeAbort(f"rank {self._rank}: the job was aborted while it waited for rank {source}")
+            try:
+                return q.get(timeout=0.05)
+            except queue.Empty:
+                waited += 0.05
+                if waited >= TIMEOUT_S:
+                    raise TimeoutError(f"rank {self._rank}: no message from rank {source}") from None
 
     def _exchange(self, obj: Any) -> list[Any]:
         w = self._world
@@ -106,6 +116,7 @@ class FakeComm:
         self._exchange(None)
 
     def abort(self, code: int = 1) -> NoReturn:
+        self._world.aborted = True
         self._world.barrier.abort()
         raise FakeAbort(f"rank {self._rank} aborted the job with code {code}")
 
@@ -136,7 +147,9 @@ def run_ranks(
             errors[rank] = exc
             world.barrier.abort()
 
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(size)]
+    # Each rank plays one process's main thread: unnamed collectives are named per
+    # thread name (ddl.naming), alike on every rank only if the threads' names are.
+    threads = [threading.Thread(target=body, args=(r,), daemon=True, name="MainThread") for r in range(size)]
     for t in threads:
         t.start()
     for t in threads:

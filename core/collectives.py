@@ -1,0 +1,196 @@
+"""The collectives bound to one engine: arguments checked in the caller, refusals agreed.
+
+A call whose arguments this rank refuses (an unsupported dtype, a bad root) must not
+leave the other ranks waiting for it: the refusal is submitted in the call's place,
+under the call's name, and the negotiation ends that collective on every rank — this
+rank raises its own error, the others a :class:`~ddl.errors.RemoteError` naming it.
+``ddl``'s module-level functions use the process-wide instance; tests make one per
+fake rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+import numpy as np
+
+from ddl import algorithms, dtypes
+from ddl.compression import as_compressor
+from ddl.context import as_array, reduction_input
+from ddl.engine import Engine
+from ddl.fusion import Request
+from ddl.handle import Handle
+from ddl.negotiation import error_descriptor
+from ddl.ops import ReduceOp
+from ddl.topology import Topology
+
+_NONE = as_compressor(None)
+# (dtype, op as passed) -> (ReduceOp, dtype name) for combinations that passed the checks.
+_CHECKED: dict[tuple[np.dtype, Any], tuple[ReduceOp, str]] = {}
+
+
+class Collectives:
+    """Every public collective, on one :class:`~ddl.engine.Engine`."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.ctx = engine.ctx
+
+    @property
+    def topology(self) -> Topology:
+        return self.ctx.topology
+
+    # -- allreduce -------------------------------------------------------------------
+    def allreduce_async(
+        self, x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None, algorithm: str | None = None,
+        compression: Any = None, inplace: bool = False, wake: bool = True,
+    ) -> Handle:
+        """Start an allreduce; see :func:`ddl.allreduce_async`."""
+        eng = self.engine
+        name = name or eng.names.next()
+        try:
+            fast = type(x) is np.ndarray and (not inplace or x.flags.writeable)
+            checked = _CHECKED.get((x.dtype, op)) if fast else None
+            if checked is None:
+                arr, rop = reduction_input(x, op, "allreduce", writable=inplace)
+                checked = (rop, str(arr.dtype))
+                if isinstance(op, (ReduceOp, str)):  # remember passed checks: the per-tensor path stays short
+                    _CHECKED[(arr.dtype, op)] = checked
+            else:
+                arr = x
+            alg = algorithms.check_name(algorithm) if algorithm else self.ctx.config.algorithm
+            comp = _NONE if compression is None else as_compressor(compression)
+        except (TypeError, ValueError) as exc:
+            self._refuse("allreduce", name, exc)
+        rop, dtype_name = checked
+        desc = ("allreduce", name, arr.shape, dtype_name, rop.name, alg, comp.name)
+        req = Request("allreduce", name, desc, Handle(name), array=arr, op=rop, algorithm=alg,
+                      compression=comp, inplace=inplace)
+        # The synchronous calls wait at once and run the cycle themselves: waking the
+        # engine thread for them would only contend with the caller.
+        return eng.submit(req, wake=wake)
+
+    def allreduce(self, x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
+                  algorithm: str | None = None, compression: Any = None) -> np.ndarray:
+        """See :func:`ddl.allreduce`."""
+        return self.allreduce_async(x, op=op, name=name, algorithm=algorithm,  # type: ignore[no-any-return]
+                                    compression=compression, wake=False).wait()
+
+    def allreduce_(self, x: np.ndarray, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
+                   algorithm: str | None = None, compression: Any = None) -> np.ndarray:
+        """See :func:`ddl.allreduce_`."""
+        return self.allreduce_async(x, op=op, name=name, algorithm=algorithm,  # type: ignore[no-any-return]
+                                    compression=compression, inplace=True, wake=False).wait()
+
+    def grouped_allreduce(self, xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
+                          algorithm: str | None = None, compression: Any = None) -> list[np.ndarray]:
+        """See :func:`ddl.grouped_allreduce`."""
+        base = name or self.engine.names.next()
+        handles = []
+        for i, x in enumerate(xs):
+            try:
+                handles.append(self.allreduce_async(x, op=op, name=f"{base}[{i}]", algorithm=algorithm,
+                                                    compression=compression, wake=False))
+            except (TypeError, ValueError) as exc:
+                # The rest were submitted; let them finish everywhere, then raise.
+                for h in handles:
+                    with contextlib.suppress(Exception):
+                        h.wait()
+                for j in range(i + 1, len(xs)):  # keep the names in step with the other ranks
+                    with contextlib.suppress(Exception):
+                        self._refuse("allreduce", f"{base}[{j}]", exc)
+                raise
+        return [h.wait() for h in handles]
+
+    # -- everything else -------------------------------------------------------------
+    def allgather(self, x: Any, *, name: str | None = None) -> np.ndarray:
+        """See :func:`ddl.allgather`."""
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            arr = as_array(x, "allgather")
+            if arr.ndim == 0:
+                raise ValueError("allgather needs an array with at least one dimension; wrap a scalar as [x]")
+            dtypes.check_dtype(arr.dtype, what="allgather input")
+            return (arr.shape[1:], str(arr.dtype)), lambda: self.ctx.allgather(arr)
+
+        return self._call("allgather", name, prepare)  # type: ignore[no-any-return]
+
+    def broadcast(self, x: Any, root_rank: int = 0, *, name: str | None = None) -> np.ndarray:
+        """See :func:`ddl.broadcast`."""
+        return self._broadcast(x, root_rank, name, inplace=False)
+
+    def broadcast_(self, x: np.ndarray, root_rank: int = 0, *, name: str | None = None) -> np.ndarray:
+        """See :func:`ddl.broadcast_`."""
+        return self._broadcast(x, root_rank, name, inplace=True)
+
+    def _broadcast(self, x: Any, root_rank: int, name: str | None, *, inplace: bool) -> np.ndarray:
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            arr = as_array(x, "broadcast", writable=inplace)
+            self._check_root(root_rank)
+            dtypes.check_dtype(arr.dtype, what="broadcast input")
+            return ((arr.shape, str(arr.dtype), root_rank),
+                    lambda: self.ctx.broadcast(arr, root_rank=root_rank, inplace=inplace))
+
+        return self._call("broadcast", name, prepare)  # type: ignore[no-any-return]
+
+    def reducescatter(self, x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None) -> np.ndarray:
+        """See :func:`ddl.reducescatter`."""
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            arr, rop = reduction_input(x, op, "reducescatter", needs_axis=True)
+            return (arr.shape, str(arr.dtype), rop.name), lambda: self.ctx.reducescatter(arr, op=rop)
+
+        return self._call("reducescatter", name, prepare)  # type: ignore[no-any-return]
+
+    def broadcast_object(self, obj: Any, root_rank: int = 0, *, name: str | None = None) -> Any:
+        """See :func:`ddl.broadcast_object`."""
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            self._check_root(root_rank)
+            data = _pickle(obj, "broadcast_object") if self.topology.rank == root_rank else None
+            return (root_rank,), lambda: self.ctx.broadcast_bytes(data, root_rank=root_rank)
+
+        return pickle.loads(self._call("broadcast_object", name, prepare))
+
+    def allgather_object(self, obj: Any, *, name: str | None = None) -> list[Any]:
+        """See :func:`ddl.allgather_object`."""
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            data = _pickle(obj, "allgather_object")
+            return (), lambda: self.ctx.allgather_bytes(data)
+
+        return [pickle.loads(b) for b in self._call("allgather_object", name, prepare)]
+
+    def barrier(self) -> None:
+        """See :func:`ddl.barrier`."""
+        self._call("barrier", None, lambda: ((), self.ctx.barrier))
+
+    # -- plumbing --------------------------------------------------------------------
+    def _call(self, kind: str, name: str | None,
+              prepare: Callable[[], tuple[tuple[Any, ...], Callable[[], Any]]]) -> Any:
+        """Check the arguments (``prepare``), run the collective through the engine, wait."""
+        name = name or self.engine.names.next()
+        try:
+            fields, run = prepare()
+        except (TypeError, ValueError) as exc:
+            self._refuse(kind, name, exc)
+        req = Request(kind, name, (kind, name, *fields), Handle(name), run=run)
+        return self.engine.submit(req, wake=False).wait()
+
+    def _refuse(self, kind: str, name: str, exc: BaseException) -> NoReturn:
+        """Submit the refusal of ``kind`` ``name`` in its place and raise ``exc`` once the
+        other ranks have reached the same call (they get a RemoteError)."""
+        req = Request("error", name, error_descriptor(name, kind, exc), Handle(name), error=exc)
+        self.engine.submit(req, wake=False).wait()
+        raise exc  # not reached: the refusal's handle raises ``exc`` itself
+
+    def _check_root(self, root_rank: int) -> None:
+        size = self.topology.size
+        if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
+            raise ValueError(f"root_rank={root_rank!r} is not a rank of this job; use 0..{size - 1}")
+
+
+def _pickle(obj: Any, what: str) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as exc:
+        raise TypeError(f"{what} could not pickle {type(obj).__name__}: {exc}") from None

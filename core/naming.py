@@ -1,0 +1,45 @@
+"""Names for unnamed collectives: one counter per submitting thread, matched across ranks.
+
+Ranks match unnamed requests by name, so a name must mean "the k-th unnamed call of
+this thread" on every rank. One shared counter would interleave the threads of a
+rank in whatever order the scheduler ran them, and ranks would pair one thread's
+tensor with another's (silently wrong sums). So each thread counts on its own and
+its name (``threading.current_thread().name``, alike on every rank for threads the
+program creates in the same order) is part of the request's name.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+
+class ThreadNamer:
+    """Hands out ``#<n>`` (main thread) or ``#<thread name>.<n>`` names, per thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # thread name -> (the live thread that counts under it, its next number)
+        self._counters: dict[str, tuple[weakref.ref[threading.Thread], int]] = {}
+
+    def next(self) -> str:
+        """The next name for the calling thread.
+
+        Raises:
+            ValueError: another live thread of this process has the same name and
+                also submits unnamed collectives, so their requests cannot be told apart.
+        """
+        thread = threading.current_thread()
+        label = thread.name
+        with self._lock:
+            owner_ref, n = self._counters.get(label, (None, 0))
+            owner = owner_ref() if owner_ref is not None else None
+            if owner is not None and owner is not thread and owner.is_alive():
+                raise ValueError(
+                    f"two live threads are both named {label!r} and both submit unnamed collectives; "
+                    "ranks match unnamed requests per thread name, so give the threads distinct "
+                    "names (threading.Thread(name=...)) or pass name= to each collective"
+                )
+            n += 1
+            self._counters[label] = (weakref.ref(thread), n)
+        return f"#{n}" if label == "MainThread" else f"#{label}.{n}"

@@ -1,0 +1,108 @@
+"""The negotiation as pure functions of (local batch, gathered words), up to 1024 ranks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ddl import negotiation as neg
+from ddl.config import Config, settings_differences
+
+
+def words_for(headers: list[tuple[int, int, int, int, int]]) -> memoryview:
+    """The gathered records of ``headers`` (digest, length, stop, inline, due), one per rank."""
+    buf = np.zeros(len(headers) * neg.RECORD_BYTES, np.uint8)
+    words = memoryview(buf.data).cast("q")
+    for q, head in enumerate(headers):
+        for i, v in enumerate(head):
+            words[q * neg.STRIDE + i] = v
+    return words
+
+
+@pytest.mark.parametrize("p", [2, 3, 256, 1024])
+def test_equal_lists_run_and_every_rank_decides_alike(p: int) -> None:
+    words = words_for([(77, 3, 0, 0, 0)] * p)
+    verdicts = {neg.decide(words, p, 77, 3) for _ in range(p)}
+    assert verdicts == {neg.Verdict("run", all_stop=False, inline=False)}
+    inline = words_for([(77, 3, 0, 96, 0)] * p)
+    assert neg.decide(inline, p, 77, 3).inline
+
+
+@pytest.mark.parametrize("p", [3, 300])
+def test_one_rank_ahead_gets_a_prefix_round_and_an_empty_rank_idles(p: int) -> None:
+    heads = [(5, 2, 0, 0, 0)] * p
+    heads[p - 1] = (9, 4, 0, 0, 0)  # the last rank has submitted two more
+    words = words_for(heads)
+    for mine in ((5, 2), (9, 4)):
+        assert neg.decide(words, p, *mine) == neg.Verdict("prefix", all_stop=False, prefix=2)
+    heads[0] = (0, 0, 0, 0, 0)  # a rank with nothing pending: nothing is ready anywhere
+    assert neg.decide(words_for(heads), p, 5, 2).action == "idle"
+    heads[1] = (5, 2, 0, 0, 1)  # ...unless some rank's stall check is due
+    assert neg.decide(words_for(heads), p, 5, 2).action == "match"
+
+
+def test_stop_needs_every_rank_and_names_the_ones_still_running() -> None:
+    p = 260
+    heads = [(0, 0, 1, 0, 0)] * p
+    assert neg.decide(words_for(heads), p, 0, 0).all_stop
+    heads[7] = heads[200] = (0, 0, 0, 0, 0)
+    verdict = neg.decide(words_for(heads), p, 0, 0)
+    assert not verdict.all_stop and verdict.waiting_to_stop == (7, 200)
+
+
+def test_prefix_agreement_is_all_or_nothing() -> None:
+    p = 512
+    words = words_for([(11, 2, 0, 0, 0)] * p)
+    assert neg.prefix_agreed(words, p, 11, 2)
+    heads = [(11, 2, 0, 0, 0)] * p
+    heads[300] = (12, 2, 0, 0, 0)
+    assert not neg.prefix_agreed(words_for(heads), p, 11, 2)
+
+
+def desc(name: str, shape: tuple[int, ...] = (3,), kind: str = "allreduce") -> tuple[object, ...]:
+    return (kind, name, shape, "float32", "SUM", "auto", "none")
+
+
+def test_match_pairs_by_name_in_one_order_at_300_ranks() -> None:
+    p = 300
+    everyone = [[desc("b"), desc("a")] if q % 2 else [desc("a"), desc("b")] for q in range(p)]
+    everyone[17].append(desc("late"))
+    everyone[250][0] = desc("a", (4,)) if everyone[250][0][1] == "a" else everyone[250][0]
+    everyone[123] = [d if d[1] != "b" else neg.error_descriptor("b", "allreduce", TypeError("complex64"))
+                     for d in everyone[123]]
+    result = neg.match(everyone)
+    assert result.ready == []
+    assert set(result.failed) == {"a", "b"}
+    failing_b, message_b = result.failed["b"]
+    assert failing_b == (123,) and "rank 123 could not start allreduce 'b'" in message_b and "complex64" in message_b
+    failing_a, message_a = result.failed["a"]
+    assert failing_a == () and "rank 250: allreduce(a, (4,)" in message_a and "(3,)" in message_a
+    assert result.missing == {"late": [17]}
+
+
+def test_match_orders_ready_names_identically_for_every_rank() -> None:
+    p = 257
+    rng = np.random.default_rng(0)
+    names = [f"t{i}" for i in range(20)]
+    everyone = [[desc(n) for n in rng.permutation(names)] for _ in range(p)]
+    result = neg.match(everyone)
+    assert sorted(result.ready) == sorted(names) and not result.failed and not result.missing
+    assert result.ready == [d[1] for d in everyone[0]]  # first rank's order, seen alike by all
+
+
+def test_settings_that_change_the_call_sequence_are_compared() -> None:
+    base = Config().sequence_settings(topology=None, version="1")
+    other = Config(fusion_threshold=0, segment_bytes=4096).sequence_settings(topology=None, version="1")
+    assert settings_differences([base, base, base]) == []
+    diff = settings_differences([base, other, base])
+    assert "DDL_FUSION_THRESHOLD: ranks 0,2: 67108864; rank 1: 0" in diff
+    assert "DDL_SEGMENT_BYTES: ranks 0,2: 1048576; rank 1: 4096" in diff
+    calib = Config(calibration="off").sequence_settings(topology=None, version="1")
+    assert settings_differences([base, calib]) == ["DDL_CALIBRATION: rank 0: on; rank 1: off"]
+    # A calibration file is one rank's business (rank 0 reads it): no difference.
+    path = Config(calibration="/tmp/c.json").sequence_settings(topology=None, version="1")
+    assert settings_differences([base, path]) == []
+    # Settings that do not change the call sequence may differ.
+    assert settings_differences([base, Config(stall_timeout=5, verbose=True).sequence_settings(
+        topology=None, version="1")]) == []
+    assert settings_differences([base, Config().sequence_settings(topology=None, version="2")])
