@@ -35,10 +35,12 @@ def check_world(world_size: int, config: Config, job: JobEnv | None = None) -> N
         ddl.world_check.SingletonWorldError: Slurm started 4 tasks ...
     """
     job = job_from_env() if job is None else job
-    tasks = job.slurm_step_tasks or (job.slurm_ntasks if job.slurm_procid is not None else None)
+    # SLURM_STEP_NUM_TASKS, not SLURM_NTASKS: a batch script's own process has
+    # SLURM_NTASKS=4 and SLURM_PROCID=0 too, and may rightly run alone.
+    tasks = job.slurm_step_tasks
     if world_size != 1 or config.allow_singletons or job.mpi_launched:
         return
-    if not job.in_slurm or job.slurm_procid is None or not tasks or tasks <= 1:
+    if not job.in_slurm or job.slurm_procid is None or tasks is None or tasks <= 1:
         return
     raise SingletonWorldError(
         f"Slurm started {tasks} tasks in this step (SLURM_JOB_ID={job.slurm_job_id}, this is "

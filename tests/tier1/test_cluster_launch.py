@@ -223,6 +223,7 @@ def test_srun_tasks_left_as_singletons_are_refused() -> None:
         (1, Config(), srun_task(SLURM_STEP_NUM_TASKS="1")),   # srun -n 1
         (1, Config(), srun_task(PMI_SIZE="1")),               # mpiexec -n 1 in a step
         (1, Config(), job_from_env(SALLOC)),                  # python in the salloc shell
+        (1, Config(), job_from_env({**SALLOC, "SLURM_PROCID": "0"})),  # python in an sbatch script
         (1, Config(), JobEnv()),                              # no Slurm
     ],
 )

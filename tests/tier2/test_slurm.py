@@ -100,3 +100,14 @@ def test_readme_sbatch_script_runs(cluster: SlurmCluster, tmp_path: Path) -> Non
     assert done.returncode == 0, done.stderr + text[-3000:]
     assert "ddl: 4 ranks on 2 host(s), topology 2x2" in text, text[-3000:]
     assert "final test accuracy" in text
+
+
+def test_a_batch_scripts_own_python_may_run_alone(cluster: SlurmCluster) -> None:
+    # The batch step has SLURM_NTASKS=4 and SLURM_PROCID=0 but is one process: not refused.
+    script = cluster.workdir / "alone.sbatch"
+    script.write_text(f"#!/bin/bash\n#SBATCH -N 2\n#SBATCH --ntasks-per-node=2\n"
+                      f"{sys.executable} -c 'import ddl; ddl.init(); print(\"ALONE\", ddl.size())'\n")
+    out = cluster.workdir / "alone.out"
+    done = cluster.on_node("h1", ["sbatch", "--wait", f"--output={out}", str(script)], timeout=120)
+    text = out.read_text() if out.exists() else ""
+    assert done.returncode == 0 and "ALONE 1" in text, done.stderr + text
