@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
 @pytest.fixture(scope="module")
 def cluster(request: pytest.FixtureRequest) -> Iterator[SlurmCluster]:
     if "slurm" not in (request.config.option.markexpr or ""):
-        pytest.skip("opt-in (about a minute of 4-rank jobs): bash scripts/test-cluster.sh or pytest -m slurm")
+        pytest.skip("opt-in (a few minutes of 4-rank jobs): bash scripts/test-cluster.sh or pytest -m slurm")
     if os.geteuid() != 0:
         pytest.skip("the Slurm emulation needs root (network, UTS and mount namespaces)")
     if missing_tools():
