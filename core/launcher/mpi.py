@@ -65,7 +65,7 @@ def load_library() -> MpiLibrary:
             mpi4py.rc.finalize = False
         from mpi4py import MPI
 
-        version = str(MPI.Get_library_version())
+        version = str(MPI.Get_library_version()).replace("\x00", "")  # Open MPI's ends in a NUL
         standard = "{}.{}".format(*MPI.Get_version())
     except Exception as exc:  # ImportError, or RuntimeError when libmpi cannot be loaded
         raise MpiNotFoundError(
