@@ -17,6 +17,7 @@ import pytest
 
 from ddl.config import LAUNCHER_FLAGS
 from ddl.launcher import cli
+from ddl.launcher import mpi as mpi_module
 from ddl.launcher.command import (
     YIELD_VARIABLES,
     Launch,
@@ -460,20 +461,11 @@ def test_cli_returns_the_job_status(fake_mpi: type[FakePopen], code: int, status
 def test_missing_mpiexec_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli.shutil, "which", lambda name: None)
     monkeypatch.setattr(cli.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(mpi_module, "loaded_library_path", lambda maps: str(tmp_path / "lib" / "libmpi.so.12"))
     assert cli.main(["-np", "1", "./train"]) == 127
     assert "pip install mpich" in capsys.readouterr().err
-
-
-def test_find_mpiexec_prefers_the_one_beside_python(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(cli.shutil, "which", lambda name: "/usr/bin/mpiexec")
-    python = str(tmp_path / "python")
-    assert cli.find_mpiexec(python_executable=python) == Path("/usr/bin/mpiexec")
-    beside = tmp_path / "mpiexec"
-    beside.write_text("#!/bin/sh\n")
-    beside.chmod(0o755)
-    assert cli.find_mpiexec(python_executable=python) == beside
 
 
 def test_run_forwards_sigterm_to_the_child() -> None:
