@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     try:
-        np_, hosts, where = placement(args.np, _hosts(args), job_from_env())
+        given = _hosts(args)
+        np_, hosts, where = placement(args.np, given, job_from_env())
         options = LaunchOptions(
             np=np_,
             command=tuple(command),
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             **{flag: getattr(args, flag) for flag in LAUNCHER_FLAGS},
         )
         validate_options(options)
-        check_resolvable(options.hosts)
+        check_resolvable(given)  # names the user typed; a scheduler's own are its business
     except (LaunchError, HostListError) as exc:
         if not command:
             parser.print_usage(sys.stderr)

@@ -10,7 +10,7 @@ from ddl.config import LAUNCHER_FLAGS, Config
 
 ROOT = Path(__file__).resolve().parents[2]
 # Read by scripts/setup-env.sh, not by ddl.
-SCRIPT_ONLY = {"DDL_EXTRAS"}
+SCRIPT_ONLY = {"DDL_EXTRAS", "DDL_MPI"}  # read by scripts/setup-env.sh and setup.py (build time)
 
 
 class _Recorder(Mapping[str, str]):

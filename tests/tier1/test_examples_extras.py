@@ -16,6 +16,8 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_EXTRAS: dict[str, str | None] = {
     "allreduce.py": None,
     "torch_digits.py": "torch",
+    "keras_digits.py": "tensorflow",
+    "make_digits.py": "caffe",
 }
 
 
