@@ -65,8 +65,10 @@ def default_model(topology: Topology) -> CostModel:
     return CostModel(links=(SHARED_MEMORY, *([outer] * max(0, len(topology.dims) - 1))))
 
 
-def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, model: CostModel) -> float:
-    """Predicted seconds for the lockstep run of ``schedules`` (one dim-0 group's ranks)."""
+def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, model: CostModel,
+                  *, weight: float = 1.0) -> float:
+    """Predicted seconds for the lockstep run of ``schedules`` (one dim-0 group's ranks,
+    or an even sample of it standing for ``weight`` ranks each)."""
     total = 0.0
     for k in range(max(len(s.steps) for s in schedules)):
         rows = []
@@ -77,7 +79,7 @@ def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, 
             peer = st.send_peer if st.send_peer is not None else st.recv_peer
             assert peer is not None
             rows.append((topology.link_dim(s.rank, peer), st))
-        flows = max(1, sum(1 for dim, _ in rows if dim >= 1))
+        flows = max(1, round(weight * sum(1 for dim, _ in rows if dim >= 1)))
         step_cost = 0.0
         for dim, st in rows:
             link = model.link(dim)
@@ -132,18 +134,48 @@ def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model
     group = topology.ring(0, topology.order[0]) if topology.dims[0] > 1 else [topology.order[0]]
     # Besides the first dim-0 group (for port sharing), ranks 1 and p-1 in topology
     # order stand for the ranks a fold step leaves busy (halving_doubling's odd ones).
-    groups = [group, [topology.order[min(1, topology.size - 1)]], [topology.order[-1]]]
+    groups = [_sample(group), [topology.order[min(1, topology.size - 1)]], [topology.order[-1]]]
     times = []
-    for members in groups:
+    for i, members in enumerate(groups):
         schedules = [alg.compile(topology, r, count) for r in members]
-        times.append(schedule_time(schedules, topology, itemsize, model) if any(x.steps for x in schedules) else 0.0)
+        weight = len(group) / len(members) if i == 0 else 1.0
+        times.append(schedule_time(schedules, topology, itemsize, model, weight=weight)
+                     if any(x.steps for x in schedules) else 0.0)
     return max(times)
 
 
-@functools.lru_cache(maxsize=4096)
+#: A dim-0 group is priced from at most this many of its ranks, evenly spaced: the
+#: algorithms treat a group's ranks alike, and compiling all of a flat 256-rank job's
+#: schedules took most of a second per size in pure Python.
+PRICED_MEMBERS = 8
+
+
+def _sample(group: list[int]) -> list[int]:
+    if len(group) <= PRICED_MEMBERS:
+        return group
+    step = (len(group) - 1) / (PRICED_MEMBERS - 1)
+    return [group[round(i * step)] for i in range(PRICED_MEMBERS)]
+
+
 def choose(topology: Topology, count: int, itemsize: int, model: CostModel) -> str:
-    """The cheapest algorithm for this message by ``model``; ties go to the MPI library."""
+    """The cheapest algorithm for this message by ``model``; ties go to the MPI library.
+
+    Priced once per size class (four per octave of bytes), at the class's lower bound:
+    pricing compiles schedules, which costs milliseconds at hundreds of ranks, and a
+    training job's many gradient sizes then share a few cached decisions.
+    """
     if topology.size == 1 or count == 0:
         return "mpi"
+    return _choose_class(topology, size_class(count * itemsize), itemsize, model)
+
+
+def size_class(nbytes: int) -> int:
+    """The class of a message size: 4 per octave (2**(k/4) bytes and up)."""
+    return int(4 * math.log2(max(1, nbytes)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose_class(topology: Topology, klass: int, itemsize: int, model: CostModel) -> str:
+    count = max(1, int(2 ** (klass / 4)) // itemsize)
     costs = {name: predict(name, topology, count, itemsize, model) for name in ("mpi", *SCHEDULED)}
     return min(costs, key=lambda n: (costs[n], n != "mpi"))
