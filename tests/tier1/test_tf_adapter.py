@@ -150,6 +150,7 @@ def test_bench_arithmetic() -> None:
     runs = [
         {"size": 1, "batch": 64, "step_s": {"keras": 0.020, "ddl-fit": 0.021, "ddl-tape": 0.020, "mwms": 0.025}},
         {"size": 2, "batch": 64, "step_s": {"keras": 0.025, "ddl-fit": 0.040, "ddl-tape": 0.038, "mwms": 0.100},
+         "cpu_s": {"keras": 0.02, "ddl-fit": 0.03, "ddl-tape": 0.03, "mwms": 0.06},
          "params": 10, "tensorflow": "x", "keras": "y"},
     ]
     runs[0].update(params=10, tensorflow="x", keras="y")
@@ -158,6 +159,7 @@ def test_bench_arithmetic() -> None:
     assert two["vs_mwms"] == pytest.approx(0.4) and two["vs_keras_1rank"] == pytest.approx(2.0)
     assert two["scaling_efficiency"] == pytest.approx(0.5) and two["samples_per_s"] == pytest.approx(3200)
     assert rows[(1, "ddl-fit")]["vs_keras_1rank"] == pytest.approx(1.05)
+    assert two["cpu_vs_mwms"] == pytest.approx(0.5) and rows[(1, "ddl-fit")]["cpu_ms"] is None
     assert "ddl-tape" in format_table(summarize(runs))
 
 
