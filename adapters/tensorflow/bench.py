@@ -10,13 +10,15 @@ the same run (a round's time is the slowest rank's):
 - ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy`` (RING collectives over gRPC on
   localhost) in a custom loop; Keras 3 ``model.fit`` does not run under it.
 
-Prints a table, writes ``tensorflow.json`` and ``tensorflow.png`` to ``--out``.
+Prints a table, writes ``tensorflow.json`` (with every round's time and the host's
+load average) and ``tensorflow.png`` to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -74,10 +76,15 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         p, batch, per = run["size"], run["batch"], run["step_s"]
         for c in CONTENDERS:
             t = per[c]
+            cpu = run.get("cpu_s", {}).get(c)
             rows.append({
                 "ranks": p, "contender": c, "batch_per_rank": batch, "step_ms": t * 1e3,
+                "cpu_ms": None if cpu is None else cpu * 1e3,
+                "cpu_vs_mwms": None if cpu is None else cpu / run["cpu_s"]["mwms"],
                 "samples_per_s": p * batch / t, "scaling_efficiency": None if base is None else base / t,
                 "vs_keras_1rank": None if base is None else t / base, "vs_mwms": t / per["mwms"],
+                "rounds_ms": [x * 1e3 for x in run.get("rounds_s", {}).get(c, [])],
+                "load_average": run.get("load_average"),
             })
     first = runs[0] if runs else {}
     return {"rows": rows, "params": first.get("params"), "threads_per_process": 1,
@@ -91,13 +98,14 @@ def format_table(report: dict[str, Any]) -> str:
     lines = [f"training step, MLP {'-'.join(map(str, LAYERS))} ({(report['params'] or 0) / 1e6:.2f}M params), "
              f"one thread per process (tensorflow {report['tensorflow']}, keras {report['keras']})",
              f"{'ranks':>5} {'contender':9} {'batch':>5} {'step ms':>9} {'samples/s':>10} {'efficiency':>10} "
-             f"{'vs keras@1':>10} {'vs mwms':>7}"]
+             f"{'vs keras@1':>10} {'vs mwms':>7} {'cpu ms':>7} {'cpu vs mwms':>11}"]
     for r in report["rows"]:
         lines.append(f"{r['ranks']:5d} {r['contender']:9} {r['batch_per_rank']:5d} {r['step_ms']:9.2f} "
                      f"{r['samples_per_s']:10.1f} {f(r['scaling_efficiency']):>10} {f(r['vs_keras_1rank']):>10} "
-                     f"{r['vs_mwms']:7.3f}")
+                     f"{r['vs_mwms']:7.3f} {f(r['cpu_ms']):>7} {f(r['cpu_vs_mwms']):>11}")
     lines.append("efficiency: throughput at p ranks / (p x one plain Keras process); vs keras@1: step time / "
-                 "plain Keras step at 1 rank; vs mwms: step time / MWMS step time at the same ranks")
+                 "plain Keras step at 1 rank; vs mwms: step time / MWMS step time at the same ranks; cpu ms: "
+                 "CPU time per step and process (all threads)")
     return "\n".join(lines)
 
 
@@ -208,14 +216,19 @@ def _worker(args: argparse.Namespace) -> int:
     for c in CONTENDERS:
         runners[c](2)  # warm-up: tracing, first-touch allocations, gRPC connections
     times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
+    cpu: dict[str, list[float]] = {c: [] for c in CONTENDERS}
     for r in range(args.rounds):
         for c in CONTENDERS[r % 4 :] + CONTENDERS[: r % 4]:  # rotate: no contender always goes first
             comm.Barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             runners[c](args.steps)
             times[c].append(comm.allreduce((time.perf_counter() - t0) / args.steps, op=MPI.MAX))
+            # CPU seconds of all this process's threads (gRPC's and ddl's included), mean over ranks:
+            # on a shared host it moves far less with the load than the wall time does.
+            cpu[c].append(comm.allreduce((time.process_time() - c0) / args.steps, op=MPI.SUM) / size)
     if rank == 0:
-        result = {"size": size, "batch": args.batch, "step_s": {c: statistics.median(v) for c, v in times.items()},
+        result = {"load_average": os.getloadavg()[0], "size": size, "batch": args.batch, "step_s": {c: statistics.median(v) for c, v in times.items()},
+                  "cpu_s": {c: statistics.median(v) for c, v in cpu.items()},
                   "rounds_s": times, "params": mlp().count_params(), "tensorflow": tf.__version__,
                   "keras": keras.__version__}
         Path(args.worker).write_text(json.dumps(result))
