@@ -65,10 +65,8 @@ def default_model(topology: Topology) -> CostModel:
     return CostModel(links=(SHARED_MEMORY, *([outer] * max(0, len(topology.dims) - 1))))
 
 
-def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, model: CostModel,
-                  *, weight: float = 1.0) -> float:
-    """Predicted seconds for the lockstep run of ``schedules`` (one dim-0 group's ranks,
-    or an even sample of it standing for ``weight`` ranks each)."""
+def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, model: CostModel) -> float:
+    """Predicted seconds for the lockstep run of ``schedules`` (one dim-0 group's ranks)."""
     total = 0.0
     for k in range(max(len(s.steps) for s in schedules)):
         rows = []
@@ -79,7 +77,7 @@ def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, 
             peer = st.send_peer if st.send_peer is not None else st.recv_peer
             assert peer is not None
             rows.append((topology.link_dim(s.rank, peer), st))
-        flows = max(1, round(weight * sum(1 for dim, _ in rows if dim >= 1)))
+        flows = max(1, sum(1 for dim, _ in rows if dim >= 1))
         step_cost = 0.0
         for dim, st in rows:
             link = model.link(dim)
@@ -134,27 +132,16 @@ def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model
     group = topology.ring(0, topology.order[0]) if topology.dims[0] > 1 else [topology.order[0]]
     # Besides the first dim-0 group (for port sharing), ranks 1 and p-1 in topology
     # order stand for the ranks a fold step leaves busy (halving_doubling's odd ones).
-    groups = [_sample(group), [topology.order[min(1, topology.size - 1)]], [topology.order[-1]]]
+    if len(topology.dims) == 1:
+        # No outer links to share, and a ring's ranks move alike: pricing all p schedules
+        # would cost O(p^2) steps (26 s at p=1024) for the same answer.
+        group = group[:1]
+    groups = [group, [topology.order[min(1, topology.size - 1)]], [topology.order[-1]]]
     times = []
-    for i, members in enumerate(groups):
+    for members in groups:
         schedules = [alg.compile(topology, r, count) for r in members]
-        weight = len(group) / len(members) if i == 0 else 1.0
-        times.append(schedule_time(schedules, topology, itemsize, model, weight=weight)
-                     if any(x.steps for x in schedules) else 0.0)
+        times.append(schedule_time(schedules, topology, itemsize, model) if any(x.steps for x in schedules) else 0.0)
     return max(times)
-
-
-#: A dim-0 group is priced from at most this many of its ranks, evenly spaced: the
-#: algorithms treat a group's ranks alike, and compiling all of a flat 256-rank job's
-#: schedules took most of a second per size in pure Python.
-PRICED_MEMBERS = 8
-
-
-def _sample(group: list[int]) -> list[int]:
-    if len(group) <= PRICED_MEMBERS:
-        return group
-    step = (len(group) - 1) / (PRICED_MEMBERS - 1)
-    return [group[round(i * step)] for i in range(PRICED_MEMBERS)]
 
 
 def choose(topology: Topology, count: int, itemsize: int, model: CostModel) -> str:
