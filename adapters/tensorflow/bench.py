@@ -10,13 +10,15 @@ the same run (a round's time is the slowest rank's):
 - ``mwms``: ``tf.distribute.MultiWorkerMirroredStrategy`` (RING collectives over gRPC on
   localhost) in a custom loop; Keras 3 ``model.fit`` does not run under it.
 
-Prints a table, writes ``tensorflow.json`` and ``tensorflow.png`` to ``--out``.
+Prints a table, writes ``tensorflow.json`` (with every round's time and the host's
+load average) and ``tensorflow.png`` to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -78,6 +80,8 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "ranks": p, "contender": c, "batch_per_rank": batch, "step_ms": t * 1e3,
                 "samples_per_s": p * batch / t, "scaling_efficiency": None if base is None else base / t,
                 "vs_keras_1rank": None if base is None else t / base, "vs_mwms": t / per["mwms"],
+                "rounds_ms": [x * 1e3 for x in run.get("rounds_s", {}).get(c, [])],
+                "load_average": run.get("load_average"),
             })
     first = runs[0] if runs else {}
     return {"rows": rows, "params": first.get("params"), "threads_per_process": 1,
@@ -215,7 +219,7 @@ def _worker(args: argparse.Namespace) -> int:
             runners[c](args.steps)
             times[c].append(comm.allreduce((time.perf_counter() - t0) / args.steps, op=MPI.MAX))
     if rank == 0:
-        result = {"size": size, "batch": args.batch, "step_s": {c: statistics.median(v) for c, v in times.items()},
+        result = {"load_average": os.getloadavg()[0], "size": size, "batch": args.batch, "step_s": {c: statistics.median(v) for c, v in times.items()},
                   "rounds_s": times, "params": mlp().count_params(), "tensorflow": tf.__version__,
                   "keras": keras.__version__}
         Path(args.worker).write_text(json.dumps(result))
