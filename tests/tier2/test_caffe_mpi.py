@@ -92,7 +92,11 @@ def test_digits_lenet_reaches_93_percent_at_one_and_two_ranks(runs: tuple[Path, 
     acc2 = [float(a) for a in re.findall(r"Test net output #0: accuracy = ([\d.]+)", log2)]
     assert acc2 and acc2[-1] >= 0.93, log2[-2000:]
     assert re.search(r"ddl-caffe: 2 ranks, [\d.]+ ms per iteration", log2)
-    assert cli.main(["train", "--solver", str(tmp / "digits1.prototxt")]) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(["train", "--solver", str(tmp / "digits1.prototxt"), "--threads", "1"]) == 0
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().err
     acc1 = [float(a) for a in re.findall(r"Test net output #0: accuracy = ([\d.]+)", out)]
     assert acc1 and acc1[-1] >= 0.93, out[-2000:]

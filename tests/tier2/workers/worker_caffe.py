@@ -5,6 +5,6 @@ import sys
 from ddl.caffe.cli import main
 
 for solver in sys.argv[1:]:
-    code = main(["train", "--solver", solver, "--ddl", "-mode r:2"])
+    code = main(["train", "--solver", solver, "--ddl", "-mode r:2", "--threads", "1"])
     if code:
         sys.exit(code)
