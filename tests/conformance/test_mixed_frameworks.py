@@ -18,7 +18,7 @@ pytestmark = pytest.mark.mpi
 
 
 def test_torch_and_keras_share_one_runtime_at_two_ranks() -> None:
-    cmd = [sys.executable, "-m", "ddl.launcher.cli", "-np", "2", sys.executable, str(WORKER)]
+    cmd = [sys.executable, "-m", "ddl.launcher.cli", "-np", "2", "--stall-timeout", "300", sys.executable, str(WORKER)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     print("\n".join(line for line in proc.stdout.splitlines() if line.startswith(("MIXED", "PASS"))))

@@ -28,7 +28,7 @@ def test_conformance_table(tmp_path) -> None:
         pytest.skip("the conformance suite's reference framework (torch) is not installed")
     t0 = time.perf_counter()
     rows, table = run_suite(tmp_path, ranks=RANKS, frameworks=frameworks, models=list(MODELS),
-                            optimizers=list(RECIPES), timeout=420)
+                            optimizers=list(RECIPES), timeout=600, concurrent=True)
     print(f"\n{table}\nconformance suite: {time.perf_counter() - t0:.0f} s")
     seen = {(r.model, r.framework, r.optimizer, r.ranks) for r in rows}
     # every framework here has both optimisers; a missing row would be a silent gap
