@@ -19,12 +19,11 @@ import numpy as np
 
 from ddl import algorithms, dtypes
 from ddl.compression import as_compressor
-from ddl.context import as_array, reduction_input
 from ddl.engine import Engine
 from ddl.fusion import Request
 from ddl.handle import Handle
 from ddl.negotiation import error_descriptor
-from ddl.ops import ReduceOp
+from ddl.ops import ReduceOp, as_op
 from ddl.topology import Topology
 
 _NONE = as_compressor(None)
@@ -187,6 +186,38 @@ class Collectives:
         size = self.topology.size
         if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
             raise ValueError(f"root_rank={root_rank!r} is not a rank of this job; use 0..{size - 1}")
+
+
+def reduction_input(
+    x: Any, op: Any, what: str, *, writable: bool = False, needs_axis: bool = False
+) -> tuple[np.ndarray, ReduceOp]:
+    """``x`` as an array and ``op`` as a ReduceOp, after the checks every reduction makes.
+
+    Raises:
+        TypeError: not array-like, unsupported dtype, or Average on integers.
+        ValueError: unknown op, read-only array for an in-place call, or a scalar
+            where an axis to split is needed.
+    """
+    arr = as_array(x, what, writable=writable)
+    if needs_axis and arr.ndim == 0:
+        raise ValueError(f"{what} needs an array with at least one dimension to split along axis 0")
+    reduce_op = as_op(op)
+    dtypes.check_dtype(arr.dtype, what=f"{what} input")
+    dtypes.check_op_for_dtype(reduce_op, arr.dtype)
+    return arr, reduce_op
+
+
+def as_array(x: Any, what: str, *, writable: bool = False) -> np.ndarray:
+    if writable:
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{what}_ needs a numpy array to write into, got {type(x).__name__}")
+        if not x.flags.writeable:
+            raise ValueError(f"{what}_ got a read-only array; pass a writable one or use {what}()")
+        return x
+    try:
+        return np.asarray(x)
+    except Exception as exc:
+        raise TypeError(f"{what} takes a numpy array or array-like, got {type(x).__name__}: {exc}") from None
 
 
 def _pickle(obj: Any, what: str) -> bytes:

@@ -6,15 +6,21 @@ import dataclasses
 
 import numpy as np
 
-from ddl.dtypes import BFLOAT16, is_floating
+from ddl.dtypes import bfloat16, is_floating
+
+_WIRES = {"none": lambda: None, "fp16": lambda: np.dtype(np.float16), "bf16": bfloat16}
 
 
 @dataclasses.dataclass(frozen=True)
 class Compressor:
-    """Sends floating-point data as ``wire`` dtype (None: unchanged). Integers pass as they are."""
+    """Sends floating-point data as its ``wire`` dtype (None: unchanged). Integers pass as they are."""
 
     name: str
-    wire: np.dtype | None
+
+    @property
+    def wire(self) -> np.dtype | None:
+        """The dtype on the wire (bf16's comes from ml_dtypes, loaded on first use)."""
+        return _WIRES[self.name]()
 
     def wire_dtype(self, dtype: np.dtype) -> np.dtype:
         """The dtype ``dtype`` travels as."""
@@ -38,9 +44,9 @@ class Compression:
     would not.
     """
 
-    none = Compressor("none", None)
-    fp16 = Compressor("fp16", np.dtype(np.float16))
-    bf16 = Compressor("bf16", BFLOAT16) if BFLOAT16 is not None else None
+    none = Compressor("none")
+    fp16 = Compressor("fp16")
+    bf16 = Compressor("bf16")
 
 
 def as_compressor(value: object) -> Compressor:
@@ -51,11 +57,10 @@ def as_compressor(value: object) -> Compressor:
     """
     if value is None:
         return Compression.none
-    if isinstance(value, Compressor):
-        return value
     if isinstance(value, str) and value in ("none", "fp16", "bf16"):
-        found = getattr(Compression, value)
-        if found is None:
+        value = getattr(Compression, value)
+    if isinstance(value, Compressor):
+        if value.name == "bf16" and bfloat16() is None:
             raise ValueError("bf16 compression needs the ml_dtypes package: pip install ml_dtypes")
-        return found  # type: ignore[no-any-return]
+        return value
     raise ValueError(f"unknown compression {value!r}; use ddl.Compression.none, .fp16 or .bf16")

@@ -132,6 +132,10 @@ def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model
     group = topology.ring(0, topology.order[0]) if topology.dims[0] > 1 else [topology.order[0]]
     # Besides the first dim-0 group (for port sharing), ranks 1 and p-1 in topology
     # order stand for the ranks a fold step leaves busy (halving_doubling's odd ones).
+    if len(topology.dims) == 1:
+        # No outer links to share, and a ring's ranks move alike: pricing all p schedules
+        # would cost O(p^2) steps (26 s at p=1024) for the same answer.
+        group = group[:1]
     groups = [group, [topology.order[min(1, topology.size - 1)]], [topology.order[-1]]]
     times = []
     for members in groups:
@@ -140,10 +144,25 @@ def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model
     return max(times)
 
 
-@functools.lru_cache(maxsize=4096)
 def choose(topology: Topology, count: int, itemsize: int, model: CostModel) -> str:
-    """The cheapest algorithm for this message by ``model``; ties go to the MPI library."""
+    """The cheapest algorithm for this message by ``model``; ties go to the MPI library.
+
+    Priced once per size class (four per octave of bytes), at the class's lower bound:
+    pricing compiles schedules, which costs milliseconds at hundreds of ranks, and a
+    training job's many gradient sizes then share a few cached decisions.
+    """
     if topology.size == 1 or count == 0:
         return "mpi"
+    return _choose_class(topology, size_class(count * itemsize), itemsize, model)
+
+
+def size_class(nbytes: int) -> int:
+    """The class of a message size: 4 per octave (2**(k/4) bytes and up)."""
+    return int(4 * math.log2(max(1, nbytes)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose_class(topology: Topology, klass: int, itemsize: int, model: CostModel) -> str:
+    count = max(1, int(2 ** (klass / 4)) // itemsize)
     costs = {name: predict(name, topology, count, itemsize, model) for name in ("mpi", *SCHEDULED)}
     return min(costs, key=lambda n: (costs[n], n != "mpi"))

@@ -1,41 +1,73 @@
-"""The element types ddl reduces, and checks that give clear errors for the rest."""
+"""The element types ddl reduces, and checks that give clear errors for the rest.
+
+bfloat16 comes from the optional ``ml_dtypes`` package, loaded on first need (it costs
+most of ``import ddl`` otherwise): a bfloat16 array can only exist once something has
+imported it.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
 from ddl.ops import ReduceOp
 
-try:  # bfloat16 is optional: numpy has none of its own.
-    import ml_dtypes
+_BASE = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8))
+_FLOAT32 = np.dtype(np.float32)
+_UNSET: Any = object()
+_bfloat16: np.dtype | None = _UNSET
 
-    BFLOAT16: np.dtype | None = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - depends on the environment
-    BFLOAT16 = None
 
-_BASE = [np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8]
-SUPPORTED: tuple[np.dtype, ...] = tuple(np.dtype(t) for t in _BASE) + (
-    (BFLOAT16,) if BFLOAT16 is not None else ()
-)
+def bfloat16() -> np.dtype | None:
+    """numpy's bfloat16 dtype from ml_dtypes, or None where that package is missing."""
+    global _bfloat16
+    if _bfloat16 is _UNSET:
+        try:
+            import ml_dtypes
+
+            _bfloat16 = np.dtype(ml_dtypes.bfloat16)
+        except ImportError:  # pragma: no cover - depends on the environment
+            _bfloat16 = None
+    return _bfloat16
+
+
+def supported() -> tuple[np.dtype, ...]:
+    """Every dtype ddl reduces (bfloat16 where ml_dtypes is installed)."""
+    bf16 = bfloat16()
+    return _BASE + ((bf16,) if bf16 is not None else ())
+
+
+def __getattr__(name: str) -> Any:
+    # BFLOAT16 / SUPPORTED as module constants, resolved (and ml_dtypes loaded) on first use.
+    if name == "BFLOAT16":
+        return bfloat16()
+    if name == "SUPPORTED":
+        return supported()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _is_bfloat16(dtype: np.dtype) -> bool:
+    return dtype.name == "bfloat16" and dtype == bfloat16()
 
 
 def is_floating(dtype: np.dtype) -> bool:
     """True for float16/32/64 and bfloat16."""
-    return dtype.kind == "f" or (BFLOAT16 is not None and dtype == BFLOAT16)
+    return dtype.kind == "f" or _is_bfloat16(dtype)
 
 
 def check_dtype(dtype: np.dtype, *, what: str = "array") -> np.dtype:
     """Return ``dtype`` if ddl can reduce it.
 
     Raises:
-        TypeError: the dtype is not one of :data:`SUPPORTED`.
+        TypeError: the dtype is not one of :func:`supported`.
     """
     dtype = np.dtype(dtype)
-    if dtype not in SUPPORTED:
-        names = ", ".join(str(d) for d in SUPPORTED)
-        hint = "" if BFLOAT16 is not None else " (bfloat16 needs the ml_dtypes package)"
-        raise TypeError(f"{what} has dtype {dtype}, which ddl does not reduce; use one of {names}{hint}")
-    return dtype
+    if dtype in _BASE or _is_bfloat16(dtype):
+        return dtype
+    names = ", ".join(str(d) for d in supported())
+    hint = "" if bfloat16() is not None else " (bfloat16 needs the ml_dtypes package)"
+    raise TypeError(f"{what} has dtype {dtype}, which ddl does not reduce; use one of {names}{hint}")
 
 
 def check_op_for_dtype(op: ReduceOp, dtype: np.dtype) -> None:
@@ -49,9 +81,6 @@ def check_op_for_dtype(op: ReduceOp, dtype: np.dtype) -> None:
             f"ddl.Average on an integer array ({dtype}) would truncate; "
             "use op=ddl.Sum and divide yourself, or cast to a float type first"
         )
-
-
-_FLOAT32 = np.dtype(np.float32)
 
 
 def accumulator(dtype: np.dtype) -> np.dtype:

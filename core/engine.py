@@ -34,7 +34,8 @@ from ddl.errors import DDLError, MismatchError, RemoteError
 from ddl.fusion import Request
 from ddl.handle import Handle
 from ddl.naming import ThreadNamer
-from ddl.negotiation import HEADER_WORDS, RECORD_BYTES
+from ddl.negotiation import COMPACT_WORDS, HEADER_WORDS, RECORD_BYTES
+from ddl.ops import ReduceOp
 from ddl.timeline import Timeline
 from ddl.watchdog import StallWatch
 
@@ -70,13 +71,16 @@ class Engine:
         self._long_sleep = False
         self._last_cycle = 0.0
         self._failure: BaseException | None = None
+        self.compact = negotiation.compact(p)
+        self._vec = np.zeros(COMPACT_WORDS, np.int64)
         self._send = np.zeros(RECORD_BYTES, np.uint8)
-        self._recv = np.zeros(p * RECORD_BYTES, np.uint8)
+        self._recv = np.zeros((1 if self.compact else p) * RECORD_BYTES, np.uint8)
         # Header words through memoryviews: numpy calls on tiny arrays cost microseconds.
         self._send_words = memoryview(self._send.data).cast("q")
         self._recv_words = memoryview(self._recv.data).cast("q")
         self._payload_out = self._send[HEADER_WORDS * 8 :]
-        self._payloads = [self._recv[q * RECORD_BYTES + HEADER_WORDS * 8 : (q + 1) * RECORD_BYTES] for q in range(p)]
+        self._payloads = [self._recv[q * RECORD_BYTES + HEADER_WORDS * 8 : (q + 1) * RECORD_BYTES]
+                          for q in range(0 if self.compact else p)]
         self.cycles = 0
         self.slow_cycles = 0
         self.inline_cycles = 0
@@ -150,6 +154,14 @@ class Engine:
             if deadline is not None and not handle._done and time.monotonic() >= deadline:
                 return False
         return True
+
+    def cycle_bytes(self) -> int:
+        """Bytes one rank sends plus receives in a steady-state cycle."""
+        if self.ctx.topology.size == 1:
+            return 0
+        if self.compact:
+            return 2 * COMPACT_WORDS * 8
+        return RECORD_BYTES * (1 + self.ctx.topology.size)
 
     def time_cycle(self, reps: int = 50) -> float:
         """Median seconds of one negotiation cycle with nothing pending: what the checks
@@ -261,20 +273,14 @@ class Engine:
 
     def _negotiate(self, batch: list[Request], stopping: bool) -> tuple[bool, bool]:
         """(whether anything ran or failed, whether all ranks stop)."""
-        p = self.ctx.topology.size
         n = len(batch)
         h = negotiation.combine([r.digest for r in batch])
-        inline = fusion.inline_bytes(batch)
-        head = self._send_words
         # Whether to gather the full lists must be decided alike everywhere (they are
-        # collectives), so each rank's "my stall check is due" travels in the header.
-        due = 1 if n and self.watch.due(time.monotonic()) else 0
-        head[0], head[1], head[2], head[3], head[4] = h, n, 1 if stopping else 0, inline, due
-        if inline:
-            fusion.pack_inline(batch, self._payload_out)
+        # collectives), so each rank's "my stall check is due" travels in the exchange.
+        due = bool(n) and self.watch.due(time.monotonic())
+        inline = 0 if self.compact else fusion.inline_bytes(batch)
         start = time.perf_counter()
-        self.ctx.comm.allgather_buffer(self._send, self._recv)
-        verdict = negotiation.decide(self._recv_words, p, h, n)
+        verdict = self._exchange(h, n, stopping, due, inline, batch)
         if stopping:
             self.watch.waiting_to_stop(verdict.waiting_to_stop)
         if verdict.action == "run":
@@ -296,14 +302,35 @@ class Engine:
             return self._match(batch), verdict.all_stop
         return False, verdict.all_stop
 
+    def _exchange(self, h: int, n: int, stopping: bool, due: bool, inline: int,
+                  batch: list[Request]) -> negotiation.Verdict:
+        """The cycle's one collective: gathered records, or the compact allreduce."""
+        p = self.ctx.topology.size
+        if self.compact:
+            self._vec[:] = negotiation.compact_vector(h, n, stopping, due)
+            self.ctx.comm.allreduce_native(self._vec, ReduceOp.MIN)
+            return negotiation.decide_compact(self._vec.tolist(), h, n)
+        head = self._send_words
+        head[0], head[1], head[2], head[3], head[4] = h, n, 1 if stopping else 0, inline, 1 if due else 0
+        if inline:
+            fusion.pack_inline(batch, self._payload_out)
+        self.ctx.comm.allgather_buffer(self._send, self._recv)
+        return negotiation.decide(self._recv_words, p, h, n)
+
     def _common_prefix(self, batch: list[Request], m: int) -> list[Request]:
         """Ranks caught at different points of the same submission order (a backward pass
         seen mid-way): one more small round checks their first ``m`` requests agree."""
-        head = self._send_words
         h = negotiation.combine([r.digest for r in batch[:m]])
-        head[0], head[1], head[3], head[4] = h, m, 0, 0
-        self.ctx.comm.allgather_buffer(self._send, self._recv)
-        if negotiation.prefix_agreed(self._recv_words, self.ctx.topology.size, h, m):
+        if self.compact:
+            self._vec[:] = negotiation.compact_vector(h, m, False, False)
+            self.ctx.comm.allreduce_native(self._vec, ReduceOp.MIN)
+            agreed = negotiation.compact_prefix_agreed(self._vec.tolist(), h, m)
+        else:
+            head = self._send_words
+            head[0], head[1], head[3], head[4] = h, m, 0, 0
+            self.ctx.comm.allgather_buffer(self._send, self._recv)
+            agreed = negotiation.prefix_agreed(self._recv_words, self.ctx.topology.size, h, m)
+        if agreed:
             self._take(batch[:m])
             return batch[:m]
         return []
@@ -319,8 +346,6 @@ class Engine:
         mine = {r.name: r for r in batch}
         ready = [mine[name] for name in result.ready]
         failed = [(mine[name], why) for name, why in result.failed.items()]
-        for name in (*result.ready, *result.failed):
-            self.watch.present(name)
         self._take(ready + [r for r, _ in failed])
         for req, (failing, message) in failed:
             req.handle.set_error(_failure_for(req, failing, message, self.ctx.topology.rank))
@@ -348,6 +373,9 @@ class Engine:
                 ids = {id(r) for r in done}
                 self._pending = [r for r in self._pending if id(r) not in ids]
             self._in_flight.difference_update(r.name for r in done)
+        # Names are reused every step; one seen missing once and then run on the fast
+        # path must not keep its old clock, or a later brief skew reads as a long stall.
+        self.watch.done(r.name for r in done)
 
 
 def _failure_for(req: Request, failing: tuple[int, ...], message: str, rank: int) -> BaseException:

@@ -10,9 +10,10 @@ One numeric rule for half types (float16, bfloat16) on every path: they are
 *accumulated in float32* — the fused buffer (or the inline sum) is float32, reduced by
 whichever algorithm, divided for Average, and rounded to the half type once at the
 end. So precision does not depend on a tensor's size or the algorithm, and an Average
-of large half values cannot overflow. Compression (fp16/bf16 *on the wire*) is the
-stated exception: partial sums then travel, and are rounded, in the wire type at each
-hop (each addition itself done in float32 by numpy); Average divides before casting.
+of large half values cannot overflow. Compression (fp16/bf16 *on the wire*, also on
+half-type tensors) is the stated exception: partial sums then travel, and are rounded,
+in the wire type at each hop (each addition itself done in float32 by numpy); Average
+divides before casting.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ from ddl.handle import Handle
 from ddl.negotiation import INLINE_BYTES
 from ddl.ops import ReduceOp, ufunc
 from ddl.timeline import Timeline
+
+#: An in-place, contiguous allreduce at least this large runs on its own, in its own
+#: memory: fusing it would copy it in and out to save one latency it does not notice.
+SOLO_BYTES = 1 << 20
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -65,7 +70,7 @@ def inline_bytes(batch: list[Request]) -> int:
     dtype, op, total = first.array.dtype, first.op, 0  # type: ignore[union-attr]
     for r in batch:
         a, comp = r.array, r.compression
-        if a is None or r.algorithm != "auto" or comp is None or comp.wire is not None or r.op is not op:
+        if a is None or r.algorithm != "auto" or comp is None or comp.name != "none" or r.op is not op:
             return 0
         if a.dtype != dtype:
             return 0
@@ -111,6 +116,13 @@ def finish_inline(ctx: Context, batch: list[Request], payloads: list[np.ndarray]
             timeline.tensor(r.name, r.submitted, span[0], span[0], [("inline allgather", *span)], span[1], info)
 
 
+def reduced_dtype(dtype: np.dtype, compression: Compressor) -> np.dtype:
+    """The dtype a bucket of ``dtype`` is reduced (and sent) in: float32 for the half types
+    (the module's one rule), or the wire type a compression asks for, which may be the
+    half type itself (``compression=fp16`` on float16 gradients halves the bytes sent)."""
+    return accumulator(dtype) if compression.name == "none" else compression.wire_dtype(dtype)
+
+
 def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline: Timeline | None) -> None:
     """Run ``ready`` in order: allreduces fused into buckets, the rest one by one."""
     buckets: dict[tuple[Any, ...], tuple[list[Request], list[int]]] = {}  # open bucket, its bytes
@@ -121,9 +133,12 @@ def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline:
             continue
         a, comp = req.array, req.compression
         assert a is not None and comp is not None
-        wire = comp.wire_dtype(a.dtype)
+        wire = reduced_dtype(a.dtype, comp)
+        nbytes = a.size * wire.itemsize
+        if req.inplace and nbytes >= SOLO_BYTES and wire == a.dtype and comp.name == "none" and a.flags.c_contiguous:
+            order.append([req])  # already a bucket (a framework's): reduced where it lies, no copies
+            continue
         key = (a.dtype, wire, req.op, req.algorithm)
-        nbytes = a.size * (accumulator(a.dtype) if wire == a.dtype else wire).itemsize
         lane = buckets.get(key)
         if lane is not None and lane[1][0] + nbytes <= fusion_threshold:
             lane[0].append(req)
@@ -152,15 +167,14 @@ def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) 
     first = bucket[0]
     assert first.array is not None and first.compression is not None
     dtype = first.array.dtype
-    compressed = first.compression.wire_dtype(dtype)
-    # Uncompressed half types are reduced in float32 (the module's one rule).
-    wire = accumulator(dtype) if compressed == dtype else compressed
+    wire = reduced_dtype(dtype, first.compression)
     total = _elements(bucket)
     p = ctx.topology.size
     start = time.perf_counter()
-    prescale = first.op is ReduceOp.AVERAGE and compressed != dtype
+    # Compressed: each rank divides before the cast down, so the half sum cannot overflow.
+    prescale = first.op is ReduceOp.AVERAGE and first.compression.name != "none"
     op = ReduceOp.SUM if prescale else first.op
-    single = len(bucket) == 1 and wire == dtype
+    single = len(bucket) == 1 and wire == dtype and not prescale
     if single:
         src = first.array
         fused = src.reshape(-1) if first.inplace and src.flags.c_contiguous else np.array(src, order="C").reshape(-1)

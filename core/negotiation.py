@@ -1,12 +1,16 @@
 """The negotiation protocol: what every rank may run this cycle, as pure functions.
 
-Each cycle every rank contributes one fixed-size *record* to an Allgather: a header of
-int64 words (a hash of its pending list, the list's length, a stop flag, the inline
-payload size, whether its stall check is due) and up to :data:`INLINE_BYTES` of
-payload. :func:`decide` turns the gathered headers into one verdict that is the same
-on every rank (it reads only gathered words and this rank's own hash); :func:`match`
-pairs the full request lists by name when the hashes differ. Neither touches MPI, so
-both are tested at hundreds of ranks without one.
+Up to :data:`COMPACT_FROM` - 1 ranks, each cycle every rank contributes one fixed-size
+*record* to an Allgather: a header of int64 words (a hash of its pending list, the
+list's length, a stop flag, the inline payload size, whether its stall check is due)
+and up to :data:`INLINE_BYTES` of payload, so small allreduces ride along. From
+:data:`COMPACT_FROM` ranks on, gathering p records would cost every rank O(p) bytes a
+cycle, so the cycle is one MIN-Allreduce of :data:`COMPACT_WORDS` words instead (each
+value and its negation give the minimum and maximum): O(1) bytes per rank, no inline
+payloads. :func:`decide` / :func:`decide_compact` turn what was exchanged into one
+verdict that is the same on every rank (they read only exchanged words and this rank's
+own hash); :func:`match` pairs the full request lists by name when the hashes differ.
+None of them touches MPI, so all are tested at hundreds of ranks without one.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ INLINE_BYTES = 4096
 HEADER_WORDS = 5  # digest, batch length, stop flag, inline payload bytes, stall check due
 RECORD_BYTES = HEADER_WORDS * 8 + INLINE_BYTES
 STRIDE = RECORD_BYTES // 8
+#: From this many ranks on, cycles exchange :data:`COMPACT_WORDS` words (an allreduce),
+#: not records (p x 4 KiB gathered by every rank: 64 KiB at 16 ranks, 1 MiB at 256).
+COMPACT_FROM = 17
+COMPACT_WORDS = 7  # digest, -digest, length, -length, stop, -stop, -(stall check due)
 _MASK = (1 << 62) - 1
 
 
@@ -50,14 +58,15 @@ class Verdict:
     ``action``: ``"run"`` (every rank holds this very list: run it, from the payloads
     when ``inline``), ``"prefix"`` (all hold something: check whether the first
     ``prefix`` requests agree), ``"match"`` (gather the lists and pair them by name) or
-    ``"idle"``. ``waiting_to_stop``: ranks that have not asked to stop while some have.
+    ``"idle"``. ``waiting_to_stop``: the ranks that have not asked to stop while some
+    have (``"rank(s) [3, 7]"``, or ``"some ranks"`` where the exchange cannot say which).
     """
 
     action: str
     all_stop: bool
     inline: bool = False
     prefix: int = 0
-    waiting_to_stop: tuple[int, ...] = ()
+    waiting_to_stop: str = ""
 
 
 def decide(words: Sequence[int], size: int, my_digest: int, my_length: int) -> Verdict:
@@ -76,7 +85,10 @@ def decide(words: Sequence[int], size: int, my_digest: int, my_length: int) -> V
         everyone_has = everyone_has and n > 0
         check = check or words[base + 4] != 0
         shortest = min(shortest, n)
-    waiting = tuple(q for q in range(size) if q not in stopping) if stopping and not all_stop else ()
+    waiting = ""
+    if stopping and not all_stop:
+        running = [q for q in range(size) if q not in stopping]
+        waiting = f"rank(s) {running[:16]}" + (f" ({len(running)} ranks)" if len(running) > 16 else "")
     if same:
         return Verdict("run", all_stop, inline=my_length > 0 and words[3] > 0, waiting_to_stop=waiting)
     if everyone_has:
@@ -84,6 +96,32 @@ def decide(words: Sequence[int], size: int, my_digest: int, my_length: int) -> V
     # A rank with nothing pending (often just a cycle early) makes nothing ready: the
     # lists are gathered only now and then, to watch for stalls.
     return Verdict("match" if check else "idle", all_stop, waiting_to_stop=waiting)
+
+
+def compact(size: int) -> bool:
+    """Whether a job of ``size`` ranks negotiates with the compact exchange."""
+    return size >= COMPACT_FROM
+
+
+def compact_vector(digest: int, length: int, stop: bool, due: bool) -> list[int]:
+    """This rank's words for the compact exchange (reduced with MIN)."""
+    return [digest, -digest, length, -length, int(stop), -int(stop), -int(due)]
+
+
+def decide_compact(v: Sequence[int], my_digest: int, my_length: int) -> Verdict:
+    """The verdict from the MIN-reduced :func:`compact_vector` of every rank."""
+    all_stop, any_stop, due = v[4] == 1, -v[5] == 1, -v[6] == 1
+    waiting = "some ranks" if any_stop and not all_stop else ""
+    if v[0] == -v[1] == my_digest and v[2] == -v[3] == my_length:
+        return Verdict("run", all_stop, waiting_to_stop=waiting)
+    if v[2] > 0:
+        return Verdict("prefix", all_stop, prefix=int(v[2]), waiting_to_stop=waiting)
+    return Verdict("match" if due else "idle", all_stop, waiting_to_stop=waiting)
+
+
+def compact_prefix_agreed(v: Sequence[int], my_digest: int, length: int) -> bool:
+    """After a compact ``"prefix"`` round (:func:`compact_vector` of the prefix)."""
+    return v[0] == -v[1] == my_digest and v[2] == -v[3] == length
 
 
 def prefix_agreed(words: Sequence[int], size: int, my_digest: int, length: int) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NoReturn
 
 
@@ -52,8 +52,14 @@ class StallWatch:
         self._since.pop(name, None)
         self._warned.discard(name)
 
-    def waiting_to_stop(self, ranks: tuple[int, ...]) -> None:
-        """This rank is in shutdown and ``ranks`` are not: say so now and then."""
+    def done(self, names: Iterable[str]) -> None:
+        """These names ran (on any path): a later request that reuses one starts a new clock."""
+        if self._since:
+            for name in names:
+                self.present(name)
+
+    def waiting_to_stop(self, ranks: str) -> None:
+        """This rank is in shutdown and ``ranks`` (a description) are not: say so now and then."""
         now = time.monotonic()
         if not ranks:
             self._stop_since = None
@@ -62,8 +68,7 @@ class StallWatch:
             self._stop_since = self._stop_warned = now
         if now - self._stop_warned >= max(self.timeout / 2, 1.0):
             self._stop_warned = now
-            _say(f"ddl: rank {self.rank}: waiting in shutdown for rank(s) {_short(list(ranks))} "
-                 f"for {now - self._stop_since:.0f} s")
+            _say(f"ddl: rank {self.rank}: waiting in shutdown for {ranks} for {now - self._stop_since:.0f} s")
 
 
 def _short(ranks: list[int]) -> str:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 import torch
-from ddl.dtypes import BFLOAT16
+from ddl.dtypes import bfloat16
 
 # torch dtypes the core reduces; anything else can still be broadcast as raw bytes.
 _NUMPY_OF: dict[torch.dtype, np.dtype] = {
@@ -29,8 +29,9 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     found = _NUMPY_OF.get(dtype)
     if found is not None:
         return found
-    if dtype == torch.bfloat16 and BFLOAT16 is not None:
-        return BFLOAT16
+    bf16 = bfloat16() if dtype == torch.bfloat16 else None
+    if bf16 is not None:
+        return bf16
     supported = ", ".join(str(d).replace("torch.", "") for d in [*_NUMPY_OF, torch.bfloat16])
     raise TypeError(f"ddl.torch cannot reduce tensors of {dtype}; supported: {supported} "
                     "(bfloat16 needs ml_dtypes); cast the tensor first")

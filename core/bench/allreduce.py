@@ -170,7 +170,9 @@ def run_fused(comm: Any, n: int, nbytes: int) -> list[dict[str, Any]]:
     tm, to = statistics.median(t_many), statistics.median(t_one)
     return [{"tensors": n, "bytes_each": nbytes, "time_async_s": tm, "time_one_s": to, "ratio": tm / to,
              "ratios": [a / b for a, b in zip(t_many, t_one, strict=True)], "cycle_s": cycle,
-             "cycles_per_step": statistics.median(cycles), "peak_traced_bytes": peak, "result_bytes": out_bytes,
+             "cycles_per_step": statistics.median(cycles), "cycle_bytes": eng.cycle_bytes(),
+             "cycle_protocol": "compact allreduce" if eng.compact else "gathered records",
+             "peak_traced_bytes": peak, "result_bytes": out_bytes,
              "extra_bytes": extra, "largest_fused_bytes": min(n * nbytes, runtime.engine().fusion_threshold)}]
 
 
@@ -191,7 +193,8 @@ def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, note
         print(f"fusion: {f['tensors']} x {human(f['bytes_each'])} async {f['time_async_s'] * 1e3:.2f} ms vs one "
               f"{human(f['tensors'] * f['bytes_each'])} {f['time_one_s'] * 1e3:.2f} ms: ratio {f['ratio']:.2f} "
               f"(per round: {', '.join(f'{r:.2f}' for r in f['ratios'])})")
-        print(f"checks: one negotiation cycle {f['cycle_s'] * 1e6:.0f} us, {f['cycles_per_step']:.1f} cycles a "
+        print(f"checks: one negotiation cycle {f['cycle_s'] * 1e6:.0f} us and {f['cycle_bytes']} bytes per rank "
+              f"({f['cycle_protocol']}), {f['cycles_per_step']:.1f} cycles a "
               f"step = {f['cycle_s'] * f['cycles_per_step'] / f['time_async_s'] * 100:.1f} % of the step")
         print(f"memory: peak {f['peak_traced_bytes'] / 2**20:.2f} MiB traced during the step, results "
               f"{f['result_bytes'] / 2**20:.2f} MiB: extra {f['extra_bytes'] / 2**20:.2f} MiB = "

@@ -237,8 +237,52 @@ def test_engine_at_256_fake_ranks() -> None:
         err = _catch(lambda: c.allreduce(np.ones(2, np.complex64 if r == 200 else np.float32), name="late"))
         return float(small[0]), float(big[0]), err
 
-    results = run_engines(256, fn, config=Config(segment_bytes=1 << 20, stall_timeout=30.0))
+    # algorithm="ring": pricing "auto" would be repeated by each of the 256 ranks of one process.
+    results = run_engines(256, fn, config=Config(algorithm="ring", segment_bytes=1 << 20, stall_timeout=30.0))
     assert all(s == sum(range(256)) and b == 256.0 for s, b, _ in results)
     assert isinstance(results[200][2], TypeError)
     assert all(isinstance(e, ddl.RemoteError) and "rank 200" in str(e)
                for q, (_, _, e) in enumerate(results) if q != 200)
+
+
+def test_large_in_place_buckets_are_reduced_where_they_lie(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A framework's bucket (in place, contiguous, >= 1 MiB) is not copied into a fused
+    buffer with its neighbours; small ones still fuse."""
+    seen: list[tuple[int, np.ndarray]] = []
+    real = Context.allreduce_flat
+
+    def spy(self: Context, buf: np.ndarray, *args: Any, **kwargs: Any) -> None:
+        seen.append((self.topology.rank, buf))
+        real(self, buf, *args, **kwargs)
+
+    monkeypatch.setattr(Context, "allreduce_flat", spy)
+
+    def fn(c: Collectives) -> tuple[bool, bool]:
+        big = [np.full(fusion.SOLO_BYTES // 4, 1.0, np.float32) for _ in range(2)]
+        small = [np.ones(300, np.float32) for _ in range(2)]
+        with c.engine._baton:  # no cycle until all four are queued: they arrive as one batch
+            hs = [c.allreduce_async(x, op=ddl.Sum, inplace=True, name=f"b{i}") for i, x in enumerate(big + small)]
+        for h in hs:
+            h.wait()
+        mine = [buf for r, buf in seen if r == c.topology.rank]
+        return (all(any(np.shares_memory(buf, b) for buf in mine) for b in big)
+                and all(np.all(b == 2) for b in big)), any(buf.size == 600 for buf in mine)
+
+    assert run_engines(2, fn) == [(True, True), (True, True)]
+
+
+@pytest.mark.parametrize(("compression", "reduced_in"), [(None, "float32"), ("fp16", "float16")])
+def test_half_tensors_reduce_in_float32_unless_compression_asks_for_half_on_the_wire(
+        monkeypatch: pytest.MonkeyPatch, compression: str | None, reduced_in: str) -> None:
+    seen: list[str] = []
+    real = Context.allreduce_flat
+
+    def spy(self: Context, buf: np.ndarray, *args: Any, **kwargs: Any) -> None:
+        seen.append(str(buf.dtype))
+        real(self, buf, *args, **kwargs)
+
+    monkeypatch.setattr(Context, "allreduce_flat", spy)
+    out = run_engines(2, lambda c: c.allreduce(np.full(5000, 3.0, np.float16), compression=compression,
+                                               algorithm="ring"))
+    assert set(seen) == {reduced_in}
+    assert all(o.dtype == np.float16 and np.all(o == 3.0) for o in out)

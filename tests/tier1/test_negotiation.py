@@ -47,7 +47,7 @@ def test_stop_needs_every_rank_and_names_the_ones_still_running() -> None:
     assert neg.decide(words_for(heads), p, 0, 0).all_stop
     heads[7] = heads[200] = (0, 0, 0, 0, 0)
     verdict = neg.decide(words_for(heads), p, 0, 0)
-    assert not verdict.all_stop and verdict.waiting_to_stop == (7, 200)
+    assert not verdict.all_stop and verdict.waiting_to_stop == "rank(s) [7, 200]"
 
 
 def test_prefix_agreement_is_all_or_nothing() -> None:
@@ -57,6 +57,36 @@ def test_prefix_agreement_is_all_or_nothing() -> None:
     heads = [(11, 2, 0, 0, 0)] * p
     heads[300] = (12, 2, 0, 0, 0)
     assert not neg.prefix_agreed(words_for(heads), p, 11, 2)
+
+
+def compact_exchange(vectors: list[list[int]]) -> list[int]:
+    """What the MIN-Allreduce of every rank's compact vector gives."""
+    return np.min(np.array(vectors, dtype=np.int64), axis=0).tolist()
+
+
+@pytest.mark.parametrize("p", [17, 256, 1024])
+def test_compact_exchange_decides_like_the_gathered_one(p: int) -> None:
+    assert neg.compact(p) and not neg.compact(neg.COMPACT_FROM - 1)
+    same = compact_exchange([neg.compact_vector(77, 3, False, False)] * p)
+    assert neg.decide_compact(same, 77, 3) == neg.Verdict("run", all_stop=False)
+    vectors = [neg.compact_vector(5, 2, False, False)] * p
+    vectors[p - 1] = neg.compact_vector(9, 4, False, False)
+    v = compact_exchange(vectors)
+    assert neg.decide_compact(v, 5, 2) == neg.decide_compact(v, 9, 4) == neg.Verdict("prefix", False, prefix=2)
+    vectors[0] = neg.compact_vector(0, 0, False, False)
+    assert neg.decide_compact(compact_exchange(vectors), 5, 2).action == "idle"
+    vectors[1] = neg.compact_vector(5, 2, False, True)
+    assert neg.decide_compact(compact_exchange(vectors), 5, 2).action == "match"
+    stops = [neg.compact_vector(0, 0, True, False)] * p
+    assert neg.decide_compact(compact_exchange(stops), 0, 0).all_stop
+    stops[3] = neg.compact_vector(0, 0, False, False)
+    verdict = neg.decide_compact(compact_exchange(stops), 0, 0)
+    assert not verdict.all_stop and verdict.waiting_to_stop == "some ranks"
+    # The prefix round: all-or-nothing, as with gathered records.
+    assert neg.compact_prefix_agreed(compact_exchange([neg.compact_vector(11, 2, False, False)] * p), 11, 2)
+    mixed = [neg.compact_vector(11, 2, False, False)] * p
+    mixed[p // 2] = neg.compact_vector(12, 2, False, False)
+    assert not neg.compact_prefix_agreed(compact_exchange(mixed), 11, 2)
 
 
 def desc(name: str, shape: tuple[int, ...] = (3,), kind: str = "allreduce") -> tuple[object, ...]:
