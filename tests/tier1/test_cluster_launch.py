@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from ddl.config import Config, JobEnv, job_from_env, search_path
+from ddl.config import Config, JobEnv, job_from_env
 from ddl.launcher import cli
 from ddl.launcher import mpi as mpi_module
 from ddl.launcher.command import LaunchError, placement
@@ -193,12 +195,23 @@ def test_find_mpiexec_prefers_the_venvs_own(tmp_path: Path) -> None:
     assert path == venv
 
 
+def in_subprocess(code: str, env: dict[str, str] | None = None) -> str:
+    # mpi4py.MPI imported without MPI_Init (as ddlrun and doctor do) would leave this pytest
+    # process unable to ddl.init() in later tests: probe the real MPI in a child.
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | (env or {}))
+    assert done.returncode in (0, 1), done.stderr
+    return done.stdout
+
+
 def test_this_environment_uses_its_own_mpiexec() -> None:
-    info = mpi_module.detect_mpi(python_executable=sys.executable, path=search_path())
-    library = mpi_module.load_library()
-    assert info.flavour == library.flavour and info.library == library.first_line
-    assert library.path is not None and Path(library.path).exists()
-    assert launcher_flavour(mpi_module.probe_launcher(Path(info.mpiexec))) == info.flavour
+    out = in_subprocess(
+        "import sys\nfrom pathlib import Path\nfrom ddl.config import search_path\nfrom ddl.launcher import mpi\n"
+        "info = mpi.detect_mpi(python_executable=sys.executable, path=search_path())\n"
+        "lib = mpi.load_library()\n"
+        "print(info.flavour == lib.flavour, info.library == lib.first_line, Path(lib.path or '/nonexistent').exists(),"
+        " mpi.launcher_flavour(mpi.probe_launcher(Path(info.mpiexec))) == info.flavour)")
+    assert out.split() == ["True"] * 4, out
 
 
 # ---------------------------------------------------------------- singleton worlds under srun
@@ -258,29 +271,20 @@ def test_transport_warnings() -> None:
                               variables={}, shared_kernel=True) == []
 
 
-def test_doctor_reports_this_environment(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddl import cli as ddl_cli
-
-    for name in SALLOC:
-        monkeypatch.delenv(name, raising=False)
-    assert ddl_cli.main(["doctor", "-H", "a:2,b:2"]) == 0
-    out = capsys.readouterr().out
-    library = mpi_module.load_library()
-    assert f"MPI library    {library.first_line}" in out
+def test_doctor_reports_this_environment() -> None:
+    out = in_subprocess("from ddl.cli import main; raise SystemExit(main(['doctor', '-H', 'a:2,b:2']))")
+    library = in_subprocess("from ddl.launcher import mpi; print(mpi.load_library().first_line)").strip()
+    assert f"MPI library    {library}" in out
     assert "launcher       " in out and "placement      4 rank(s) on a:2,b:2" in out
     assert "topology       2x2 " in out
 
 
-def test_doctor_in_an_allocation_plans_its_hosts(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddl.doctor import main as doctor
-
-    for name, value in {**SALLOC, "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "4(x3)"}.items():
-        monkeypatch.setenv(name, value)
-    assert doctor([]) == 0
-    out = capsys.readouterr().out
+def test_doctor_in_an_allocation_plans_its_hosts() -> None:
+    env = {**SALLOC, "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "4(x3)"}
+    out = in_subprocess("from ddl.doctor import main; raise SystemExit(main([]))", env)
     assert "12 rank(s) on n1:4,n2:4,n3:4" in out and "topology       4x3 " in out
-    assert doctor(["-np", "13"]) == 1
-    assert "problem:" in capsys.readouterr().out
+    out = in_subprocess("from ddl.doctor import main; raise SystemExit(main(['-np', '13']))", env)
+    assert "problem:       -np 13 exceeds the 12 slots" in out
 
 
 def test_doctor_warns_when_a_wheel_mpi_sits_beside_the_loaded_one(

@@ -463,7 +463,10 @@ def test_missing_mpiexec_says_what_to_install(
 ) -> None:
     monkeypatch.setattr(cli.sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(mpi_module, "loaded_library_path", lambda maps: str(tmp_path / "lib" / "libmpi.so.12"))
+    # A stand-in library: importing mpi4py.MPI here without MPI_Init would break later ddl.init() calls.
+    library = mpi_module.MpiLibrary(flavour="mpich", version="MPICH Version: 4.2", path=str(tmp_path / "lib" / "libmpi.so.12"),
+                                    standard="4.1", mpi4py_version="4.1", mpi4py_extension="", mpi4py_build={})
+    monkeypatch.setattr(mpi_module, "load_library", lambda: library)
     assert cli.main(["-np", "1", "./train"]) == 127
     assert "pip install mpich" in capsys.readouterr().err
 
