@@ -1,7 +1,8 @@
 """Runtime configuration: one frozen dataclass read from ``DDL_*`` environment variables.
 
 This is the only module that reads ``os.environ``; the launcher maps its flags to these
-variables through :data:`LAUNCHER_FLAGS`.
+variables through :data:`LAUNCHER_FLAGS`. What Slurm and MPI launchers tell a process
+about its job (``SLURM_*``, ``PMI_*``) is read here too, by :func:`job_from_env`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Config:
         calibration: None measures the cost model behind ``auto`` at init; ``"off"``
             keeps fixed constants; a path loads a matching saved calibration, or
             measures and writes one there.
+        allow_singletons: let a Slurm step of several tasks run as independent
+            one-rank worlds (e.g. a sweep started with ``srun --mpi=none``).
     """
 
     topology: str | None = None
@@ -47,6 +50,7 @@ class Config:
     cycle_time: float = 0.002
     timeline: str | None = None
     calibration: str | None = None
+    allow_singletons: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -68,6 +72,7 @@ class Config:
             cycle_time=_float(env, "DDL_CYCLE_TIME_MS", 2.0) / 1e3,
             timeline=_str(env, "DDL_TIMELINE"),
             calibration=_calibration(env, "DDL_CALIBRATION"),
+            allow_singletons=_bool(env, "DDL_ALLOW_SINGLETONS", False),
         )
 
 
@@ -102,6 +107,82 @@ def settings_differences(per_rank: list[dict[str, str]]) -> list[str]:
     return out
 
 
+#: Variables an MPI launcher sets in each rank it starts (hydra and Slurm's PMI-1/2,
+#: Open MPI, PMIx): their presence means the process was started as an MPI rank.
+MPI_RANK_VARIABLES: tuple[str, ...] = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobEnv:
+    """What the scheduler and the MPI launcher tell this process about its job.
+
+    Attributes:
+        slurm_job_id: ``SLURM_JOB_ID``; None outside a Slurm allocation.
+        slurm_nodelist: ``SLURM_JOB_NODELIST`` in Slurm's compressed form (``h[1-2]``).
+        slurm_tasks_per_node: ``SLURM_TASKS_PER_NODE`` (``2(x2)``), or None when the
+            allocation was made without a task count.
+        slurm_ntasks: ``SLURM_NTASKS`` (the job's, or inside ``srun`` the step's).
+        slurm_step_tasks: ``SLURM_STEP_NUM_TASKS``, set only in tasks ``srun`` started.
+        slurm_procid: ``SLURM_PROCID`` (this task's index in its step).
+        mpi_launched: one of :data:`MPI_RANK_VARIABLES` is set.
+    """
+
+    slurm_job_id: str | None = None
+    slurm_nodelist: str | None = None
+    slurm_tasks_per_node: str | None = None
+    slurm_ntasks: int | None = None
+    slurm_step_tasks: int | None = None
+    slurm_procid: int | None = None
+    mpi_launched: bool = False
+
+    @property
+    def in_slurm(self) -> bool:
+        return self.slurm_job_id is not None
+
+
+def job_from_env(env: Mapping[str, str] | None = None) -> JobEnv:
+    """Read :class:`JobEnv` from ``env`` (default: the process environment).
+
+    Malformed counts read as unknown (None): they come from the scheduler, not the user,
+    and the checks that use them only refuse on a clear signal.
+
+    Example:
+        >>> job_from_env({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}).slurm_ntasks
+        4
+    """
+    env = os.environ if env is None else env
+    return JobEnv(
+        slurm_job_id=_str(env, "SLURM_JOB_ID") or _str(env, "SLURM_JOBID"),
+        slurm_nodelist=_str(env, "SLURM_JOB_NODELIST") or _str(env, "SLURM_NODELIST"),
+        slurm_tasks_per_node=_str(env, "SLURM_TASKS_PER_NODE"),
+        slurm_ntasks=_count(env, "SLURM_NTASKS") or _count(env, "SLURM_NPROCS"),
+        slurm_step_tasks=_count(env, "SLURM_STEP_NUM_TASKS"),
+        slurm_procid=_count(env, "SLURM_PROCID", minimum=0),
+        mpi_launched=any(_str(env, name) is not None for name in MPI_RANK_VARIABLES),
+    )
+
+
+#: Prefixes of the variables that steer how MPI moves data (shown by ``ddl doctor``).
+TRANSPORT_PREFIXES: tuple[str, ...] = ("UCX_", "FI_", "OMPI_MCA_", "MPIR_CVAR_", "MPICH_", "I_MPI_")
+
+
+def transport_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The set variables that choose MPI's transports (``UCX_TLS``, ``FI_PROVIDER``, ...), sorted.
+
+    Example:
+        >>> transport_env({"UCX_TLS": "tcp", "HOME": "/root"})
+        {'UCX_TLS': 'tcp'}
+    """
+    env = os.environ if env is None else env
+    return {name: env[name] for name in sorted(env) if name.startswith(TRANSPORT_PREFIXES)}
+
+
+def search_path(env: Mapping[str, str] | None = None) -> list[str]:
+    """The folders of ``PATH``, where the launcher looks for mpiexec last."""
+    env = os.environ if env is None else env
+    return [entry for entry in env.get("PATH", "").split(os.pathsep) if entry]
+
+
 # ddlrun flag (its argparse dest) -> environment variable read above.
 LAUNCHER_FLAGS: dict[str, str] = {
     "topology": "DDL_TOPOLOGY",
@@ -118,6 +199,11 @@ LAUNCHER_FLAGS: dict[str, str] = {
 def _str(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name, "").strip()
     return value or None
+
+
+def _count(env: Mapping[str, str], name: str, *, minimum: int = 1) -> int | None:
+    raw = env.get(name, "").strip()
+    return int(raw) if raw.isdigit() and int(raw) >= minimum else None
 
 
 def _calibration(env: Mapping[str, str], name: str) -> str | None:

@@ -24,6 +24,7 @@ from ddl.engine import Engine
 from ddl.errors import NotInitializedError, SettingsMismatchError
 from ddl.timeline import Timeline
 from ddl.topology import Topology, build_topology
+from ddl.world_check import check_world
 
 VERSION = "0.1.0"
 
@@ -63,6 +64,7 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
             _check_same(_context, spec, algorithm)
             return _context
         comm = _world_comm()
+        check_world(comm.size, config)  # srun tasks that MPI left as singletons: refuse
         # One gather carries the host names and the settings every rank must share.
         mine = config.sequence_settings(topology=spec, version=VERSION)
         gathered = comm.allgather_object((config.hostname or comm.hostname(), mine))

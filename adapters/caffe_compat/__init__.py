@@ -1,1 +1,1 @@
-"""ddl.caffe adapter: filled in by a later issue."""
+"""ddl.caffe: a Caffe-compatible trainer (prototxt, LMDB, .caffemodel, .solverstate) on PyTorch kernels, distributed by ddl."""

@@ -3,42 +3,31 @@
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import ddl
 import torch
-from ddl.compression import Compressor, as_compressor
+from ddl.compression import as_compressor
 from ddl.ops import ReduceOp, as_op
 
-from .buckets import Bucket, MiB, plan_buckets
-from .tensors import host_view
+from .reducer import Options, Reducer, late_buckets
 
 _ids = itertools.count()
 _copies: dict[str, int] = {}  # unpickled copies made of each optimizer, for their names
-_LOCAL = object()  # a bucket's "handle" when one rank needs no reduction
-
-
-@dataclasses.dataclass(frozen=True)
-class _Options:
-    compression: Compressor
-    backward_passes_per_step: int
-    op: ReduceOp
-    gradient_predivide_factor: float
-    bucket_cap_mb: float
-    first_bucket_mb: float
-    sparse_as_dense: bool
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps a torch optimizer so ``step()`` applies the gradients averaged over all ranks.
 
-    Gradients are grouped into buckets in reverse parameter order (a small first bucket,
-    then up to ``bucket_cap_mb``); a bucket's allreduce starts from a post-accumulate-grad
-    hook as soon as its last gradient is ready, so communication overlaps the rest of
-    backward. ``step()`` waits for the buckets and then runs the wrapped optimizer.
+    Gradients are grouped into buckets (a small first bucket, then up to
+    ``bucket_cap_mb``) in the order they arrive: reverse parameter order in the first
+    step, then the order observed in it, agreed across ranks. A bucket's allreduce starts
+    from a post-accumulate-grad hook as soon as its last gradient is ready, so
+    communication overlaps the rest of backward; buckets waiting on a parameter that got
+    no gradient start when backward ends. ``step()`` waits for the buckets and then runs
+    the wrapped optimizer. ``no_sync()`` accumulates gradients locally.
 
     The wrapper holds the optimizer by composition: ``param_groups``, ``state``,
     ``defaults``, ``state_dict()`` and ``load_state_dict()`` are the wrapped optimizer's,
@@ -50,6 +39,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16`` on the wire.
         backward_passes_per_step: backward passes accumulated locally per reduction.
             Gradients are summed over the passes (scale the loss by 1/k for a mean).
+            For a count that varies from step to step use ``no_sync()`` instead.
         op: ``ddl.Average`` (default) or ``ddl.Sum`` over ranks.
         gradient_predivide_factor: with Average, divide by this before the sum and by
             size/factor after it (keeps fp16 sums in range on large jobs).
@@ -86,13 +76,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"bucket sizes must be > 0 MiB, got bucket_cap_mb={bucket_cap_mb} "
                              f"and first_bucket_mb={first_bucket_mb}")
         self.__dict__["optimizer"] = optimizer
-        self._options = _Options(
+        self._options = Options(
             compression=as_compressor(compression), backward_passes_per_step=backward_passes_per_step,
             op=reduce_op, gradient_predivide_factor=float(gradient_predivide_factor),
             bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
             sparse_as_dense=bool(sparse_as_dense),
         )
         self._names = _parameter_names(optimizer, named_parameters)
+        self._no_sync = False
         self._attach()
 
     # -- the wrapped optimizer's state, passed through -----------------------------
@@ -136,8 +127,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer, "options": self._options, "names": list(self._names.values()),
-                "prefix": self._prefix}
+        return {"optimizer": self.optimizer, "options": self._options,
+                "names": [self._names[p] for p in _all_params(self.optimizer)], "prefix": self._prefix,
+                "order": self._reducer.agreed}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__["optimizer"] = state["optimizer"]
@@ -147,145 +139,102 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Unpickling or deepcopy may happen on one rank alone: no cross-rank check, and
         # a name from the original's (not from the shared counter, which would then
         # differ between ranks and leave later optimizers unmatched).
+        # The copy keeps the bucket order its original's ranks agreed on, if they have.
         original = state.get("prefix", "ddl.torch.opt?")
         n = _copies[original] = _copies.get(original, 0) + 1
-        self._attach(prefix=f"{original}.copy{n}", check=False)
+        self._base, self._version, self._no_sync = f"{original}.copy{n}", 0, False
+        self._attach(prefix=self._base, check=False, order=state.get("order"))
 
     def __repr__(self) -> str:
         return f"ddl.torch.DistributedOptimizer({self.optimizer!r})"
 
     # -- hooks and buckets -----------------------------------------------------------
-    def _attach(self, *, prefix: str | None = None, check: bool = True) -> None:
-        """(Re)build buckets and hooks for the current parameters (``check``: compare the
+    def _attach(self, *, prefix: str | None = None, check: bool = True, order: list[int] | None = None) -> None:
+        """(Re)build the reducer for the current parameters (``check``: compare the
         parameters across ranks, a collective call)."""
-        for h in self.__dict__.get("_hooks", []):
-            h.remove()
-        self._prefix = prefix or f"ddl.torch.opt{next(_ids)}"
+        old = self.__dict__.get("_reducer")
+        if old is not None:
+            old.close()
+        if prefix is None:
+            self._base, self._version = f"ddl.torch.opt{next(_ids)}", 0
+            prefix = self._base
+        self._prefix = prefix
         params = _all_params(self.optimizer)
-        trainable = [p for p in params if p.requires_grad]
-        self._frozen = [p for p in params if not p.requires_grad]
-        opts = self._options
-        plan = plan_buckets(
-            [p.numel() * p.element_size() for p in trainable], [(p.dtype, p.device) for p in trainable],
-            first_cap=int(opts.first_bucket_mb * MiB), cap=int(opts.bucket_cap_mb * MiB),
-        )
-        self._buckets = [Bucket(k, f"{self._prefix}.b{k}", [trainable[i] for i in idx])
-                         for k, idx in enumerate(plan)]
-        self._slot: dict[torch.Tensor, tuple[Bucket, int]] = {}
-        for b in self._buckets:
-            for j, p in enumerate(b.params):
-                self._slot[p] = (b, j)
-        self._passes: dict[torch.Tensor, int] = dict.fromkeys(trainable, 0)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
-                       for p in trainable]
-        self._synchronized = False
+        self._known = params
+        self._reducer = Reducer(params, self._names, self._options, prefix, order=order,
+                                no_sync=self.__dict__.get("_no_sync", False))
         self._skip = False
         if check:
-            _check_same_model(self._prefix, [(self._names[p], tuple(p.shape), str(p.dtype)) for p in params])
+            _check_same_model(prefix, _manifest(params, self._names))
 
-    def _on_grad(self, p: torch.Tensor) -> None:
-        bucket, _ = self._slot[p]
-        k = self._options.backward_passes_per_step
-        if bucket.handle is not None:
-            raise RuntimeError(
-                f"the gradient of {self._names[p]!r} was computed again after its allreduce started "
-                f"({k} backward pass(es) per step); call optimizer.step() or synchronize() between "
-                "backward passes, or raise backward_passes_per_step"
-            )
-        self._synchronized = False
-        if p.grad is not None and p.grad.is_sparse and not self._options.sparse_as_dense:
-            raise TypeError(
-                f"parameter {self._names[p]!r} has a sparse gradient (nn.Embedding(sparse=True)?); "
-                "ddl reduces dense gradients: pass sparse_as_dense=True to DistributedOptimizer "
-                "or use a dense embedding"
-            )
-        self._passes[p] += 1
-        if self._passes[p] == k:
-            bucket.ready += 1
-            if bucket.ready == len(bucket.params):
-                self._launch(bucket)
+    def _next_prefix(self) -> str:
+        self._version += 1
+        return f"{self._base}.v{self._version}"
 
-    def _launch(self, bucket: Bucket) -> None:
-        """Copy the bucket's gradients into its buffer and start the allreduce."""
-        opts = self._options
-        grads = [p.grad for p in bucket.params]
-        if ddl.size() == 1 and opts.compression.wire is None and not any(g is not None and g.is_sparse for g in grads):
-            bucket.handle = _LOCAL  # one rank: the average is the gradient itself
-            return
-        with torch.no_grad():
-            flags = []
-            for j, g in enumerate(grads):
-                dst = bucket.grad_slice(j)
-                if g is None:
-                    dst.zero_()
-                    flags.append(0.0)
-                    continue
-                if g.is_sparse:
-                    g = g.to_dense()
-                if g.data_ptr() != dst.data_ptr():  # a grad left as a view of this bucket is in place already
-                    dst.copy_(g)
-                flags.append(1.0)
-            bucket.flags.copy_(torch.tensor(flags))
-            op, factor = opts.op, opts.gradient_predivide_factor
-            if factor != 1.0:
-                bucket.buffer.div_(factor)
-                op = ReduceOp.SUM
-            view = host_view(bucket.buffer)
-            bucket.handle = ddl.allreduce_async(view, op=op, name=bucket.name,
-                                                compression=opts.compression, inplace=True)
+    def _name_new(self) -> None:
+        for g, group in enumerate(self.param_groups):
+            for i, p in enumerate(group["params"]):
+                self._names.setdefault(p, f"param_groups[{g}].params[{i}]")
 
     # -- the public optimizer interface ------------------------------------------------
     def synchronize(self) -> None:
         """Finish every bucket's allreduce and write the averaged gradients into ``.grad``.
 
         Buckets whose gradients did not all arrive (parameters unused in this step) are
-        started now, with zeros for the missing ones. Calling it twice without a backward
-        pass in between does nothing the second time.
+        started now if the end of backward has not started them, with zeros for the
+        missing ones. Calling it twice without a backward pass in between does nothing
+        the second time. Parameters put into ``param_groups`` since the last call (by
+        ``append`` or the wrapped optimizer's ``add_param_group``) are reduced too, and
+        hooked from now on: every rank must add the same ones.
         """
-        for p in self._frozen:
-            if p.requires_grad:
-                raise RuntimeError(
-                    f"parameter {self._names[p]!r} was frozen when the DistributedOptimizer was "
-                    "built and now requires grad; build the DistributedOptimizer after unfreezing"
-                )
-        if self._synchronized:
+        self._reducer.check_frozen()
+        if self._no_sync:
+            raise RuntimeError(
+                "optimizer.step() or synchronize() inside no_sync() would reduce this rank's gradients "
+                "alone; leave the no_sync() block and run the step's last backward pass outside it first"
+            )
+        params = _all_params(self.optimizer)
+        if len(params) == len(self._known) and all(a is b for a, b in zip(params, self._known, strict=True)):
+            self._reducer.synchronize()
             return
-        for b in self._buckets:
-            if b.handle is None:
-                self._launch(b)
-        opts = self._options
-        post = opts.gradient_predivide_factor / ddl.size() if opts.gradient_predivide_factor != 1.0 else None
-        try:
-            for b in self._buckets:
-                if b.handle is not _LOCAL:
-                    b.handle.wait()  # type: ignore[attr-defined]
-                self._unpack(b, post)
-        finally:
-            for b in self._buckets:
-                b.reset()
-            for p in self._passes:
-                self._passes[p] = 0
-        self._synchronized = True
+        # The parameters changed behind the wrapper's back: agree on the new set, reduce
+        # the new ones with this step's buckets, then plan and hook them all.
+        self._name_new()
+        prefix = self._next_prefix()
+        _check_same_model(prefix, _manifest(params, self._names))
+        hooked = set(self._reducer.index) | set(self._reducer.frozen)
+        self._reducer.stop_observing()
+        self._reducer.synchronize(extra=late_buckets([p for p in params if p not in hooked], self._options, prefix))
+        self._attach(prefix=prefix, check=False)
 
-    def _unpack(self, bucket: Bucket, post: float | None) -> None:
-        if bucket.handle is _LOCAL:
-            return
-        with torch.no_grad():
-            if post is not None:
-                bucket.buffer[: bucket.numel].mul_(post)
-            flags = bucket.flags.tolist()
-            for j, p in enumerate(bucket.params):
-                if flags[j] <= 0:
-                    continue  # no rank had a gradient: leave .grad as it is (None)
-                reduced = bucket.grad_slice(j)
-                if p.device == reduced.device:
-                    # .grad becomes a view of the bucket: no copy now, and none at the next
-                    # launch while the user zeroes grads in place rather than to None.
-                    p.grad = reduced
-                elif p.grad is None or p.grad.is_sparse:
-                    p.grad = reduced.to(p.device)
-                else:
-                    p.grad.copy_(reduced)
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Within this block backward passes accumulate gradients locally, with no communication.
+
+        The first backward pass after the block reduces the accumulated sum (as
+        ``DistributedDataParallel.no_sync``), so any number of passes per step works:
+        scale each loss so that their sum is the step's loss. Passes inside the block do
+        not count towards ``backward_passes_per_step`` (leave it at 1 with ``no_sync``).
+        ``step()`` inside the block is an error.
+
+        Example:
+            >>> for i, (x, y) in enumerate(micro_batches):                  # doctest: +SKIP
+            ...     ctx = opt.no_sync() if i < len(micro_batches) - 1 else contextlib.nullcontext()
+            ...     with ctx: (loss_fn(model(x), y) / len(micro_batches)).backward()
+            >>> opt.step()                                                   # doctest: +SKIP
+        """
+        in_flight = self._reducer.in_flight()
+        if in_flight and not self._no_sync:
+            raise RuntimeError(
+                f"no_sync() entered while {len(in_flight)} gradient allreduce(s) are in flight "
+                f"({', '.join(in_flight[:3])}); call optimizer.step() first"
+            )
+        outer = self._no_sync
+        self._no_sync = self._reducer.no_sync = True
+        try:
+            yield
+        finally:
+            self._no_sync = self._reducer.no_sync = outer
 
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -322,26 +271,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
             RuntimeError: gradient allreduces are still in flight (call ``step()`` or
                 ``synchronize()`` first), since their results would land on zeroed grads.
         """
-        in_flight = [b.name for b in self._buckets if b.handle is not None]
+        in_flight = self._reducer.in_flight()
         if in_flight:
             raise RuntimeError(
                 f"zero_grad() called while {len(in_flight)} gradient allreduce(s) are in flight "
                 f"({', '.join(in_flight[:3])}); call optimizer.step() or optimizer.synchronize() first"
             )
-        for b in self._buckets:
-            b.reset()
-        for p in self._passes:
-            self._passes[p] = 0
+        self._reducer.reset()
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        """Add a parameter group to the wrapped optimizer and rebuild the buckets."""
-        if any(b.handle is not None for b in self._buckets):
+        """Add a parameter group to the wrapped optimizer and rebuild the buckets (every rank
+        must add the same group)."""
+        if self._reducer.in_flight():
             raise RuntimeError("add_param_group() while gradient allreduces are in flight; call step() first")
         self.optimizer.add_param_group(param_group)
-        for i, p in enumerate(_all_params(self.optimizer)):
-            self._names.setdefault(p, f"param_groups[{len(self.param_groups) - 1}].{i}")
-        self._attach()
+        self._name_new()
+        self._attach(prefix=self._next_prefix())
 
 
 def _all_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -370,6 +316,10 @@ def _parameter_names(optimizer: torch.optim.Optimizer,
             f"(first: param_groups index {missing[0]}); pass the named_parameters of the model the optimizer trains"
         )
     return {p: names[p] for p in params}
+
+
+def _manifest(params: list[torch.Tensor], names: dict[torch.Tensor, str]) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(names[p], tuple(p.shape), str(p.dtype)) for p in params]
 
 
 def _check_same_model(prefix: str, manifest: list[tuple[str, tuple[int, ...], str]]) -> None:

@@ -22,6 +22,7 @@ from ddl.launcher.command import (
     build_launch,
     ddl_environment,
     flavour_from_version,
+    placement,
     validate_options,
 )
 from ddl.launcher.hosts import (
@@ -32,6 +33,7 @@ from ddl.launcher.hosts import (
     parse_hostfile,
     read_hostfile,
 )
+from ddl.launcher.slurm import SlurmError, allocation_hosts, expand_hostlist, expand_tasks_per_node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,5 +49,6 @@ def main(argv: list[str] | None = None) -> int:
 __all__ = [
     "HostListError", "HostSlots", "Launch", "LaunchError", "LaunchOptions", "MpiInfo",
     "build_launch", "ddl_environment", "flavour_from_version", "format_host_list", "main",
-    "parse_host_list", "parse_hostfile", "read_hostfile", "validate_options",
+    "parse_host_list", "parse_hostfile", "placement", "read_hostfile", "validate_options",
+    "SlurmError", "allocation_hosts", "expand_hostlist", "expand_tasks_per_node",
 ]

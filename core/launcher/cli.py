@@ -10,34 +10,29 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ddl.config import LAUNCHER_FLAGS
+from ddl.config import LAUNCHER_FLAGS, job_from_env, search_path
 from ddl.launcher.command import (
     Launch,
     LaunchError,
     LaunchOptions,
-    MpiInfo,
     build_launch,
-    flavour_from_version,
+    placement,
     validate_options,
 )
 from ddl.launcher.hosts import HostListError, HostSlots, parse_host_list, read_hostfile
+from ddl.launcher.mpi import MpiNotFoundError, detect_mpi
 
 USAGE_ERROR = 2
 NOT_FOUND = 127
 _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-
-class MpiNotFoundError(RuntimeError):
-    """No mpiexec, or no MPI library that mpi4py can load; the message says what to install."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: ddlrun -np 4 --topology 2x2 python train.py",
         allow_abbrev=False,
     )
-    parser.add_argument("-np", "-n", dest="np", type=int, required=True, metavar="N", help="number of ranks")
+    parser.add_argument("-np", "-n", dest="np", type=int, metavar="N",
+                        help="number of ranks (default: all slots of -H/--hostfile or of the Slurm allocation)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
                        help="hosts and their slots, e.g. h1:2,h2:2 (default: this host)")
@@ -74,53 +70,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="the program every rank runs; 'python'/'python3' becomes ddlrun's interpreter")
     return parser
-
-
-def find_mpiexec(*, python_executable: str) -> Path:
-    """The mpiexec beside ``python_executable`` (a pip-installed MPI's), else the one on PATH.
-
-    Raises:
-        MpiNotFoundError: neither exists.
-    """
-    beside = Path(python_executable).parent / "mpiexec"
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return beside
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise MpiNotFoundError(
-            f"no mpiexec found beside {python_executable} or on PATH; run `pip install mpich` in "
-            "this environment, or put the mpiexec of the MPI that mpi4py uses on PATH"
-        )
-    return Path(found)
-
-
-def detect_mpi(*, python_executable: str) -> MpiInfo:
-    """Find mpiexec and ask mpi4py which MPI library it loads.
-
-    MPI is imported without ``MPI_Init``: an initialised launcher would be an MPI process
-    itself, and its PMI variables would leak into mpiexec's environment.
-
-    Raises:
-        MpiNotFoundError: no mpiexec, or mpi4py cannot load an MPI library.
-        LaunchError: the library is neither Open MPI nor an MPICH derivative.
-    """
-    mpiexec = find_mpiexec(python_executable=python_executable)
-    try:
-        if "mpi4py.MPI" not in sys.modules:
-            import mpi4py
-
-            mpi4py.rc.initialize = False
-            mpi4py.rc.finalize = False
-        from mpi4py import MPI
-
-        version = str(MPI.Get_library_version())
-    except Exception as exc:  # ImportError, or RuntimeError when libmpi cannot be loaded
-        raise MpiNotFoundError(
-            f"mpi4py cannot load an MPI library ({exc}); run `pip install mpich mpi4py` in this "
-            "environment, or build mpi4py against your system MPI"
-        ) from None
-    library = version.strip().splitlines()[0].strip() if version.strip() else ""
-    return MpiInfo(flavour=flavour_from_version(version), mpiexec=str(mpiexec), library=library)
 
 
 def run(launch: Launch) -> int:
@@ -164,20 +113,23 @@ def main(argv: list[str] | None = None) -> int:
     if command[:1] == ["--"]:
         command = command[1:]
     try:
+        given = _hosts(args)
+        np_, hosts, where = placement(args.np, given, job_from_env())
         options = LaunchOptions(
-            np=args.np,
+            np=np_,
             command=tuple(command),
-            hosts=_hosts(args),
+            hosts=hosts,
             **{flag: getattr(args, flag) for flag in LAUNCHER_FLAGS},
         )
         validate_options(options)
+        check_resolvable(given)  # names the user typed; a scheduler's own are its business
     except (LaunchError, HostListError) as exc:
         if not command:
             parser.print_usage(sys.stderr)
         _error(str(exc))
         return USAGE_ERROR
     try:
-        mpi = detect_mpi(python_executable=sys.executable)
+        mpi = detect_mpi(python_executable=sys.executable, path=search_path())
     except MpiNotFoundError as exc:
         _error(str(exc))
         return NOT_FOUND
@@ -193,10 +145,26 @@ def main(argv: list[str] | None = None) -> int:
         is_root=_is_root(),
     )
     if options.verbose:
-        for note in launch.notes:
+        for note in [*where, *launch.notes]:
             print(f"ddlrun: {note}", file=sys.stderr)
         print(f"ddlrun: running {shlex.join(launch.argv)}", file=sys.stderr, flush=True)
     return run(launch)
+
+
+def check_resolvable(hosts: tuple[HostSlots, ...]) -> None:
+    """Every host name must resolve here, so a typo stops ddlrun before any rank starts.
+
+    Raises:
+        HostListError: a name does not resolve (the message names it and what to check).
+    """
+    for host in hosts:
+        try:
+            socket.getaddrinfo(host.name, None)
+        except (socket.gaierror, UnicodeError) as exc:
+            raise HostListError(
+                f"host {host.name!r} does not resolve ({exc}); check the name in -H/--hostfile, "
+                "/etc/hosts or DNS"
+            ) from None
 
 
 def _hosts(args: argparse.Namespace) -> tuple[HostSlots, ...]:

@@ -7,9 +7,10 @@ from collections.abc import Mapping
 from typing import Literal
 
 from ddl.algorithms import check_name
-from ddl.config import LAUNCHER_FLAGS, Config
+from ddl.config import LAUNCHER_FLAGS, Config, JobEnv
 from ddl.errors import TopologyError
 from ddl.launcher.hosts import HostSlots, format_host_list, ranks_per_host, total_slots
+from ddl.launcher.slurm import allocation_hosts
 from ddl.topology import check_spec_size, parse_spec
 
 Flavour = Literal["mpich", "openmpi"]
@@ -153,6 +154,43 @@ def ddl_environment(options: LaunchOptions) -> dict[str, str]:
             continue
         env[variable] = "1" if value is True else str(value)
     return env
+
+
+def placement(
+    np: int | None, hosts: tuple[HostSlots, ...], job: JobEnv
+) -> tuple[int, tuple[HostSlots, ...], list[str]]:
+    """The rank count and hosts to launch, and where they came from (for ``--verbose``).
+
+    ``-H``/``--hostfile`` win; otherwise, inside a Slurm allocation, its nodes with their
+    task counts as slots (``SLURM_JOB_NODELIST``, ``SLURM_TASKS_PER_NODE``); otherwise
+    this host. Without ``-np`` every slot gets a rank; outside Slurm and without hosts
+    ``-np`` is required.
+
+    Raises:
+        LaunchError: no ``-np`` and nothing to count slots from.
+        SlurmError: the Slurm variables cannot be read (a :class:`HostListError`).
+
+    Example:
+        >>> placement(None, (), JobEnv(slurm_job_id="9", slurm_nodelist="n[1-2]",
+        ...                            slurm_tasks_per_node="2(x2)"))[:2]
+        (4, (HostSlots(name='n1', slots=2), HostSlots(name='n2', slots=2)))
+    """
+    notes: list[str] = []
+    if not hosts and job.in_slurm:
+        hosts = allocation_hosts(job)
+        notes.append(
+            f"hosts {format_host_list(hosts)} from Slurm job {job.slurm_job_id} "
+            f"(SLURM_JOB_NODELIST={job.slurm_nodelist}, SLURM_TASKS_PER_NODE={job.slurm_tasks_per_node})"
+        )
+    if np is None:
+        if not hosts:
+            raise LaunchError(
+                "no -np given and no hosts to count slots from; give -np N (e.g. -np 2), "
+                "-H host:SLOTS,... or --hostfile, or run inside a Slurm allocation"
+            )
+        np = total_slots(hosts)
+        notes.append(f"-np {np}: every slot of {format_host_list(hosts)}")
+    return np, hosts, notes
 
 
 def busiest_host_ranks(options: LaunchOptions) -> int:

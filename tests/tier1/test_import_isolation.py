@@ -7,6 +7,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 BLOCKED = ("torch", "tensorflow", "keras", "jax")
 
 SCRIPT = textwrap.dedent(
@@ -55,9 +57,20 @@ SCRIPT = textwrap.dedent(
 
 def test_ddl_imports_without_frameworks() -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DDL_", "PMI_", "OMPI_", "MPICH_"))}
-    env["DDL_CALIBRATE"] = "0"  # no link measurement at init: keep it fast
+    env["DDL_CALIBRATION"] = "off"  # no link measurement at init: keep it fast
     proc = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, env=env,
     )
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "isolation ok" in proc.stdout
+
+
+def test_ddl_torch_does_not_load_tensorflow() -> None:
+    pytest.importorskip("torch")
+    script = ("import sys, ddl, ddl.torch\n"
+              "leaked = sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras'})\n"
+              "assert not leaked, leaked\n"
+              "print('torch isolation ok')")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "torch isolation ok" in proc.stdout

@@ -17,6 +17,7 @@ import pytest
 
 from ddl.config import LAUNCHER_FLAGS
 from ddl.launcher import cli
+from ddl.launcher import mpi as mpi_module
 from ddl.launcher.command import (
     YIELD_VARIABLES,
     Launch,
@@ -373,6 +374,7 @@ def fake_mpi(monkeypatch: pytest.MonkeyPatch) -> type[FakePopen]:
     FakePopen.returncode = 0
     monkeypatch.setattr(cli, "detect_mpi", lambda **_: MPICH)
     monkeypatch.setattr(cli.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(cli.socket, "getaddrinfo", lambda *a, **k: [])  # made-up host names resolve
     return FakePopen
 
 
@@ -413,6 +415,18 @@ def test_usage_errors_exit_2_without_launching(
         assert word in err
 
 
+def test_host_that_does_not_resolve_fails_before_launching(
+    no_launch: None, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert cli.main(["-np", "4", "-H", "localhost:2,nosuchhost.invalid:2", "python", "t.py"]) == 2
+    assert "host 'nosuchhost.invalid' does not resolve" in capsys.readouterr().err
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("localhost slots=2\nno-such-host.invalid slots=2\n")
+    assert cli.main(["-np", "4", "--hostfile", str(hostfile), "python", "t.py"]) == 2
+    assert "'no-such-host.invalid' does not resolve" in capsys.readouterr().err
+    cli.check_resolvable(parse_host_list("localhost:2"))  # a real name passes
+
+
 def test_cli_runs_the_built_launch(fake_mpi: type[FakePopen], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["-np", "2", "--verbose", "--topology", "2", "python", "-c", "print(1)"]) == 0
     (child,) = fake_mpi.launched
@@ -447,20 +461,14 @@ def test_cli_returns_the_job_status(fake_mpi: type[FakePopen], code: int, status
 def test_missing_mpiexec_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(cli.shutil, "which", lambda name: None)
     monkeypatch.setattr(cli.sys, "executable", str(tmp_path / "python"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    # A stand-in library: importing mpi4py.MPI here without MPI_Init would break later ddl.init() calls.
+    library = mpi_module.MpiLibrary(flavour="mpich", version="MPICH Version: 4.2", path=str(tmp_path / "lib" / "libmpi.so.12"),
+                                    standard="4.1", mpi4py_version="4.1", mpi4py_extension="", mpi4py_build={})
+    monkeypatch.setattr(mpi_module, "load_library", lambda: library)
     assert cli.main(["-np", "1", "./train"]) == 127
     assert "pip install mpich" in capsys.readouterr().err
-
-
-def test_find_mpiexec_prefers_the_one_beside_python(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(cli.shutil, "which", lambda name: "/usr/bin/mpiexec")
-    python = str(tmp_path / "python")
-    assert cli.find_mpiexec(python_executable=python) == Path("/usr/bin/mpiexec")
-    beside = tmp_path / "mpiexec"
-    beside.write_text("#!/bin/sh\n")
-    beside.chmod(0o755)
-    assert cli.find_mpiexec(python_executable=python) == beside
 
 
 def test_run_forwards_sigterm_to_the_child() -> None:

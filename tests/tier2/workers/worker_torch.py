@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import sys
 
@@ -42,6 +43,47 @@ class Net(nn.Module):
         return out
 
 
+class LateNet(Net):
+    """Net with a layer that joins the forward pass, and the optimizer, at step LATE."""
+
+    def __init__(self, sparse: bool = False) -> None:
+        super().__init__(sparse)
+        self.extra = nn.Linear(12, 4)
+        self.use_extra = False
+
+    def forward(self, tok: torch.Tensor) -> torch.Tensor:
+        out = super().forward(tok)
+        if self.use_extra:
+            out = out + self.extra(nn.functional.one_hot(tok, 12).float())
+        return out
+
+
+class OrderNet(nn.Module):
+    """Layers declared in another order than backward reaches them; in step 0 the order of
+    two branches differs between even and odd ranks, so ranks observe different orders."""
+
+    def __init__(self, sparse: bool = False) -> None:
+        super().__init__()
+        self.head = nn.Linear(16, 4)
+        self.right = nn.Linear(16, 16)
+        self.left = nn.Linear(16, 16)
+        self.inp = nn.Linear(6, 16)
+        self.emb = nn.Embedding(12, 6, sparse=sparse)
+        self.step = 0
+
+    def forward(self, tok: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.inp(self.emb(tok)))
+        if self.step > 0 or R % 2 == 0:
+            u, v = self.left(h), self.right(h)
+        else:
+            v, u = self.right(h), self.left(h)
+        return self.head(torch.relu(u + v))
+
+
+LATE = 5
+LAST: dict[str, object] = {}  # the last distributed run's optimizer and first-step gradient order
+
+
 def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(1000 + step)
     tok = torch.randint(1, 12, (B,), generator=g)
@@ -50,25 +92,50 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(make_opt, *, distributed: bool, k: int = 1, seed: int = 0, init_seed: int | None = None,
-          scaler: bool = False, **options) -> nn.Module:
+          scaler: bool = False, model_cls=Net, late: str | None = None, micro: bool = False,
+          **options) -> nn.Module:
     torch.manual_seed(seed if init_seed is None else init_seed)
-    model = Net(sparse=options.pop("sparse", False))
+    model = model_cls(sparse=options.pop("sparse", False))
     if distributed:
         dt.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = make_opt(model.parameters())
+    opt = make_opt([p for n, p in model.named_parameters() if not n.startswith("extra.")])
+    arrived: list[str] = []
     if distributed:
+        names = {p: n for n, p in model.named_parameters()}
+        hooks = [p.register_post_accumulate_grad_hook(lambda q: arrived.append(names[q]))
+                 for p in model.parameters() if p.requires_grad]
         opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                       backward_passes_per_step=k, **options)
+        LAST.update(opt=opt, arrived=arrived, model=model)
     gs = torch.amp.GradScaler("cpu", init_scale=1024.0) if scaler else None
     for step in range(STEPS):
+        model.step = step
+        if late and step == LATE:  # behind the wrapper's back: it must notice
+            model.use_extra = True
+            if late == "append":
+                opt.param_groups[0]["params"].extend(model.extra.parameters())
+            else:
+                getattr(opt, "optimizer", opt).add_param_group({"params": list(model.extra.parameters()), "lr": 0.05})
         tok, y = batch(step)
         if distributed:
             n = B // P
             tok, y = tok[R * n : (R + 1) * n], y[R * n : (R + 1) * n]
         opt.zero_grad()
+        if micro and distributed:
+            # no_sync with 1-3 micro-batches per step, each loss weighted by its share.
+            m = 1 + step % 3
+            for i, (tc, yc) in enumerate(zip(tok.chunk(m), y.chunk(m), strict=True)):
+                loss = nn.functional.cross_entropy(model(tc), yc) * (len(tc) / len(tok))
+                with opt.no_sync() if i < m - 1 else contextlib.nullcontext():
+                    loss.backward()
+            opt.step()
+            continue
         for tc, yc in zip(tok.chunk(k), y.chunk(k), strict=True):
             loss = nn.functional.cross_entropy(model(tc), yc) / k
             (gs.scale(loss) if gs else loss).backward()
+        if distributed and step == 0:
+            for h in hooks:
+                h.remove()
         if gs is None:
             opt.step()
             continue
@@ -93,7 +160,7 @@ def digest(model: nn.Module) -> str:
 
 
 def check_equivalent(label: str, make_opt, *, rtol: float = 1e-5, atol: float = 1e-6, **options) -> None:
-    ref_options = {k: options[k] for k in ("scaler", "sparse") if k in options}
+    ref_options = {k: options[k] for k in ("scaler", "sparse", "model_cls", "late") if k in options}
     ref = train(make_opt, distributed=False, **ref_options)
     got = train(make_opt, distributed=True, **options)
     worst = 0.0
@@ -102,8 +169,8 @@ def check_equivalent(label: str, make_opt, *, rtol: float = 1e-5, atol: float = 
         worst = max(worst, float((b - a).abs().max()))
     hashes = dt.allgather_object(digest(got))
     assert len(set(hashes)) == 1, f"{label}: ranks hold different weights"
-    moved = max(float((a - b).abs().max()) for a, b in zip(ref.state_dict().values(),
-                                                         Net().state_dict().values(), strict=True))
+    fresh = options.get("model_cls", Net)().state_dict().values()
+    moved = max(float((a - b).abs().max()) for a, b in zip(ref.state_dict().values(), fresh, strict=True))
     assert moved > 0
     if R == 0:
         print(f"EQUIV {label} ranks={P} max_abs_diff={worst:.2e} (rtol={rtol:g} atol={atol:g}) identical=yes", flush=True)
@@ -129,6 +196,65 @@ check_equivalent("sgd-broadcast-from-different-inits", sgd, init_seed=R)
 check_equivalent("sgd-gradscaler-clip", sgd, scaler=True)
 check_equivalent("sgd-sparse_as_dense", plain_sgd, sparse=True, sparse_as_dense=True)
 check_equivalent("sgd-small-buckets", sgd, bucket_cap_mb=0.0005, first_bucket_mb=0.0001)
+check_equivalent("sgd-predivide", sgd, gradient_predivide_factor=float(P))
+check_equivalent("sgd-param-appended-after-construction", sgd, model_cls=LateNet, late="append")
+check_equivalent("adam-inner-add_param_group", adam, model_cls=LateNet, late="inner")
+check_equivalent("sgd-no_sync-1-to-3-passes", sgd, micro=True)
+check_equivalent("sgd-rebucketed-order", sgd, model_cls=OrderNet, bucket_cap_mb=1e-6, first_bucket_mb=1e-6)
+
+# The re-planned buckets: one plan on every rank, in rank 0's first-step order (odd ranks
+# saw another), not the declared order reversed.
+opt, model = LAST["opt"], LAST["model"]
+plan = [[n for n, p in model.named_parameters() for q in b.params if p is q] for b in opt._reducer.buckets]
+assert all(len(b) == 1 for b in plan), plan
+assert len({str(x) for x in dt.allgather_object(plan)}) == 1, "ranks bucket differently"
+declared = [n for n, p in model.named_parameters()]
+assert [b[0] for b in plan] != declared[::-1], plan
+if R == 0:
+    assert [b[0] for b in plan] == LAST["arrived"][: len(plan)], (plan, LAST["arrived"])
+elif R % 2 == 1:
+    assert [b[0] for b in plan] != LAST["arrived"][: len(plan)], "odd ranks should have seen another order"
+
+# gradient_predivide_factor: the wire carries grad/factor summed (not an Average), and
+# the result is the average. Unused parameters: one no rank uses keeps grad=None; one only
+# rank 0 uses gets rank 0's gradient / P, and its bucket starts when backward ends.
+sent: list[tuple[object, torch.Tensor]] = []
+_real_async = ddl.allreduce_async
+
+
+def _spy(x, **kw):
+    sent.append((kw.get("op"), torch.from_numpy(x.copy())))
+    return _real_async(x, **kw)
+
+
+torch.manual_seed(0)
+net = nn.ModuleDict({"used": nn.Linear(3, 2), "rare": nn.Linear(3, 2), "never": nn.Linear(3, 2)})
+opt = dt.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_parameters=net.named_parameters(),
+                              gradient_predivide_factor=4.0)
+x = torch.full((2, 3), float(R + 1))
+loss = net["used"](x).sum() + (net["rare"](x).sum() if R == 0 else 0)
+ddl.allreduce_async = _spy
+try:
+    loss.backward()
+    assert all(b.handle is not None for b in opt._reducer.buckets), "a bucket waited for step()"
+    local = {n: p.grad.clone() for n, p in net.named_parameters() if p.grad is not None}
+    buckets = list(opt._reducer.buckets)  # synchronize() re-plans them in the observed order
+    opt.synchronize()
+finally:
+    ddl.allreduce_async = _real_async
+assert sent and all(op is ddl.Sum for op, _ in sent), [op for op, _ in sent]
+for (_, wire), b in zip(sent, buckets, strict=True):
+    for j, p in enumerate(b.params):
+        name = next(n for n, q in net.named_parameters() if q is p)
+        want = local[name] / 4.0 if name in local else torch.zeros_like(p)
+        assert torch.equal(wire[b.offsets[j] : b.offsets[j] + p.numel()].view(p.shape), want), name
+everyone = dt.allgather_object(local)
+for name, p in net.named_parameters():
+    if name.startswith("never"):
+        assert p.grad is None, name
+        continue
+    want = sum(g[name] for g in everyone if name in g) / P
+    torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-7, msg=name)
 
 # A sparse gradient without sparse_as_dense is refused, clearly, on every rank.
 model = Net(sparse=True)

@@ -1,0 +1,1 @@
+"""Caffe layer implementations on PyTorch kernels."""

@@ -1,0 +1,270 @@
+"""One optimizer's gradient reduction: hooks, buckets, their launches and the bucket plan."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import ddl
+import torch
+from ddl.compression import Compressor
+from ddl.ops import ReduceOp
+
+from .buckets import Bucket, MiB, plan_buckets
+from .tensors import host_view
+
+_LOCAL = object()  # a bucket's "handle" when one rank needs no reduction
+# The autograd node running now, or None outside any node: a backward pass nested in a
+# node (reentrant checkpointing) ends while its outer pass is still running.
+_current_node: Callable[[], object] = getattr(torch._C, "_current_autograd_node", lambda: None)
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The DistributedOptimizer's reduction settings (see its docstring)."""
+
+    compression: Compressor
+    backward_passes_per_step: int
+    op: ReduceOp
+    gradient_predivide_factor: float
+    bucket_cap_mb: float
+    first_bucket_mb: float
+    sparse_as_dense: bool
+
+
+class Reducer:
+    """Averages the gradients of one set of parameters across ranks, bucket by bucket.
+
+    A step: post-accumulate-grad hooks count each parameter's backward passes, and a
+    bucket whose parameters all reached ``backward_passes_per_step`` starts its
+    allreduce at once, while backward goes on. When the k-th backward pass ends (an
+    autograd final callback) the buckets still waiting, those holding a parameter that
+    got no gradient, start too. ``synchronize()`` waits and writes the results to
+    ``.grad``. Under ``no_sync`` hooks only check; gradients accumulate locally.
+
+    Buckets start in declared order reversed. The first step records the order in which
+    gradients really arrive; at its ``synchronize()`` the ranks agree on one order (rank
+    0's, then what only other ranks saw; parameters no rank saw go to buckets of their
+    own at the end) and the buckets are planned again in it, once.
+    """
+
+    def __init__(self, params: Sequence[torch.Tensor], names: dict[torch.Tensor, str], options: Options,
+                 prefix: str, *, order: list[int] | None = None, no_sync: bool = False) -> None:
+        self.options = options
+        self.names = names
+        self.prefix = prefix
+        self.trainable = [p for p in params if p.requires_grad]
+        self.frozen = [p for p in params if not p.requires_grad]
+        self.index = {p: i for i, p in enumerate(self.trainable)}
+        self.passes = dict.fromkeys(self.trainable, 0)
+        self.no_sync = no_sync
+        self.synchronized = False
+        self.agreed = order  # the order the ranks agreed on, once they have
+        self._observed: list[int] | None = [] if order is None else None
+        self._armed = False  # an end-of-backward callback is queued
+        self._backward_passes = 0
+        self._build(self._plan(order), prefix)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)  # type: ignore[no-untyped-call]
+                       for p in self.trainable]
+
+    # -- the plan ----------------------------------------------------------------------
+    def _plan(self, order: list[int] | None) -> list[list[int]]:
+        opts, t = self.options, self.trainable
+        sizes = [p.numel() * p.element_size() for p in t]
+        kinds = [(p.dtype, p.device) for p in t]
+        first, cap = int(opts.first_bucket_mb * MiB), int(opts.bucket_cap_mb * MiB)
+        if order is None:
+            return plan_buckets(sizes, kinds, first_cap=first, cap=cap)
+        seen = set(order)
+        # Parameters no rank saw get buckets of their own: the seen ones never wait for them.
+        rest = [i for i in reversed(range(len(t))) if i not in seen]
+        return (plan_buckets(sizes, kinds, first_cap=first, cap=cap, order=order)
+                + plan_buckets(sizes, kinds, first_cap=cap, cap=cap, order=rest))
+
+    def _build(self, plan: list[list[int]], prefix: str) -> None:
+        self.plan = plan
+        self.buckets = [Bucket(k, f"{prefix}.b{k}", [self.trainable[i] for i in idx]) for k, idx in enumerate(plan)]
+        self._slot = {p: b for b in self.buckets for p in b.params}
+
+    def _agree_order(self, observed: list[int]) -> None:
+        """Re-plan the buckets in the order every rank agrees on (a collective call)."""
+        orders = ddl.allgather_object(observed, name=f"{self.prefix}.order") if ddl.size() > 1 else [observed]
+        merged: list[int] = []
+        seen: set[int] = set()
+        for order in orders:
+            for i in order:
+                if i not in seen:
+                    seen.add(i)
+                    merged.append(i)
+        if not merged:
+            self._observed = []  # no gradient anywhere yet: watch the next step
+            return
+        self._observed = None
+        self.agreed = merged
+        plan = self._plan(merged)
+        # Only membership decides when a bucket can start: keep the buffers if it holds.
+        if [set(b) for b in plan] != [set(b) for b in self.plan]:
+            self._build(plan, f"{self.prefix}.r")
+
+    def stop_observing(self) -> None:
+        self._observed = None
+
+    # -- during backward -----------------------------------------------------------------
+    def _on_grad(self, p: torch.Tensor) -> None:
+        bucket = self._slot[p]
+        k = self.options.backward_passes_per_step
+        if bucket.handle is not None:
+            raise RuntimeError(
+                f"the gradient of {self.names[p]!r} arrived after its bucket's allreduce started "
+                f"(backward_passes_per_step={k}; buckets still waiting start when the last pass ends); "
+                "call optimizer.step() or synchronize() before the next backward; to accumulate over "
+                "several backward passes, wrap all but the last in `with optimizer.no_sync():` "
+                "(or set backward_passes_per_step to their number)"
+            )
+        self.synchronized = False
+        if p.grad is not None and p.grad.is_sparse and not self.options.sparse_as_dense:
+            raise TypeError(
+                f"parameter {self.names[p]!r} has a sparse gradient (nn.Embedding(sparse=True)?); "
+                "ddl reduces dense gradients: pass sparse_as_dense=True to DistributedOptimizer "
+                "or use a dense embedding"
+            )
+        if self.no_sync:
+            return  # accumulate locally; the first backward outside no_sync reduces the sum
+        if not self._armed:
+            try:
+                torch.autograd.Variable._execution_engine.queue_callback(self._on_backward_end)  # type: ignore[attr-defined]
+                self._armed = True
+            except RuntimeError:
+                pass  # not inside a backward pass (a hook called by hand): synchronize() starts the rest
+        n = self.passes[p]
+        if n == 0 and self._observed is not None:
+            self._observed.append(self.index[p])
+        self.passes[p] = n + 1
+        if n + 1 == k:
+            bucket.ready += 1
+            if bucket.ready == len(bucket.params):
+                self._launch(bucket)
+
+    def _on_backward_end(self) -> None:
+        self._armed = False
+        if _current_node() is not None:
+            return  # a nested backward ended, not the pass: later hooks queue on the outer one
+        self._backward_passes += 1
+        if self._backward_passes >= self.options.backward_passes_per_step:
+            for b in self.buckets:
+                if b.handle is None:
+                    self._launch(b)
+
+    def _launch(self, bucket: Bucket) -> None:
+        """Copy the bucket's gradients into its buffer and start the allreduce."""
+        opts = self.options
+        grads = [p.grad for p in bucket.params]
+        if ddl.size() == 1 and opts.compression.wire is None and not any(g is not None and g.is_sparse for g in grads):
+            bucket.handle = _LOCAL  # one rank: the average is the gradient itself
+            return
+        with torch.no_grad():
+            flags = []
+            for j, g in enumerate(grads):
+                dst = bucket.grad_slice(j)
+                if g is None:
+                    dst.zero_()
+                    flags.append(0.0)
+                    continue
+                if g.is_sparse:
+                    g = g.to_dense()
+                if g.data_ptr() != dst.data_ptr():  # a grad left as a view of this bucket is in place already
+                    dst.copy_(g)
+                flags.append(1.0)
+            bucket.flags.copy_(torch.tensor(flags))
+            op, factor = opts.op, opts.gradient_predivide_factor
+            if factor != 1.0:
+                bucket.buffer.div_(factor)
+                op = ReduceOp.SUM
+            view = host_view(bucket.buffer)
+            bucket.handle = ddl.allreduce_async(view, op=op, name=bucket.name,
+                                                compression=opts.compression, inplace=True)
+
+    # -- at step() -----------------------------------------------------------------------
+    def synchronize(self, extra: Sequence[Bucket] = ()) -> None:
+        """Start the buckets still waiting, plus ``extra`` ones, wait, and write ``.grad``.
+
+        Calling it again without a backward pass in between reduces only ``extra``.
+        """
+        todo = [] if self.synchronized else self.buckets
+        if not todo and not extra:
+            return
+        observed = self._observed
+        for b in [*todo, *extra]:
+            if b.handle is None:
+                self._launch(b)
+        opts = self.options
+        post = opts.gradient_predivide_factor / ddl.size() if opts.gradient_predivide_factor != 1.0 else None
+        try:
+            for b in [*todo, *extra]:
+                if b.handle is not _LOCAL:
+                    b.handle.wait()  # type: ignore[attr-defined]
+                self._unpack(b, post)
+        finally:
+            for b in extra:
+                b.reset()
+            self.reset()
+        self.synchronized = True
+        if todo and observed is not None:
+            self._agree_order(observed)
+
+    def _unpack(self, bucket: Bucket, post: float | None) -> None:
+        if bucket.handle is _LOCAL:
+            return
+        with torch.no_grad():
+            if post is not None:
+                bucket.buffer[: bucket.numel].mul_(post)
+            flags = bucket.flags.tolist()
+            for j, p in enumerate(bucket.params):
+                if flags[j] <= 0:
+                    continue  # no rank had a gradient: leave .grad as it is (None)
+                reduced = bucket.grad_slice(j)
+                if p.device == reduced.device:
+                    # .grad becomes a view of the bucket: no copy now, and none at the next
+                    # launch while the user zeroes grads in place rather than to None.
+                    p.grad = reduced
+                elif p.grad is None or p.grad.is_sparse:
+                    p.grad = reduced.to(p.device)
+                else:
+                    p.grad.copy_(reduced)
+
+    def reset(self) -> None:
+        """Forget this step's progress (after a synchronize, or at zero_grad)."""
+        for b in self.buckets:
+            b.reset()
+        for p in self.passes:
+            self.passes[p] = 0
+        self._backward_passes = 0
+        self._armed = False
+        if self._observed is not None:
+            self._observed = []
+
+    def in_flight(self) -> list[str]:
+        return [b.name for b in self.buckets if b.handle is not None]
+
+    def check_frozen(self) -> None:
+        for p in self.frozen:
+            if p.requires_grad:
+                raise RuntimeError(
+                    f"parameter {self.names[p]!r} was frozen when the DistributedOptimizer was "
+                    "built and now requires grad; build the DistributedOptimizer after unfreezing"
+                )
+
+    def close(self) -> None:
+        """Remove the hooks (the parameters are handed to a new Reducer)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+def late_buckets(params: Sequence[torch.Tensor], options: Options, prefix: str) -> list[Bucket]:
+    """One-off buckets for parameters that joined the optimizer with no hooks on them yet."""
+    trainable = [p for p in params if p.requires_grad]
+    cap = int(options.bucket_cap_mb * MiB)
+    plan = plan_buckets([p.numel() * p.element_size() for p in trainable], [(p.dtype, p.device) for p in trainable],
+                        first_cap=cap, cap=cap)
+    return [Bucket(k, f"{prefix}.late.b{k}", [trainable[i] for i in idx]) for k, idx in enumerate(plan)]

@@ -1,0 +1,73 @@
+"""ddl.caffe data: LMDB Datum (raw and encoded, BGR), transforms, sharding, HDF5Data and DummyData."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("lmdb")
+h5py = pytest.importorskip("h5py")
+Image = pytest.importorskip("PIL.Image")
+
+from ddl.caffe import blobs, convert, schema, textio  # noqa: E402
+from ddl.caffe.net import Net  # noqa: E402
+
+
+def _net(text: str, phase: int = schema.TEST, rank: int = 0, size: int = 1) -> Net:
+    return Net(textio.parse_text(text, schema.NetParameter()), phase, rank=rank, size=size, quiet=True)
+
+
+def test_encoded_image_list_decodes_to_bgr_and_crops_centre_in_test(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    imgs = rng.integers(0, 256, (3, 6, 7, 3)).astype(np.uint8)        # HWC, RGB
+    lines = []
+    for i, im in enumerate(imgs):
+        Image.fromarray(im).save(tmp_path / f"im{i}.png")
+        lines.append(f"im{i}.png {i}")
+    (tmp_path / "list.txt").write_text("\n".join(lines) + "\n")
+    for encoded in (True, False):
+        db = tmp_path / f"db{int(encoded)}"
+        assert convert.from_image_list(db, tmp_path / "list.txt", tmp_path, encoded=encoded) == 3
+        mean = tmp_path / "mean.binaryproto"
+        m = np.full((3, 6, 7), 10.0, np.float32)
+        textio.write_binary(mean, blobs.from_array(m[None]))
+        net = _net(f'layer {{ name: "d" type: "Data" top: "x" top: "y" transform_param {{ crop_size: 4 mean_file: "{mean}" scale: 0.5 }} '
+                   f'data_param {{ source: "{db}" batch_size: 3 backend: LMDB }} }}')
+        _, out = net.forward()
+        bgr = imgs[:, :, :, ::-1].transpose(0, 3, 1, 2).astype(np.float32)
+        want = (bgr[:, :, 1:5, 1:5] - 10.0) * 0.5                          # centre crop of 6x7: offsets (1, 1)
+        np.testing.assert_array_equal(out["x"].numpy(), want)
+        assert out["y"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_train_ranks_read_disjoint_records_and_wrap(tmp_path: Path) -> None:
+    x = np.arange(6, dtype=np.uint8).reshape(6, 1, 1, 1)
+    convert.from_arrays(tmp_path / "db", x, np.arange(6))
+    text = f'layer {{ name: "d" type: "Data" top: "x" top: "y" data_param {{ source: "{tmp_path / "db"}" batch_size: 2 backend: LMDB }} }}'
+    seen = {r: [_net(text, schema.TRAIN, r, 2).forward()[1]["y"].tolist()] for r in (0, 1)}
+    assert seen == {0: [[0.0, 2.0]], 1: [[1.0, 3.0]]}
+    one = _net(text, schema.TRAIN)
+    got = [one.forward()[1]["y"].tolist() for _ in range(4)]
+    assert got == [[0, 1], [2, 3], [4, 5], [0, 1]]
+    test = _net(text, schema.TEST, 1, 2)                                   # TEST: every rank reads all
+    assert test.forward()[1]["y"].tolist() == [0, 1]
+
+
+def test_hdf5_and_dummy_data(tmp_path: Path) -> None:
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["data"] = np.arange(5 * 3, dtype=np.float32).reshape(5, 3)
+        f["label"] = np.arange(5, dtype=np.float32)
+    (tmp_path / "list.txt").write_text(str(tmp_path / "a.h5") + "\n")
+    net = _net(f'layer {{ name: "h" type: "HDF5Data" top: "data" top: "label" hdf5_data_param {{ source: "{tmp_path / "list.txt"}" batch_size: 3 }} }}\n'
+               'layer { name: "dd" type: "DummyData" top: "z" top: "c" dummy_data_param { shape { dim: 2 dim: 3 } shape { dim: 4 } '
+               'data_filler { type: "gaussian" } data_filler { type: "constant" value: 7 } } }')
+    _, a = net.forward()
+    _, b = net.forward()
+    assert a["label"].tolist() == [0, 1, 2] and b["label"].tolist() == [3, 4, 0]
+    assert a["data"].shape == (3, 3) and a["z"].shape == (2, 3) and a["c"].tolist() == [7.0] * 4
+    assert not torch.equal(a["z"], b["z"])                                 # non-constant fillers refill
+    with pytest.raises(Exception, match="no dataset 'nope'"):
+        _net(f'layer {{ name: "h" type: "HDF5Data" top: "nope" hdf5_data_param {{ source: "{tmp_path / "list.txt"}" batch_size: 3 }} }}')

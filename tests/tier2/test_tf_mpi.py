@@ -1,0 +1,40 @@
+"""Tier 2: ddl.tensorflow training equivalence, callbacks and collectives under a real mpiexec."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("tensorflow")
+WORKER = Path(__file__).parent / "workers" / "worker_tf.py"
+pytestmark = pytest.mark.mpi
+
+CASES = ["fit-sgd-momentum-broadcast-from-different-inits", "fit-adam-broadcast-from-different-inits",
+         "fit-adam-lr-schedule-broadcast", "fit-sgd-backward_passes_per_step=2", "fit-adam-fp16-compression",
+         "embedding-fit-sgd-indexedslices", "tape-sgd-momentum", "tape-embedding-adam-indexedslices",
+         "tape-embedding-adam-sparse_as_dense"]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One-process reference weights, trained by the first run and reused by the next."""
+    return tmp_path_factory.mktemp("tf-references")
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_tf_ranks_train_like_one_process(np_: int, references: Path) -> None:
+    # The other checks (callbacks, save/load, XLA error, collectives) run once, at 2 ranks.
+    cmd = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(np_), sys.executable, str(WORKER), str(references),
+           *(["--all-checks"] if np_ == 2 else [])]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert len(re.findall(rf"PASS tensorflow rank \d+/{np_}", proc.stdout)) == np_, proc.stdout
+    assert ("PASS tensorflow all checks" in proc.stdout) == (np_ == 2), proc.stdout
+    seen = re.findall(rf"EQUIV (\S+) ranks={np_} max_abs_diff=\S+ .*? identical=yes", proc.stdout)
+    assert seen == CASES, proc.stdout

@@ -1,0 +1,61 @@
+"""Tier-2 worker on emulated hosts: discovery, every algorithm across the links, or a loop.
+
+Run by tests/tier2/test_multihost.py under ``ddlrun -H``/``--hostfile`` in
+``ddl.testing.cluster``. ``check``: every algorithm, exact and bit-identical on every
+rank, and prints the payload bytes reduced (the test compares them with the veth
+counters). ``small``: discovery and one 1 MiB allreduce. ``loop``: allreduces until
+killed. A failed check raises, and ddl's abort hook ends the whole job.
+"""
+
+import hashlib
+import socket
+import sys
+import time
+
+import numpy as np
+
+import ddl
+
+mode = sys.argv[1]
+ddl.init()
+r, p, topo = ddl.rank(), ddl.size(), ddl.topology()
+print(f"RANK {r}/{p} host={socket.gethostname()} dims={topo} local={ddl.local_rank()}/{ddl.local_size()} "
+      f"cross={ddl.cross_rank()}/{ddl.cross_size()}", flush=True)
+ALGS = ["mpi", "ring", "multiring", "halving_doubling", "auto"]
+payload = 0
+
+
+def same_everywhere(a: np.ndarray, what: str) -> None:
+    digest = hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()
+    assert len(set(ddl.allgather_object(digest))) == 1, f"{what}: results differ between ranks"
+
+
+def contribution(q: int, n: int) -> np.ndarray:
+    return np.random.default_rng(1000 + q).standard_normal(n).astype(np.float32)
+
+
+if mode == "check":
+    for alg in ALGS:
+        for n in (1, 7, 10_003, 262_147):
+            x = contribution(r, n)
+            ref = sum(contribution(q, n).astype(np.float64) for q in range(p))
+            y = ddl.allreduce(x, op=ddl.Sum, algorithm=alg, name=f"s.{alg}.{n}")
+            assert np.allclose(y, ref, rtol=1e-5, atol=1e-5 * p), (alg, n)
+            same_everywhere(y, f"{alg} n={n}")
+            payload += x.nbytes
+        # Small integers in float32 sum exactly whatever the order: equal to the bit.
+        z = ddl.allreduce(np.full(1 << 18, r + 1, np.float32), op=ddl.Sum, algorithm=alg)
+        assert np.array_equal(z, np.full(1 << 18, p * (p + 1) / 2, np.float32)), alg
+        payload += z.nbytes
+    print(f"PASS rank {r} payload {payload}", flush=True)
+elif mode == "small":
+    y = ddl.allreduce(np.full(1 << 18, r, np.float32), op=ddl.Sum, algorithm="multiring")
+    assert np.all(y == sum(range(p)))
+    print(f"PASS rank {r} payload {y.nbytes}", flush=True)
+elif mode == "loop":
+    x = np.ones(1 << 16, np.float32)
+    print(f"LOOPING rank {r}", flush=True)
+    while True:
+        ddl.allreduce(x, op=ddl.Sum, algorithm="ring")
+        time.sleep(0.01)
+ddl.shutdown()
