@@ -80,9 +80,9 @@ def _generate_inputs(net: Net, gen: torch.Generator) -> None:
 
 def _train(a: argparse.Namespace) -> int:
     import ddl
-    import ddl.torch as dt
 
     from . import ddl_options
+    from .distributed import solver_hooks
     from .solver import Solver
     opts = ddl_options.parse(a.ddl)
     ddl.init(topology=opts.topology, algorithm=opts.algorithm)
@@ -94,17 +94,10 @@ def _train(a: argparse.Namespace) -> int:
     if a.iterations is not None:
         sp.max_iter = a.iterations
 
-    def reduce(ts: list[torch.Tensor]) -> None:
-        for t, o in zip(ts, dt.grouped_allreduce(ts, op=ddl.Average, name="ddl_caffe.grads"), strict=True):
-            t.copy_(o)
-
-    def bcast(ts: list[torch.Tensor]) -> None:
-        for i, t in enumerate(ts):
-            dt.broadcast_(t, root_rank=0, name=f"ddl_caffe.param.{i}")
-
     if rank == 0:
         log.info("Using %d rank(s) of ddl (topology %s, algorithm %s)", size, "x".join(map(str, ddl.topology().dims)), opts.algorithm or "default")
-    solver = Solver(sp, rank=rank, size=size, reduce=reduce if size > 1 else None, broadcast=bcast if size > 1 else None)
+    reduce, bcast = solver_hooks()
+    solver = Solver(sp, rank=rank, size=size, reduce=reduce, broadcast=bcast)
     if a.weights:
         load_weights(solver.net, a.weights)
         solver.sync_params()

@@ -136,21 +136,13 @@ def solver_param(spec: ModelSpec, recipe: Recipe, batch: int) -> Any:
 def train(spec: ModelSpec, recipe: Recipe, shards: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
     """Caffe's Solver, one iteration per shard (fed through the Input layer), gradients averaged by ddl."""
     import ddl
-    import ddl.torch as dt
 
+    from .distributed import solver_hooks
     from .solver import Solver
 
-    def reduce(ts: list[torch.Tensor]) -> None:
-        for t, o in zip(ts, dt.grouped_allreduce(ts, op=ddl.Average, name="ddl_caffe.grads"), strict=True):
-            t.copy_(o)
-
-    def bcast(ts: list[torch.Tensor]) -> None:
-        for i, t in enumerate(ts):
-            dt.broadcast_(t, root_rank=0, name=f"ddl_caffe.param.{i}")
-
-    many = ddl.size() > 1
+    reduce, bcast = solver_hooks()
     solver = Solver(solver_param(spec, recipe, len(shards[0][0])), rank=ddl.rank(), size=ddl.size(),
-                    reduce=reduce if many else None, broadcast=bcast if many else None)
+                    reduce=reduce, broadcast=bcast)
     set_weights(spec, solver.net, spec.weights)
     solver.sync_params()
     for x, y in shards:
