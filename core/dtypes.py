@@ -39,11 +39,9 @@ def supported() -> tuple[np.dtype, ...]:
 
 
 def __getattr__(name: str) -> Any:
-    # BFLOAT16 / SUPPORTED as module constants, resolved (and ml_dtypes loaded) on first use.
+    # BFLOAT16 as a module constant, resolved (and ml_dtypes loaded) on first use.
     if name == "BFLOAT16":
         return bfloat16()
-    if name == "SUPPORTED":
-        return supported()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
