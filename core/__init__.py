@@ -23,6 +23,7 @@ from ddl.api import (
     broadcast_,
     broadcast_object,
     grouped_allreduce,
+    grouped_allreduce_async,
     reducescatter,
     synchronize,
 )
@@ -35,7 +36,7 @@ from ddl.errors import (
     SettingsMismatchError,
     TopologyError,
 )
-from ddl.handle import Handle
+from ddl.handle import GroupHandle, Handle
 from ddl.ops import Average, Max, Min, Product, ReduceOp, Sum
 from ddl.runtime import VERSION
 
@@ -74,9 +75,9 @@ def cross_size() -> int:
 
 
 __all__ = [
-    "Average", "Compression", "Handle", "allreduce_async", "synchronize", "DDLError", "Max", "Min", "MismatchError", "NotInitializedError", "Product",
+    "Average", "Compression", "GroupHandle", "Handle", "allreduce_async", "synchronize", "DDLError", "Max", "Min", "MismatchError", "NotInitializedError", "Product",
     "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "allgather", "allgather_object", "allreduce",
     "allreduce_", "barrier", "broadcast", "broadcast_", "broadcast_object", "context",
-    "cross_rank", "cross_size", "grouped_allreduce", "init", "is_initialized", "local_rank",
+    "cross_rank", "cross_size", "grouped_allreduce", "grouped_allreduce_async", "init", "is_initialized", "local_rank",
     "local_size", "rank", "reducescatter", "shutdown", "size", "topology",
 ]

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ddl.handle import Handle
+from ddl.handle import GroupHandle, Handle
 from ddl.ops import ReduceOp
 from ddl.runtime import collectives
 
@@ -70,8 +70,28 @@ def allreduce_(x: np.ndarray, *, op: Any = ReduceOp.AVERAGE, name: str | None = 
 
 def grouped_allreduce(xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                       algorithm: str | None = None, compression: Any = None) -> list[np.ndarray]:
-    """Allreduce several arrays together (fused by the engine); results in input order."""
+    """Allreduce several arrays together (one request, see :func:`grouped_allreduce_async`);
+    results in input order."""
     return collectives().grouped_allreduce(xs, op=op, name=name, algorithm=algorithm, compression=compression)
+
+
+def grouped_allreduce_async(xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
+                            algorithm: str | None = None, compression: Any = None) -> GroupHandle:
+    """Start an allreduce of several arrays as one request; ``wait()`` returns the list.
+
+    The arrays are copied at the call into one flat buffer per dtype (so they may be
+    changed at once), which the engine reduces as one bucket: many small tensors cost
+    one submission, not one each. Ranks must group the same shapes in the same order.
+
+    Raises:
+        TypeError / ValueError: as :func:`allreduce_async`, or ``xs`` is not a list.
+
+    Example:
+        >>> h = ddl.grouped_allreduce_async([w_grad, b_grad])  # doctest: +SKIP
+        >>> w_avg, b_avg = h.wait()                             # doctest: +SKIP
+    """
+    return collectives().grouped_allreduce_async(xs, op=op, name=name, algorithm=algorithm,
+                                                 compression=compression)
 
 
 def allgather(x: Any, *, name: str | None = None) -> np.ndarray:

@@ -10,7 +10,6 @@ fake rank.
 
 from __future__ import annotations
 
-import contextlib
 import pickle
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -21,14 +20,16 @@ from ddl import algorithms, dtypes
 from ddl.compression import as_compressor
 from ddl.engine import Engine
 from ddl.fusion import Request
-from ddl.handle import Handle
-from ddl.negotiation import error_descriptor
+from ddl.handle import GroupHandle, Handle
+from ddl.negotiation import INLINE_BYTES, error_descriptor
 from ddl.ops import ReduceOp, as_op
 from ddl.topology import Topology
 
 _NONE = as_compressor(None)
 # (dtype, op as passed) -> (ReduceOp, dtype name) for combinations that passed the checks.
 _CHECKED: dict[tuple[np.dtype, Any], tuple[ReduceOp, str]] = {}
+# The subset whose dtype is its own accumulator (not the half types): lean-path candidates.
+_LEAN: dict[tuple[np.dtype, Any], tuple[ReduceOp, str]] = {}
 
 
 class Collectives:
@@ -58,6 +59,8 @@ class Collectives:
                 checked = (rop, str(arr.dtype))
                 if isinstance(op, (ReduceOp, str)):  # remember passed checks: the per-tensor path stays short
                     _CHECKED[(arr.dtype, op)] = checked
+                    if dtypes.accumulator(arr.dtype) == arr.dtype:  # no float32 detour: the lean path may run it
+                        _LEAN[(arr.dtype, op)] = checked
             else:
                 arr = x
             alg = algorithms.check_name(algorithm) if algorithm else self.ctx.config.algorithm
@@ -75,34 +78,86 @@ class Collectives:
     def allreduce(self, x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                   algorithm: str | None = None, compression: Any = None) -> np.ndarray:
         """See :func:`ddl.allreduce`."""
+        if algorithm in (None, "auto") and compression is None and type(x) is np.ndarray and x.nbytes <= INLINE_BYTES:
+            name = name or self.engine.names.next()
+            out = self._lean(x, op, name, inplace=False)
+            if out is not None:
+                return out
         return self.allreduce_async(x, op=op, name=name, algorithm=algorithm,  # type: ignore[no-any-return]
                                     compression=compression, wake=False).wait()
 
     def allreduce_(self, x: np.ndarray, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                    algorithm: str | None = None, compression: Any = None) -> np.ndarray:
         """See :func:`ddl.allreduce_`."""
+        if (algorithm in (None, "auto") and compression is None and type(x) is np.ndarray and x.nbytes <= INLINE_BYTES
+                and x.flags.writeable):
+            name = name or self.engine.names.next()
+            out = self._lean(x, op, name, inplace=True)
+            if out is not None:
+                return out
         return self.allreduce_async(x, op=op, name=name, algorithm=algorithm,  # type: ignore[no-any-return]
                                     compression=compression, inplace=True, wake=False).wait()
+
+    def _lean(self, x: np.ndarray, op: Any, name: str, *, inplace: bool) -> np.ndarray | None:
+        """The engine's lean path for a small synchronous allreduce whose arguments passed
+        before (see :meth:`Engine.lean_allreduce`); None when it does not apply."""
+        checked = _LEAN.get((x.dtype, op))
+        if checked is None or not x.size or self.ctx.config.algorithm != "auto":
+            return None
+        rop, dtype_name = checked
+        desc = ("allreduce", name, x.shape, dtype_name, rop.name, "auto", "none")
+        return self.engine.lean_allreduce(x, desc, rop, inplace)
+
+    def grouped_allreduce_async(self, xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
+                                algorithm: str | None = None, compression: Any = None,
+                                wake: bool = True) -> GroupHandle:
+        """Start one allreduce of several arrays; see :func:`ddl.grouped_allreduce_async`.
+
+        The arrays of each dtype are copied once into one flat private buffer, submitted
+        as one request (its descriptor lists every shape, so ranks that group differently
+        get a MismatchError), and reduced where they lie: a bucket the caller built costs
+        one submission, not one per tensor.
+        """
+        eng = self.engine
+        base = name or eng.names.next()
+        try:
+            if isinstance(xs, (np.ndarray, str, bytes)) or not isinstance(xs, Sequence):
+                raise TypeError(f"grouped_allreduce takes a list of arrays, got {type(xs).__name__}")
+            arrays, rop = [], as_op(op)
+            for x in xs:
+                # Arrays of a (dtype, op) that passed before skip the checks (hundreds per call).
+                if type(x) is not np.ndarray or (x.dtype, rop) not in _CHECKED:
+                    x = reduction_input(x, rop, "grouped_allreduce")[0]
+                    _CHECKED[(x.dtype, rop)] = (rop, str(x.dtype))
+                arrays.append(x)
+            alg = algorithms.check_name(algorithm) if algorithm else self.ctx.config.algorithm
+            comp = _NONE if compression is None else as_compressor(compression)
+        except (TypeError, ValueError) as exc:
+            self._refuse("grouped_allreduce", base, exc)
+        # An empty group still takes part, so a rank that groups nothing where others
+        # group something gets a MismatchError, not a stall.
+        lanes: dict[np.dtype, list[int]] = {} if arrays else {np.dtype(np.float64): []}
+        for i, a in enumerate(arrays):
+            lanes.setdefault(a.dtype, []).append(i)
+        parts = []
+        for dtype, positions in lanes.items():
+            sub = base if len(lanes) == 1 else f"{base}<{dtype}>"
+            shapes = [arrays[i].shape for i in positions]
+            if len(positions) == 1:
+                flat = np.array(arrays[positions[0]], copy=True).reshape(-1)
+            else:
+                flat = np.concatenate([arrays[i].reshape(-1) for i in positions] or [np.empty(0, dtype)])
+            desc = ("grouped_allreduce", sub, tuple(shapes), str(dtype), rop.name, alg, comp.name)
+            req = Request("allreduce", sub, desc, Handle(sub), array=flat, op=rop, algorithm=alg,
+                          compression=comp, inplace=True)
+            parts.append((positions, shapes, [arrays[i].size for i in positions], eng.submit(req, wake=wake)))
+        return GroupHandle(base, parts, len(arrays))
 
     def grouped_allreduce(self, xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                           algorithm: str | None = None, compression: Any = None) -> list[np.ndarray]:
         """See :func:`ddl.grouped_allreduce`."""
-        base = name or self.engine.names.next()
-        handles = []
-        for i, x in enumerate(xs):
-            try:
-                handles.append(self.allreduce_async(x, op=op, name=f"{base}[{i}]", algorithm=algorithm,
-                                                    compression=compression, wake=False))
-            except (TypeError, ValueError) as exc:
-                # The rest were submitted; let them finish everywhere, then raise.
-                for h in handles:
-                    with contextlib.suppress(Exception):
-                        h.wait()
-                for j in range(i + 1, len(xs)):  # keep the names in step with the other ranks
-                    with contextlib.suppress(Exception):
-                        self._refuse("allreduce", f"{base}[{j}]", exc)
-                raise
-        return [h.wait() for h in handles]
+        return self.grouped_allreduce_async(xs, op=op, name=name, algorithm=algorithm,  # type: ignore[no-any-return]
+                                            compression=compression, wake=False).wait()
 
     # -- everything else -------------------------------------------------------------
     def allgather(self, x: Any, *, name: str | None = None) -> np.ndarray:

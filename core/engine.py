@@ -29,18 +29,20 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ddl import fusion, negotiation
+from ddl.compression import as_compressor
 from ddl.context import Context
 from ddl.errors import DDLError, MismatchError, RemoteError
 from ddl.fusion import Request
 from ddl.handle import Handle
 from ddl.naming import ThreadNamer
 from ddl.negotiation import COMPACT_WORDS, HEADER_WORDS, RECORD_BYTES
-from ddl.ops import ReduceOp
+from ddl.ops import ReduceOp, ufunc
 from ddl.timeline import Timeline
 from ddl.watchdog import StallWatch
 
 __all__ = ["Engine", "Request"]
 
+_NO_COMPRESSION = as_compressor(None)
 _IDLE_MAX = 0.02  # seconds between idle cycles once nothing has been pending for a while
 
 
@@ -65,6 +67,7 @@ class Engine:
         self._wake = threading.Condition(self._lock)
         self._baton = threading.Lock()
         self._digests: dict[tuple[Any, ...], int] = {}
+        self._lean_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, list[np.ndarray]]] = {}
         self._stop = False
         self._finished = False
         self._last_submit = 0.0
@@ -72,6 +75,9 @@ class Engine:
         self._last_cycle = 0.0
         self._failure: BaseException | None = None
         self.compact = negotiation.compact(p)
+        # The lean path rides in the gathered record: not in compact mode, nor when a
+        # timeline records each request's life.
+        self._lean = p > 1 and not self.compact and timeline is None
         self._vec = np.zeros(COMPACT_WORDS, np.int64)
         self._send = np.zeros(RECORD_BYTES, np.uint8)
         self._recv = np.zeros((1 if self.compact else p) * RECORD_BYTES, np.uint8)
@@ -105,15 +111,7 @@ class Engine:
         if self._failure is not None:
             raise DDLError(f"the ddl engine has stopped after an error: {self._failure}")
         req.submitted = now = time.perf_counter()
-        # Training repeats the same descriptors every step: hash each one once.
-        d = self._digests.get(req.descriptor)
-        if d is None:
-            d = negotiation.digest(req.descriptor)
-            if req.name[0] != "#":  # unnamed ones never repeat
-                if len(self._digests) > 65536:
-                    self._digests.clear()
-                self._digests[req.descriptor] = d
-        req.digest = d
+        req.digest = self._digest(req.descriptor)
         if self._thread is None:
             self._execute([req])
             return req.handle
@@ -131,6 +129,76 @@ class Engine:
             if wake and self._long_sleep:
                 self._wake.notify()  # only then: waking it for every submission costs the caller
         return req.handle
+
+    def _digest(self, descriptor: tuple[Any, ...]) -> int:
+        # Training repeats the same descriptors every step: hash each one once.
+        d = self._digests.get(descriptor)
+        if d is None:
+            d = negotiation.digest(descriptor)
+            if descriptor[1][0] != "#":  # unnamed ones never repeat
+                if len(self._digests) > 65536:
+                    self._digests.clear()
+                self._digests[descriptor] = d
+        return d
+
+    def lean_allreduce(self, arr: np.ndarray, descriptor: tuple[Any, ...], op: ReduceOp,
+                       inplace: bool) -> np.ndarray | None:
+        """A synchronous allreduce small enough to ride in the cycle's record, run by the
+        caller as one cycle with no Request, Handle or queue; None when it cannot (the
+        engine is busy here, or stopping): the caller then submits as usual.
+
+        The cycle is the same one :meth:`_cycle` would run with this request alone
+        pending, so other ranks, on this path or not, see the same exchange. When they
+        hold something else, the request joins the queue and this cycle's verdict is
+        carried out as usual before the caller waits.
+        """
+        if not self._lean or not self._baton.acquire(blocking=False):
+            return None
+        try:
+            if self._pending or self._stop or self._finished or self._failure is not None:
+                return None
+            d = self._digests.get(descriptor) or self._digest(descriptor)
+            views = self._lean_views.get((arr.dtype, arr.shape)) or self._make_lean_views(arr.dtype, arr.shape)
+            staged, parts = views
+            staged[...] = arr
+            head = self._send_words
+            # Words as in _exchange: digest, one request, not stopping, inline bytes, stall check due.
+            head[0], head[1], head[2], head[3] = d, 1, 0, arr.nbytes
+            head[4] = 1 if time.monotonic() >= self.watch.next_check else 0
+            try:
+                self.ctx.comm.allgather_buffer(self._send, self._recv)
+                self.cycles += 1
+                if negotiation.all_hold(self._recv_words, len(parts), d, 1):
+                    self.inline_cycles += 1
+                    out = finish_lean(parts, op, arr if inplace else None)
+                    self.watch.done((descriptor[1],))
+                    return out
+                # Other ranks hold something else: go on as the queued request would.
+                start = time.perf_counter()
+                req = Request("allreduce", descriptor[1], descriptor, Handle(descriptor[1], self), array=arr,
+                              op=op, compression=_NO_COMPRESSION, inplace=inplace, submitted=start, digest=d)
+                with self._lock:
+                    self._in_flight.add(req.name)
+                    self._pending.append(req)
+                verdict = negotiation.decide(self._recv_words, len(parts), d, 1)
+                self._act(verdict, [req], False, arr.nbytes, start)
+            except BaseException as exc:
+                self._fail(exc, [])
+            finally:
+                self._last_cycle = time.perf_counter()
+        finally:
+            self._baton.release()
+        return req.handle.wait()  # type: ignore[no-any-return]
+
+    def _make_lean_views(self, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Typed, shaped views of this rank's outgoing payload and of every rank's incoming one."""
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        staged = self._payload_out[:n].view(dtype).reshape(shape)
+        parts = [payload[:n].view(dtype).reshape(shape) for payload in self._payloads]
+        if len(self._lean_views) > 256:
+            self._lean_views.clear()
+        self._lean_views[(dtype, shape)] = views = (staged, parts)
+        return views
 
     def wait_for(self, handle: Handle, timeout: float | None) -> bool:
         """Block until ``handle`` is done, running cycles here while nobody else does.
@@ -281,6 +349,12 @@ class Engine:
         inline = 0 if self.compact else fusion.inline_bytes(batch)
         start = time.perf_counter()
         verdict = self._exchange(h, n, stopping, due, inline, batch)
+        return self._act(verdict, batch, stopping, inline, start)
+
+    def _act(self, verdict: negotiation.Verdict, batch: list[Request], stopping: bool, inline: int,
+             start: float) -> tuple[bool, bool]:
+        """Carry out this cycle's ``verdict`` on ``batch`` (what this rank exchanged)."""
+        n = len(batch)
         if stopping:
             self.watch.waiting_to_stop(verdict.waiting_to_stop)
         if verdict.action == "run":
@@ -376,6 +450,18 @@ class Engine:
         # Names are reused every step; one seen missing once and then run on the fast
         # path must not keep its old clock, or a later brief skew reads as a long stall.
         self.watch.done(r.name for r in done)
+
+
+def finish_lean(parts: list[np.ndarray], op: ReduceOp, into: np.ndarray | None) -> np.ndarray:
+    """Reduce every rank's payload in rank order (the bits :func:`ddl.fusion.finish_inline`
+    gives) into ``into``, or a new array."""
+    combine = ufunc(op)
+    out = combine(parts[0], parts[1]) if into is None else combine(parts[0], parts[1], out=into)
+    for part in parts[2:]:
+        combine(out, part, out=out)
+    if op is ReduceOp.AVERAGE:
+        np.divide(out, len(parts), out=out)
+    return out  # type: ignore[no-any-return]
 
 
 def _failure_for(req: Request, failing: tuple[int, ...], message: str, rank: int) -> BaseException:

@@ -69,3 +69,41 @@ class Handle:
 
     def __repr__(self) -> str:
         return f"<ddl.Handle {self.name!r} {'done' if self.done() else 'pending'}>"
+
+
+class GroupHandle(Handle):
+    """The pending results of one grouped allreduce: ``wait()`` returns a list in input order.
+
+    The group travels as one request per dtype (a flat private copy of its tensors);
+    each result is a view of that request's reduced buffer, in the input's shape.
+    """
+
+    __slots__ = ("_count", "_parts")
+
+    def __init__(self, name: str, parts: list[tuple[list[int], list[tuple[int, ...]], list[int], Handle]],
+                 count: int) -> None:
+        """``parts``: (input positions, their shapes, their element counts, the handle) per request."""
+        super().__init__(name)
+        self._parts = parts
+        self._count = count
+
+    def done(self) -> bool:
+        return all(h.done() for *_, h in self._parts)
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until every part is done; return the list of results.
+
+        Raises:
+            TimeoutError: not done within ``timeout`` seconds.
+            MismatchError / DDLError: the collective failed on this rank.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        out: list[Any] = [None] * self._count
+        for positions, shapes, sizes, handle in self._parts:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            flat = handle.wait(left)
+            offset = 0
+            for i, shape, n in zip(positions, shapes, sizes, strict=True):
+                out[i] = flat[offset : offset + n].reshape(shape)
+                offset += n
+        return out

@@ -19,8 +19,9 @@ class ThreadNamer:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        # thread name -> (the live thread that counts under it, its next number)
-        self._counters: dict[str, tuple[weakref.ref[threading.Thread], int]] = {}
+        # thread name -> (the live thread that counts under it, its counter cell)
+        self._counters: dict[str, tuple[weakref.ref[threading.Thread], list[int]]] = {}
+        self._local = threading.local()  # this thread's (label, prefix, cell) once checked
 
     def next(self) -> str:
         """The next name for the calling thread.
@@ -29,10 +30,20 @@ class ThreadNamer:
             ValueError: another live thread of this process has the same name and
                 also submits unnamed collectives, so their requests cannot be told apart.
         """
+        mine = getattr(self._local, "mine", None)
         thread = threading.current_thread()
+        if mine is None or mine[0] != thread.name:  # first call here, or the thread was renamed
+            mine = self._local.mine = self._claim(thread)
+        cell = mine[2]
+        cell[0] += 1  # only the owning thread writes its cell
+        return f"{mine[1]}{cell[0]}"
+
+    def _claim(self, thread: threading.Thread) -> tuple[str, str, list[int]]:
+        """Register ``thread`` under its name; a later thread of the same name, once this
+        one has ended, continues the same count (as the other ranks' would)."""
         label = thread.name
         with self._lock:
-            owner_ref, n = self._counters.get(label, (None, 0))
+            owner_ref, cell = self._counters.get(label, (None, [0]))
             owner = owner_ref() if owner_ref is not None else None
             if owner is not None and owner is not thread and owner.is_alive():
                 raise ValueError(
@@ -40,6 +51,5 @@ class ThreadNamer:
                     "ranks match unnamed requests per thread name, so give the threads distinct "
                     "names (threading.Thread(name=...)) or pass name= to each collective"
                 )
-            n += 1
-            self._counters[label] = (weakref.ref(thread), n)
-        return f"#{n}" if label == "MainThread" else f"#{label}.{n}"
+            self._counters[label] = (weakref.ref(thread), cell)
+        return label, "#" if label == "MainThread" else f"#{label}.", cell

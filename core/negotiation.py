@@ -16,6 +16,7 @@ None of them touches MPI, so all are tested at hundreds of ranks without one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 from collections.abc import Sequence
 from typing import Any
@@ -36,9 +37,20 @@ _MASK = (1 << 62) - 1
 
 
 def digest(descriptor: tuple[Any, ...]) -> int:
-    """A stable 62-bit hash of ``descriptor``'s repr."""
-    raw = hashlib.blake2b(repr(descriptor).encode(), digest_size=8).digest()
-    return int.from_bytes(raw, "little") & _MASK
+    """A stable 62-bit hash of ``descriptor`` (``(kind, name, ...)``).
+
+    The name and the rest are hashed apart and the rest is cached: an unnamed call has
+    a new name every time, but its shape, dtype and op repeat.
+    """
+    name = descriptor[1]
+    body = _body_digest(descriptor[:1] + descriptor[2:])
+    raw = hashlib.blake2b(name.encode() if isinstance(name, str) else repr(name).encode(), digest_size=8).digest()
+    return (body ^ int.from_bytes(raw, "little")) & _MASK
+
+
+@functools.lru_cache(maxsize=4096)
+def _body_digest(rest: tuple[Any, ...]) -> int:
+    return int.from_bytes(hashlib.blake2b(repr(rest).encode(), digest_size=8, person=b"ddl-body").digest(), "little")
 
 
 def combine(digests: Sequence[int]) -> int:
@@ -96,6 +108,15 @@ def decide(words: Sequence[int], size: int, my_digest: int, my_length: int) -> V
     # A rank with nothing pending (often just a cycle early) makes nothing ready: the
     # lists are gathered only now and then, to watch for stalls.
     return Verdict("match" if check else "idle", all_stop, waiting_to_stop=waiting)
+
+
+def all_hold(words: Sequence[int], size: int, my_digest: int, my_length: int) -> bool:
+    """Whether every gathered record holds this rank's very list (:func:`decide`'s ``"run"``),
+    checked without building a verdict: the lean path's common case."""
+    for base in range(0, size * STRIDE, STRIDE):
+        if words[base] != my_digest or words[base + 1] != my_length:
+            return False
+    return True
 
 
 def compact(size: int) -> bool:

@@ -147,12 +147,16 @@ def run_fused(comm: Any, n: int, nbytes: int) -> list[dict[str, Any]]:
         hs = [ddl.allreduce_async(x, op=ddl.Sum, name=f"f{i}") for i, x in enumerate(xs)]
         return [h.wait() for h in hs]
 
-    t_many, t_one, cycles = [], [], []
+    def grouped() -> list[np.ndarray]:
+        return ddl.grouped_allreduce_async(xs, op=ddl.Sum, name="grouped").wait()  # type: ignore[no-any-return]
+
+    t_many, t_one, t_grouped, cycles = [], [], [], []
     for _ in range(5):
         c0 = eng.cycles
         t_many.append(timed(comm, many, budget=0.3, max_reps=10)[0])
         cycles.append((eng.cycles - c0) / 11)
         t_one.append(timed(comm, bind(ddl_allreduce("auto"), one), budget=0.3, max_reps=10)[0])
+        t_grouped.append(timed(comm, grouped, budget=0.3, max_reps=10)[0])
     comm.Barrier()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
@@ -167,9 +171,11 @@ def run_fused(comm: Any, n: int, nbytes: int) -> list[dict[str, Any]]:
 
     cycle = comm.allreduce(cycle, op=MPI.MAX)
     extra = comm.allreduce(peak - out_bytes, op=MPI.MAX)
-    tm, to = statistics.median(t_many), statistics.median(t_one)
+    tm, to, tg = statistics.median(t_many), statistics.median(t_one), statistics.median(t_grouped)
     return [{"tensors": n, "bytes_each": nbytes, "time_async_s": tm, "time_one_s": to, "ratio": tm / to,
-             "ratios": [a / b for a, b in zip(t_many, t_one, strict=True)], "cycle_s": cycle,
+             "ratios": [a / b for a, b in zip(t_many, t_one, strict=True)],
+             "time_grouped_s": tg, "grouped_ratio": tg / to,
+             "grouped_ratios": [a / b for a, b in zip(t_grouped, t_one, strict=True)], "cycle_s": cycle,
              "cycles_per_step": statistics.median(cycles), "cycle_bytes": eng.cycle_bytes(),
              "cycle_protocol": "compact allreduce" if eng.compact else "gathered records",
              "peak_traced_bytes": peak, "result_bytes": out_bytes,
@@ -193,6 +199,8 @@ def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, note
         print(f"fusion: {f['tensors']} x {human(f['bytes_each'])} async {f['time_async_s'] * 1e3:.2f} ms vs one "
               f"{human(f['tensors'] * f['bytes_each'])} {f['time_one_s'] * 1e3:.2f} ms: ratio {f['ratio']:.2f} "
               f"(per round: {', '.join(f'{r:.2f}' for r in f['ratios'])})")
+        print(f"fusion: the same {f['tensors']} as one grouped_allreduce_async {f['time_grouped_s'] * 1e3:.2f} ms: "
+              f"ratio {f['grouped_ratio']:.2f} (per round: {', '.join(f'{r:.2f}' for r in f['grouped_ratios'])})")
         print(f"checks: one negotiation cycle {f['cycle_s'] * 1e6:.0f} us and {f['cycle_bytes']} bytes per rank "
               f"({f['cycle_protocol']}), {f['cycles_per_step']:.1f} cycles a "
               f"step = {f['cycle_s'] * f['cycles_per_step'] / f['time_async_s'] * 100:.1f} % of the step")

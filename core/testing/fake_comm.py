@@ -21,6 +21,10 @@ T = TypeVar("T")
 TIMEOUT_S = 30.0
 
 
+class CollectiveMismatch(AssertionError):
+    """Ranks met in different collectives: a broken call sequence (MPI would hang)."""
+
+
 class FakeAbort(RuntimeError):
     """Raised by :meth:`FakeComm.abort` in place of ending the process."""
 
@@ -74,28 +78,37 @@ class FakeComm:
                 if waited >= TIMEOUT_S:
                     raise TimeoutError(f"rank {self._rank}: no message from rank {source}") from None
 
-    def _exchange(self, obj: Any) -> list[Any]:
+    def _exchange(self, obj: Any, kind: str) -> list[Any]:
+        """Every rank's ``obj``, once all have called the collective ``kind``.
+
+        Ranks that meet in different collectives fail here, on every rank, naming them:
+        under MPI they would hang or mix up data, which breaks the engine's contract.
+        """
         w = self._world
         w.barrier.wait()
-        w.slots[self._rank] = obj
+        w.slots[self._rank] = (kind, obj)
         w.barrier.wait()
         out = list(w.slots)
         w.barrier.wait()
-        return out
+        kinds = [k for k, _ in out]
+        if any(k != kind for k in kinds):
+            raise CollectiveMismatch(f"rank {self._rank}: ranks met in different collectives: "
+                                     + ", ".join(f"rank {r} {k}" for r, k in enumerate(kinds)))
+        return [o for _, o in out]
 
     def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
-        parts = self._exchange(buf.copy())
+        parts = self._exchange(buf.copy(), f"allreduce {op.name}")
         acc = parts[0].copy()
         for part in parts[1:]:
             ufunc(op)(acc, part, out=acc)
         buf[...] = acc
 
     def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
-        parts = self._exchange(as_bytes(buf).copy() if self._rank == root else None)
+        parts = self._exchange(as_bytes(buf).copy() if self._rank == root else None, "bcast")
         as_bytes(buf)[...] = parts[root]
 
     def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
-        parts = self._exchange(as_bytes(send).copy())
+        parts = self._exchange(as_bytes(send).copy(), "allgatherv")
         out = as_bytes(recv)
         offset = 0
         for part, n in zip(parts, counts, strict=True):
@@ -103,17 +116,17 @@ class FakeComm:
             offset += n
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
-        parts = self._exchange(as_bytes(send).copy())
+        parts = self._exchange(as_bytes(send).copy(), "allgather")
         as_bytes(recv)[...] = np.concatenate(parts)
 
     def bcast_object(self, obj: Any, root: int) -> Any:
-        return self._exchange(obj)[root]
+        return self._exchange(obj, "bcast_object")[root]
 
     def allgather_object(self, obj: Any) -> list[Any]:
-        return self._exchange(obj)
+        return self._exchange(obj, "allgather_object")
 
     def barrier(self) -> None:
-        self._exchange(None)
+        self._exchange(None, "barrier")
 
     def abort(self, code: int = 1) -> NoReturn:
         self._world.aborted = True

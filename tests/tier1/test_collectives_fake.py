@@ -619,7 +619,7 @@ def test_mismatched_op_dtype_and_name() -> None:
         (lambda ctx: ctx.reducescatter(np.ones((4, 2)), op=ddl.Sum if ctx.topology.rank else ddl.Min),
          ("reducescatter", "MIN", "SUM")),
         (lambda ctx: ctx.grouped_allreduce([np.ones(2), np.ones(1 + (ctx.topology.rank == 3))]),
-         ("#1[1]'", "ranks 0,1,2:", "rank 3:", "(1,)", "(2,)")),
+         ("grouped_allreduce(#1, ((2,), (1,))", "ranks 0,1,2:", "rank 3:", "((2,), (2,))")),
     ]
     for fn, needles in cases:
         _assert_mismatch_everywhere(run_all_raise(4, fn, algorithm="ring"), *needles)

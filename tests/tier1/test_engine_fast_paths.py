@@ -1,0 +1,221 @@
+"""The engine's fast paths on fake ranks: the lean synchronous allreduce and grouped submission."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ddl
+from ddl import engine as engine_module
+from ddl.collectives import Collectives
+from ddl.fusion import Request
+from ddl.testing import run_engines
+
+
+def _count_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Names of every Request the engine builds (the lean path builds none)."""
+    made: list[str] = []
+    real = Request.__init__
+
+    def spy(self: Request, *args: Any, **kwargs: Any) -> None:
+        real(self, *args, **kwargs)
+        made.append(self.name)
+
+    monkeypatch.setattr(Request, "__init__", spy)
+    return made
+
+
+# -- the lean synchronous path ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [2, 3, 5])
+def test_small_synchronous_allreduces_take_the_lean_path(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """Sum, Average, Max, in place and not, int and float: right results, bit-identical to
+    the queued inline path, one inline cycle each and no Request built."""
+    made = _count_requests(monkeypatch)
+
+    def fn(c: Collectives) -> tuple[list[np.ndarray], int]:
+        r = c.topology.rank
+        rng = np.random.default_rng(r)
+        x = rng.standard_normal((3, 5)).astype(np.float32)
+        inplace = x.copy()
+        for op, a in ((ddl.Sum, x), (ddl.Average, x), (ddl.Max, np.arange(6))):
+            c.allreduce(a, op=op, name="warm-up")  # a (dtype, op) is checked once, on the queued path
+        cycles = c.engine.inline_cycles
+        out = [
+            c.allreduce(x, op=ddl.Sum),
+            c.allreduce(x, op=ddl.Average, name="avg"),
+            c.allreduce(np.arange(6, dtype=np.int64) * (r + 1), op=ddl.Max),
+            c.allreduce_(inplace, op=ddl.Sum),
+            x[:, ::2].copy(),  # a non-contiguous input
+        ]
+        out[-1] = c.allreduce(x[:, ::2], op=ddl.Sum)
+        lean = c.engine.inline_cycles - cycles
+        # The queued path (async) on the same input: the same bits.
+        out.append(c.allreduce_async(x, op=ddl.Sum, name="queued").wait())
+        assert inplace is out[3] or np.shares_memory(inplace, out[3])
+        return out, lean
+
+    results = run_engines(size, fn)
+    xs = [np.random.default_rng(q).standard_normal((3, 5)).astype(np.float32) for q in range(size)]
+    total = xs[0].copy()
+    for x in xs[1:]:
+        total += x  # rank order, in float32: what every path must give, bit for bit
+    for out, lean in results:
+        assert lean == 5
+        np.testing.assert_array_equal(out[0], total)
+        np.testing.assert_array_equal(out[1], total / size)
+        np.testing.assert_array_equal(out[2], np.arange(6) * size)
+        np.testing.assert_array_equal(out[3], total)
+        np.testing.assert_array_equal(out[4], total[:, ::2])
+        np.testing.assert_array_equal(out[5], total)
+        assert out[0].shape == (3, 5) and out[0].dtype == np.float32
+    # Past the warm-up, only the async call built a Request.
+    assert set(made) <= {"warm-up", "queued"} and made.count("queued") == size
+
+
+def test_lean_call_meets_a_rank_that_queued_other_work_first() -> None:
+    """Rank 0 calls synchronously (lean) while rank 1 still has an async request of another
+    name pending: the lean cycle falls back to the queue, and both finish right."""
+
+    def fn(c: Collectives) -> tuple[float, float]:
+        r = c.topology.rank
+        if r == 1:
+            h = c.allreduce_async(np.full(4, 10.0), op=ddl.Sum, name="other")
+            with c.engine._baton:  # hold cycles back: the request stays pending until the lean call
+                pass
+            a = c.allreduce(np.full(4, 1.0 + r), op=ddl.Sum, name="sync")
+            b = h.wait()
+        else:
+            a = c.allreduce(np.full(4, 1.0 + r), op=ddl.Sum, name="sync")
+            b = c.allreduce(np.full(4, 10.0), op=ddl.Sum, name="other")
+        return float(a[0]), float(b[0])
+
+    assert run_engines(2, fn) == [(3.0, 20.0), (3.0, 20.0)]
+
+
+def test_lean_calls_that_do_not_match_raise_a_mismatch_on_every_rank() -> None:
+    def fn(c: Collectives) -> BaseException | None:
+        shape = (4,) if c.topology.rank else (5,)
+        try:
+            c.allreduce(np.ones(shape), op=ddl.Sum, name="w")
+        except ddl.MismatchError as exc:
+            return exc
+        return None
+
+    errors = run_engines(3, fn)
+    assert all(isinstance(e, ddl.MismatchError) and "'w'" in str(e) and "(5,)" in str(e) for e in errors)
+
+
+def test_lean_calls_from_two_threads_never_mix() -> None:
+    """Two threads per rank race for the baton with unnamed small allreduces: each result is
+    its own thread's sum (the lean path keeps names per thread, and steps aside when busy)."""
+
+    def fn(c: Collectives) -> list[str]:
+        r, wrong = c.topology.rank, []
+
+        def worker(tag: int) -> None:
+            for i in range(60):
+                got = c.allreduce(np.full(3, 100.0 * tag + i + r), op=ddl.Sum)
+                want = sum(100.0 * tag + i + q for q in range(c.topology.size))
+                if got[0] != want:
+                    wrong.append(f"thread {tag} call {i}: {got[0]} != {want}")
+
+        threads = [threading.Thread(target=worker, args=(t,), name=f"w{t}") for t in (1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return wrong
+
+    assert run_engines(3, fn) == [[], [], []]
+
+
+def test_the_lean_path_steps_aside_for_half_types_and_large_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _count_requests(monkeypatch)
+
+    def fn(c: Collectives) -> None:
+        c.allreduce(np.ones(8, np.float16), op=ddl.Sum)  # accumulates in float32: the queued path
+        c.allreduce(np.ones(2048, np.float32), op=ddl.Sum)  # 8 KiB: larger than the record
+        c.allreduce(np.ones(8, np.float32), op=ddl.Sum, compression=ddl.Compression.fp16)
+
+    run_engines(2, fn)
+    assert len(made) == 2 * 3
+
+
+def test_lean_path_is_off_in_compact_mode() -> None:
+    """From 17 ranks the cycle carries no payload: small calls are queued and still right."""
+
+    def fn(c: Collectives) -> tuple[float, bool]:
+        return float(c.allreduce(np.ones(2), op=ddl.Sum)[0]), c.engine._lean
+
+    results = run_engines(17, fn, config=ddl.config.Config(algorithm="ring", segment_bytes=1 << 20))
+    assert results == [(17.0, False)] * 17
+
+
+def test_finish_lean_reduces_in_rank_order() -> None:
+    parts = [np.array([1e8], np.float32), np.array([1.0], np.float32), np.array([-1e8], np.float32)]
+    # (1e8 + 1) rounds to 1e8 in float32, then - 1e8 = 0: rank order, not sorted or pairwise.
+    assert engine_module.finish_lean(parts, ddl.Sum, None)[0] == 0.0
+
+
+# -- grouped submission -----------------------------------------------------------------
+
+
+def test_grouped_allreduce_async_is_one_request_per_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    made = _count_requests(monkeypatch)
+
+    def fn(c: Collectives) -> list[np.ndarray]:
+        r = c.topology.rank
+        xs = [np.full((2, 3), r, np.float32), np.full(5, r, np.int64), np.full(4, 2 * r, np.float32)]
+        h = c.grouped_allreduce_async(xs, op=ddl.Sum, name="g")
+        xs[0][...] = 99  # copied at the call: changing the input now changes nothing
+        return h.wait()  # type: ignore[no-any-return]
+
+    for out in run_engines(3, fn):
+        np.testing.assert_array_equal(out[0], np.full((2, 3), 3.0))
+        np.testing.assert_array_equal(out[1], np.full(5, 3))
+        np.testing.assert_array_equal(out[2], np.full(4, 6.0))
+        assert [o.dtype for o in out] == [np.float32, np.int64, np.float32]
+    assert sorted(set(made)) == ["g<float32>", "g<int64>"] and len(made) == 6
+
+
+def test_grouped_allreduce_of_many_tensors_reduces_one_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """256 small tensors: one bucket, whose results are views of it in the input shapes."""
+    from ddl.context import Context
+
+    buffers: list[int] = []
+    real = Context.allreduce_flat
+
+    def spy(self: Context, buf: np.ndarray, *args: Any, **kwargs: Any) -> None:
+        buffers.append(buf.size)
+        real(self, buf, *args, **kwargs)
+
+    monkeypatch.setattr(Context, "allreduce_flat", spy)
+
+    def fn(c: Collectives) -> bool:
+        r = c.topology.rank
+        xs = [np.full((4, 4), i + r, np.float64) for i in range(256)]
+        out = c.grouped_allreduce(xs, op=ddl.Average, algorithm="ring")
+        base = out[0].base if out[0].base is not None else out[0]
+        return all(o.shape == (4, 4) and np.all(o == i + 0.5) and np.shares_memory(o, base)
+                   for i, o in enumerate(out))
+
+    assert run_engines(2, fn) == [True, True]
+    assert buffers == [256 * 16] * 2
+
+
+def test_grouped_allreduce_refuses_a_non_list_on_every_rank() -> None:
+    def fn(c: Collectives) -> BaseException | None:
+        try:
+            c.grouped_allreduce(np.ones(3) if c.topology.rank == 0 else [np.ones(3)])  # type: ignore[arg-type]
+        except (TypeError, ddl.RemoteError) as exc:
+            return exc
+        return None
+
+    own, other = run_engines(2, fn)
+    assert isinstance(own, TypeError) and "list of arrays" in str(own)
+    assert isinstance(other, ddl.RemoteError) and "rank 0" in str(other)
