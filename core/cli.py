@@ -14,6 +14,7 @@ from collections.abc import Callable
 COMMANDS: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("bench", "allreduce"): ("ddl.bench.allreduce", "",
                              "ddl bench allreduce [-np N] [--max-bytes B] [--fused N] [--out DIR] ..."),
+    ("bench", "startup"): ("ddl.bench.startup", "", "ddl bench startup [-np N] [--rounds R] [--out DIR]"),
     ("bench", "torch"): ("ddl.torch.bench", "torch", "ddl bench torch [--ranks 1,2] [--models mlp,cnn] [--out DIR] ..."),
     ("bench", "tensorflow"): ("ddl.tensorflow.bench", "tensorflow",
                               "ddl bench tensorflow [--ranks 1,2] [--batch 64] [--out DIR] ..."),

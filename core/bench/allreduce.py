@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddl bench allreduce", description=__doc__)
     parser.add_argument("--min-bytes", type=int, default=4 << 10)
     parser.add_argument("--max-bytes", type=int, default=256 << 20)
+    parser.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=None, metavar="B,B,...",
+                        help="exact sizes in bytes, multiples of 4 (instead of powers of 4 from --min-bytes)")
     parser.add_argument("--budget", type=float, default=0.4, help="seconds of repeats per size and contender")
     parser.add_argument("--max-reps", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size (median of them)")
@@ -89,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
                 contenders["torch-gloo"] = gloo
     rows = []
     expected = p * (p + 1) / 2
-    for nbytes in sizes(args.min_bytes, args.max_bytes):
+    if args.sizes and any(b <= 0 or b % 4 for b in args.sizes):
+        parser.error(f"--sizes takes positive multiples of 4 bytes (float32), got {args.sizes}")
+    for nbytes in args.sizes or sizes(args.min_bytes, args.max_bytes):
         x = np.full(nbytes // 4, rank + 1, np.float32)
         # Rounds interleave the contenders, so a burst of noise hits them all alike.
         per: dict[str, list[float]] = {name: [] for name in contenders}
@@ -218,14 +222,17 @@ def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, note
 
 
 def summarize(rows: list[dict[str, Any]]) -> None:
-    """auto against the best fixed algorithm at each size, and against MPI's own at 4 KiB."""
+    """auto against the best fixed algorithm and against MPI's own allreduce, per size."""
     worst = 0.0
+    line = []
     for nbytes in dict.fromkeys(r["bytes"] for r in rows):
         at = {r["contender"]: r["time_s"] for r in rows if r["bytes"] == nbytes}
         best = min(t for n, t in at.items() if n.startswith("ddl:") and n != "ddl:auto")
         worst = max(worst, at["ddl:auto"] / best)
-        if nbytes == 4 << 10 and "MPI_Allreduce" in at:
-            print(f"auto at 4KiB: {at['ddl:auto'] / at['MPI_Allreduce']:.2f}x MPI_Allreduce's time")
+        if "MPI_Allreduce" in at:
+            line.append(f"{human(nbytes)} {at['ddl:auto'] / at['MPI_Allreduce']:.2f}x")
+    if line:
+        print("auto / MPI_Allreduce time: " + ", ".join(line))
     print(f"auto vs best fixed algorithm: worst {worst:.2f}x over all sizes")
 
 

@@ -1,0 +1,40 @@
+"""Tier 2: the benchmark commands run end to end on 2 ranks and check their own results."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.mpi
+
+
+def ddl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ddl.cli", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_allreduce_checks_every_contender_and_reports_fusion(tmp_path: Path) -> None:
+    proc = ddl("bench", "allreduce", "-np", "2", "--sizes", "8,4096,65536", "--budget", "0.02", "--rounds", "1",
+               "--fused", "8", "--fused-bytes", "4096", "--no-gloo", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "auto / MPI_Allreduce time: 8B" in proc.stdout and "grouped_allreduce_async" in proc.stdout
+    data = json.loads((tmp_path / "allreduce-np2.json").read_text())
+    assert {r["bytes"] for r in data["rows"]} == {8, 4096, 65536}
+    assert all(r["correct"] for r in data["rows"])  # a wrong sum is marked, and fails the command
+    assert data["fused"][0]["grouped_ratio"] > 0
+
+
+def test_bench_allreduce_refuses_sizes_that_are_not_float32_multiples(tmp_path: Path) -> None:
+    proc = ddl("bench", "allreduce", "--sizes", "6", "--out", str(tmp_path), timeout=60)
+    assert proc.returncode == 2 and "multiples of 4" in proc.stderr
+
+
+def test_bench_startup_compares_a_ddl_job_with_a_bare_one(tmp_path: Path) -> None:
+    proc = ddl("bench", "startup", "-np", "2", "--rounds", "1", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "startup-np2.json").read_text())
+    assert data["ratio"] > 0 and len(data["runs"]["ddl"]) == 1
+    assert "ddl job / bare job" in proc.stdout
