@@ -21,7 +21,7 @@ from ddl.compression import as_compressor
 from ddl.engine import Engine
 from ddl.fusion import Request
 from ddl.handle import GroupHandle, Handle
-from ddl.negotiation import INLINE_BYTES, error_descriptor
+from ddl.negotiation import error_descriptor
 from ddl.ops import ReduceOp, as_op
 from ddl.topology import Topology
 
@@ -38,6 +38,7 @@ class Collectives:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.ctx = engine.ctx
+        self._runnable: set[str] = set()  # algorithm names that passed the checks on this topology
 
     @property
     def topology(self) -> Topology:
@@ -67,6 +68,7 @@ class Collectives:
             comp = _NONE if compression is None else as_compressor(compression)
         except (TypeError, ValueError) as exc:
             self._refuse("allreduce", name, exc)
+        self._runnable.add(alg)
         rop, dtype_name = checked
         desc = ("allreduce", name, arr.shape, dtype_name, rop.name, alg, comp.name)
         req = Request("allreduce", name, desc, Handle(name), array=arr, op=rop, algorithm=alg,
@@ -78,9 +80,9 @@ class Collectives:
     def allreduce(self, x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                   algorithm: str | None = None, compression: Any = None) -> np.ndarray:
         """See :func:`ddl.allreduce`."""
-        if algorithm in (None, "auto") and compression is None and type(x) is np.ndarray and x.nbytes <= INLINE_BYTES:
+        if compression is None and type(x) is np.ndarray:
             name = name or self.engine.names.next()
-            out = self._lean(x, op, name, inplace=False)
+            out = self._lean(x, op, name, algorithm, inplace=False)
             if out is not None:
                 return out
         return self.allreduce_async(x, op=op, name=name, algorithm=algorithm,  # type: ignore[no-any-return]
@@ -89,23 +91,28 @@ class Collectives:
     def allreduce_(self, x: np.ndarray, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                    algorithm: str | None = None, compression: Any = None) -> np.ndarray:
         """See :func:`ddl.allreduce_`."""
-        if (algorithm in (None, "auto") and compression is None and type(x) is np.ndarray and x.nbytes <= INLINE_BYTES
-                and x.flags.writeable):
+        if compression is None and type(x) is np.ndarray and x.flags.writeable:
             name = name or self.engine.names.next()
-            out = self._lean(x, op, name, inplace=True)
+            out = self._lean(x, op, name, algorithm, inplace=True)
             if out is not None:
                 return out
         return self.allreduce_async(x, op=op, name=name, algorithm=algorithm,  # type: ignore[no-any-return]
                                     compression=compression, inplace=True, wake=False).wait()
 
-    def _lean(self, x: np.ndarray, op: Any, name: str, *, inplace: bool) -> np.ndarray | None:
-        """The engine's lean path for a small synchronous allreduce whose arguments passed
-        before (see :meth:`Engine.lean_allreduce`); None when it does not apply."""
+    def _lean(self, x: np.ndarray, op: Any, name: str, algorithm: str | None, *, inplace: bool) -> np.ndarray | None:
+        """The engine's lean path for a synchronous allreduce whose (dtype, op) passed the
+        checks before (see :meth:`Engine.lean_allreduce`); None when it does not apply."""
         checked = _LEAN.get((x.dtype, op))
-        if checked is None or not x.size or self.ctx.config.algorithm != "auto":
+        if checked is None:
             return None
+        if algorithm is None:
+            alg = self.ctx.config.algorithm
+        elif algorithm in self._runnable:
+            alg = algorithm
+        else:
+            return None  # not checked yet: the queued path checks it (and refuses it everywhere)
         rop, dtype_name = checked
-        desc = ("allreduce", name, x.shape, dtype_name, rop.name, "auto", "none")
+        desc = ("allreduce", name, x.shape, dtype_name, rop.name, alg, "none")
         return self.engine.lean_allreduce(x, desc, rop, inplace)
 
     def grouped_allreduce_async(self, xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,

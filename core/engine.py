@@ -35,7 +35,7 @@ from ddl.errors import DDLError, MismatchError, RemoteError
 from ddl.fusion import Request
 from ddl.handle import Handle
 from ddl.naming import ThreadNamer
-from ddl.negotiation import COMPACT_WORDS, HEADER_WORDS, RECORD_BYTES
+from ddl.negotiation import COMPACT_WORDS, HEADER_WORDS, INLINE_BYTES, RECORD_BYTES
 from ddl.ops import ReduceOp, ufunc
 from ddl.timeline import Timeline
 from ddl.watchdog import StallWatch
@@ -75,9 +75,6 @@ class Engine:
         self._last_cycle = 0.0
         self._failure: BaseException | None = None
         self.compact = negotiation.compact(p)
-        # The lean path rides in the gathered record: not in compact mode, nor when a
-        # timeline records each request's life.
-        self._lean = p > 1 and not self.compact and timeline is None
         self._vec = np.zeros(COMPACT_WORDS, np.int64)
         self._send = np.zeros(RECORD_BYTES, np.uint8)
         self._recv = np.zeros((1 if self.compact else p) * RECORD_BYTES, np.uint8)
@@ -143,45 +140,66 @@ class Engine:
 
     def lean_allreduce(self, arr: np.ndarray, descriptor: tuple[Any, ...], op: ReduceOp,
                        inplace: bool) -> np.ndarray | None:
-        """A synchronous allreduce small enough to ride in the cycle's record, run by the
-        caller as one cycle with no Request, Handle or queue; None when it cannot (the
-        engine is busy here, or stopping): the caller then submits as usual.
+        """A synchronous allreduce run by the caller as one cycle, with no queue; None when
+        it cannot (the engine is busy here, or stopping): the caller then submits as usual.
 
-        The cycle is the same one :meth:`_cycle` would run with this request alone
-        pending, so other ranks, on this path or not, see the same exchange. When they
-        hold something else, the request joins the queue and this cycle's verdict is
-        carried out as usual before the caller waits.
+        The cycle exchanges what :meth:`_cycle` would with this request alone pending, so
+        other ranks, on this path or not, see the same calls. When every rank holds just
+        this request, a small one is reduced from the gathered records (inline) and a
+        larger one runs at once as a bucket of its own; when they hold something else,
+        the request joins the queue and this cycle's verdict is carried out as usual.
+        ``arr``'s dtype must be its own accumulator (not a half type).
         """
-        if not self._lean or not self._baton.acquire(blocking=False):
+        if self._thread is None or self.timeline is not None or not self._baton.acquire(blocking=False):
             return None
         try:
             if self._pending or self._stop or self._finished or self._failure is not None:
                 return None
             d = self._digests.get(descriptor) or self._digest(descriptor)
-            views = self._lean_views.get((arr.dtype, arr.shape)) or self._make_lean_views(arr.dtype, arr.shape)
-            staged, parts = views
-            staged[...] = arr
-            head = self._send_words
-            # Words as in _exchange: digest, one request, not stopping, inline bytes, stall check due.
-            head[0], head[1], head[2], head[3] = d, 1, 0, arr.nbytes
-            head[4] = 1 if time.monotonic() >= self.watch.next_check else 0
+            nbytes = arr.nbytes
+            due = time.monotonic() >= self.watch.next_check
+            # What fusion.inline_bytes gives this request alone: auto, no compression, fits.
+            inline = 0 < nbytes <= INLINE_BYTES and not self.compact and descriptor[5] == "auto"
             try:
-                self.ctx.comm.allgather_buffer(self._send, self._recv)
+                if self.compact:
+                    vec = self._vec
+                    vec[0], vec[1], vec[2], vec[3], vec[4], vec[5], vec[6] = d, -d, 1, -1, 0, 0, -1 if due else 0
+                    self.ctx.comm.allreduce_native(vec, ReduceOp.MIN)
+                    words = vec.tolist()
+                    agreed = negotiation.compact_prefix_agreed(words, d, 1)
+                else:
+                    if inline:
+                        views = self._lean_views.get((arr.dtype, arr.shape)) or self._lean_view(arr.dtype, arr.shape)
+                        views[0][...] = arr
+                    head = self._send_words
+                    # Words as in _exchange: digest, one request, not stopping, inline bytes, stall check due.
+                    head[0], head[1], head[2], head[3], head[4] = d, 1, 0, nbytes if inline else 0, 1 if due else 0
+                    self.ctx.comm.allgather_buffer(self._send, self._recv)
+                    agreed = negotiation.all_hold(self._recv_words, len(self._payloads), d, 1)
                 self.cycles += 1
-                if negotiation.all_hold(self._recv_words, len(parts), d, 1):
-                    self.inline_cycles += 1
-                    out = finish_lean(parts, op, arr if inplace else None)
-                    self.watch.done((descriptor[1],))
-                    return out
-                # Other ranks hold something else: go on as the queued request would.
                 start = time.perf_counter()
-                req = Request("allreduce", descriptor[1], descriptor, Handle(descriptor[1], self), array=arr,
-                              op=op, compression=_NO_COMPRESSION, inplace=inplace, submitted=start, digest=d)
+                req = None
+                if agreed and inline:
+                    self.inline_cycles += 1
+                    out = finish_lean(views[1], op, arr if inplace else None)
+                else:
+                    req = Request("allreduce", descriptor[1], descriptor, Handle(descriptor[1], self), array=arr,
+                                  op=op, algorithm=descriptor[5], compression=_NO_COMPRESSION, inplace=inplace,
+                                  submitted=start, digest=d)
+                    if agreed:
+                        fusion.execute(self.ctx, [req], self.fusion_threshold, None)
+                        out = req.handle._result
+                if agreed:
+                    self.watch.done((descriptor[1],))
+                    return out  # type: ignore[no-any-return]
+                # Other ranks hold something else: go on as the queued request would.
+                assert req is not None
                 with self._lock:
                     self._in_flight.add(req.name)
                     self._pending.append(req)
-                verdict = negotiation.decide(self._recv_words, len(parts), d, 1)
-                self._act(verdict, [req], False, arr.nbytes, start)
+                verdict = (negotiation.decide_compact(words, d, 1) if self.compact
+                           else negotiation.decide(self._recv_words, len(self._payloads), d, 1))
+                self._act(verdict, [req], False, nbytes if inline else 0, start)
             except BaseException as exc:
                 self._fail(exc, [])
             finally:
@@ -190,7 +208,7 @@ class Engine:
             self._baton.release()
         return req.handle.wait()  # type: ignore[no-any-return]
 
-    def _make_lean_views(self, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray]]:
+    def _lean_view(self, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray]]:
         """Typed, shaped views of this rank's outgoing payload and of every rank's incoming one."""
         n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
         staged = self._payload_out[:n].view(dtype).reshape(shape)

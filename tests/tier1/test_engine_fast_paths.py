@@ -11,20 +11,26 @@ import pytest
 import ddl
 from ddl import engine as engine_module
 from ddl.collectives import Collectives
+from ddl.engine import Engine
 from ddl.fusion import Request
 from ddl.testing import run_engines
 
 
 def _count_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Names of every Request the engine builds (the lean path builds none)."""
+    """Names of every request queued through ``Engine.submit`` (the lean path queues none).
+
+    Idle cycles are turned off meanwhile: the background thread holding the baton for
+    one makes a lean call step aside (rightly), which would make the count flaky.
+    """
+    monkeypatch.setattr(engine_module, "_IDLE_MAX", 3600.0)
     made: list[str] = []
-    real = Request.__init__
+    real = Engine.submit
 
-    def spy(self: Request, *args: Any, **kwargs: Any) -> None:
-        real(self, *args, **kwargs)
-        made.append(self.name)
+    def spy(self: Engine, req: Request, **kwargs: Any) -> Any:
+        made.append(req.name)
+        return real(self, req, **kwargs)
 
-    monkeypatch.setattr(Request, "__init__", spy)
+    monkeypatch.setattr(Engine, "submit", spy)
     return made
 
 
@@ -134,26 +140,70 @@ def test_lean_calls_from_two_threads_never_mix() -> None:
     assert run_engines(3, fn) == [[], [], []]
 
 
-def test_the_lean_path_steps_aside_for_half_types_and_large_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_lean_path_steps_aside_for_half_types_and_compression(monkeypatch: pytest.MonkeyPatch) -> None:
     made = _count_requests(monkeypatch)
 
     def fn(c: Collectives) -> None:
-        c.allreduce(np.ones(8, np.float16), op=ddl.Sum)  # accumulates in float32: the queued path
-        c.allreduce(np.ones(2048, np.float32), op=ddl.Sum)  # 8 KiB: larger than the record
-        c.allreduce(np.ones(8, np.float32), op=ddl.Sum, compression=ddl.Compression.fp16)
+        for _ in range(2):  # the second time, the (dtype, op) has passed the checks
+            c.allreduce(np.ones(8, np.float16), op=ddl.Sum)  # accumulates in float32: the queued path
+            c.allreduce(np.ones(8, np.float32), op=ddl.Sum, compression=ddl.Compression.fp16)
 
     run_engines(2, fn)
-    assert len(made) == 2 * 3
+    assert len(made) == 2 * 4
 
 
-def test_lean_path_is_off_in_compact_mode() -> None:
-    """From 17 ranks the cycle carries no payload: small calls are queued and still right."""
+@pytest.mark.parametrize("algorithm", [None, "ring", "mpi", "halving_doubling"])
+def test_larger_synchronous_allreduces_run_at_once_as_their_own_bucket(
+        monkeypatch: pytest.MonkeyPatch, algorithm: str | None) -> None:
+    """Past the record's 4 KiB: one negotiation cycle, then the algorithm on this tensor alone,
+    in place for allreduce_; nothing queued once the (dtype, op) and algorithm passed."""
+    made = _count_requests(monkeypatch)
 
-    def fn(c: Collectives) -> tuple[float, bool]:
-        return float(c.allreduce(np.ones(2), op=ddl.Sum)[0]), c.engine._lean
+    def fn(c: Collectives) -> tuple[bool, bool]:
+        r = c.topology.rank
+        x = np.arange(3000, dtype=np.float64).reshape(30, 100) * (r + 1)
+        c.allreduce(x, op=ddl.Sum, algorithm=algorithm, name="warm-up")
+        c.allreduce(x, op=ddl.Average, algorithm=algorithm, name="warm-up-avg")
+        y = c.allreduce(x, op=ddl.Sum, algorithm=algorithm)
+        z = x.copy()
+        w = c.allreduce_(z, op=ddl.Average, algorithm=algorithm)
+        want = np.arange(3000, dtype=np.float64).reshape(30, 100) * sum(range(1, c.topology.size + 1))
+        return bool(np.array_equal(y, want) and y.shape == (30, 100)), bool(w is z and np.allclose(z, want / c.topology.size))
+
+    assert run_engines(3, fn) == [(True, True)] * 3
+    assert set(made) <= {"warm-up", "warm-up-avg"}
+
+
+def test_lean_path_in_compact_mode_runs_without_a_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From 17 ranks the cycle is the compact MIN-allreduce: no payloads, but a synchronous
+    call still runs in one cycle with nothing queued."""
+    made = _count_requests(monkeypatch)
+
+    def fn(c: Collectives) -> tuple[float, float, bool]:
+        c.allreduce(np.ones(2), op=ddl.Sum, name="warm-up")
+        a = float(c.allreduce(np.ones(2), op=ddl.Sum)[0])
+        b = float(c.allreduce(np.full(600, 1.0), op=ddl.Sum)[-1])
+        return a, b, c.engine.compact
 
     results = run_engines(17, fn, config=ddl.config.Config(algorithm="ring", segment_bytes=1 << 20))
-    assert results == [(17.0, False)] * 17
+    assert results == [(17.0, 17.0, True)] * 17
+    assert set(made) <= {"warm-up"}
+
+
+def test_compact_lean_call_meets_a_rank_with_other_work() -> None:
+    def fn(c: Collectives) -> tuple[float, float]:
+        r = c.topology.rank
+        if r == 5:
+            h = c.allreduce_async(np.full(4, 10.0), op=ddl.Sum, name="other")
+            a = c.allreduce(np.full(4, 1.0), op=ddl.Sum, name="sync")
+            b = h.wait()
+        else:
+            a = c.allreduce(np.full(4, 1.0), op=ddl.Sum, name="sync")
+            b = c.allreduce(np.full(4, 10.0), op=ddl.Sum, name="other")
+        return float(a[0]), float(b[0])
+
+    results = run_engines(17, fn, config=ddl.config.Config(algorithm="ring", segment_bytes=1 << 20))
+    assert results == [(17.0, 170.0)] * 17
 
 
 def test_finish_lean_reduces_in_rank_order() -> None:
