@@ -39,6 +39,10 @@ LINK_PROBES = ((8, 15), (64 << 10, 8), (1 << 20, 8), (4 << 20, 2))
 #: so the last point is well past that; beyond it the last slope carries on.
 NATIVE_PROBES = ((8, 15), (4 << 10, 10), (64 << 10, 6), (1 << 20, 4), (16 << 20, 2))
 GAMMA_PROBE = (1 << 20, 5)
+#: Seconds each collective probe aims at (repeats cut to fit, at least one timed run).
+PROBE_BUDGET = 0.03
+#: A native-allreduce probe predicted to take longer than this is extrapolated instead.
+SKIP_BEYOND = 0.25
 STEP_PROBE = 32
 
 
@@ -58,8 +62,24 @@ class Calibration:
                 f"MPI allreduce {len(self.model.native_points)} points")
 
 
-def _median_time(fn: Any, reps: int) -> float:
+def _median_time(fn: Any, reps: int, comm: Comm | None = None) -> float:
+    """Median seconds of ``fn`` over ``reps`` runs after a warm-up.
+
+    With ``comm`` (``fn`` is then a collective probe every rank runs), the ranks agree on
+    the slowest warm-up and cut ``reps`` to fit about :data:`PROBE_BUDGET`; a probe whose
+    warm-up alone is over budget is not repeated, its warm-up is the sample. At 32 ranks
+    sharing 2 cores a 16 MiB allreduce takes a third of a second, and the full repeats
+    made ``init`` take 2.3 s of probes there.
+    """
+    t0 = time.perf_counter()
     fn()  # warm-up: first-touch pages, lazy connection set-up
+    warm = time.perf_counter() - t0
+    if comm is not None:
+        slowest = np.array([warm])
+        comm.allreduce_native(slowest, ReduceOp.MAX)  # the same count of repeats on every rank
+        reps = min(reps, int(PROBE_BUDGET / max(float(slowest[0]), 1e-9)))
+        if reps == 0:
+            return float(slowest[0])
     times = []
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -75,7 +95,7 @@ def _link_samples(comm: Comm, topology: Topology, dim: int, probes: tuple[tuple[
     out = []
     for nbytes, reps in probes:
         send, recv = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
-        out.append(_median_time(lambda s=send, r=recv: comm.sendrecv(s, nxt, r, prv), reps))
+        out.append(_median_time(lambda s=send, r=recv: comm.sendrecv(s, nxt, r, prv), reps, comm))
     return out
 
 
@@ -91,15 +111,25 @@ def _local_samples(comm: Comm, topology: Topology, dim: int) -> list[float]:
     step = Step(ring[(i + 1) % len(ring)], (0, 2), ring[i - 1], (2, 4), reduce=True)
     schedule = Schedule("probe", topology.rank, 4, (step,) * STEP_PROBE)
     buf = np.ones(4, np.float32)
-    per_step = _median_time(lambda: run_schedule(comm, schedule, buf, ReduceOp.SUM, segment_elems=1 << 20), 5)
+    per_step = _median_time(lambda: run_schedule(comm, schedule, buf, ReduceOp.SUM, segment_elems=1 << 20), 5, comm)
     return [gamma, per_step / STEP_PROBE]
 
 
 def _native_samples(comm: Comm, probes: tuple[tuple[int, int], ...]) -> list[float]:
-    out = []
+    """The MPI library's allreduce at each probe size; a size the previous (agreed) time
+    predicts at over :data:`SKIP_BEYOND` is not run but extrapolated linearly, as the
+    model itself extrapolates past its last point."""
+    out: list[float] = []
+    last: tuple[int, float] | None = None
     for nbytes, reps in probes:
+        if last is not None and last[1] * nbytes / max(1, last[0]) > SKIP_BEYOND:
+            out.append(last[1] * nbytes / max(1, last[0]))
+            continue
         buf = np.ones(max(1, nbytes // 4), np.float32)
-        out.append(_median_time(lambda b=buf: comm.allreduce_native(b, ReduceOp.SUM), reps))
+        sample = np.array([_median_time(lambda b=buf: comm.allreduce_native(b, ReduceOp.SUM), reps, comm)])
+        comm.allreduce_native(sample, ReduceOp.MAX)  # decide the next skip alike everywhere
+        out.append(float(sample[0]))
+        last = (nbytes, float(sample[0]))
     return out
 
 

@@ -1,0 +1,69 @@
+"""Calibration's cost at many ranks: repeats cut to a budget, agreed by every rank."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from ddl import calibration
+from ddl.testing import FakeComm, run_ranks
+
+
+def test_ranks_agree_on_repeats_from_the_slowest_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1's probe is slow: both ranks cut the repeats alike (a rank that ran one more
+    collective probe than another would hang MPI)."""
+    monkeypatch.setattr(calibration, "PROBE_BUDGET", 0.05)
+
+    def fn(comm: FakeComm) -> int:
+        calls = [0]
+
+        def probe() -> None:
+            calls[0] += 1
+            time.sleep(0.02 if comm.rank == 1 else 0.0)
+
+        calibration._median_time(probe, 15, comm)
+        return calls[0]
+
+    assert run_ranks(2, fn) == [1 + 2, 1 + 2]  # warm-up + int(0.05 / 0.02) repeats
+
+
+def test_a_probe_over_budget_is_its_warm_up_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(calibration, "PROBE_BUDGET", 0.001)
+
+    def fn(comm: FakeComm) -> tuple[int, float]:
+        calls = [0]
+
+        def probe() -> None:
+            calls[0] += 1
+            time.sleep(0.01)
+
+        seconds = calibration._median_time(probe, 15, comm)
+        return calls[0], seconds
+
+    for calls, seconds in run_ranks(3, fn):
+        assert calls == 1 and seconds >= 0.01
+
+
+def test_native_probes_predicted_too_slow_are_extrapolated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(calibration, "SKIP_BEYOND", 1e-9)
+    sizes: list[list[int]] = [[], []]
+
+    def fn(comm: FakeComm) -> list[float]:
+        real = comm.allreduce_native
+
+        def spy(buf: np.ndarray, op: object) -> None:
+            if buf.dtype == np.float32:
+                sizes[comm.rank].append(buf.nbytes)
+            real(buf, op)  # type: ignore[arg-type]
+
+        comm.allreduce_native = spy  # type: ignore[method-assign]
+        return calibration._native_samples(comm, ((8, 3), (4096, 3), (1 << 20, 2)))
+
+    results = run_ranks(2, fn)
+    assert sizes == [[8] * 4, [8] * 4]  # warm-up + 3 repeats of the first probe, nothing larger
+    for samples in results:
+        assert samples[1] == pytest.approx(samples[0] * 4096 / 8)
+        assert samples[2] == pytest.approx(samples[0] * (1 << 20) / 8)
+    assert results[0] == results[1]
