@@ -12,72 +12,127 @@ Example:
 
 from __future__ import annotations
 
-from ddl.api import (
-    allgather,
-    allgather_object,
-    allreduce,
-    allreduce_,
-    allreduce_async,
-    barrier,
-    broadcast,
-    broadcast_,
-    broadcast_object,
-    grouped_allreduce,
-    grouped_allreduce_async,
-    reducescatter,
-    synchronize,
-)
-from ddl.compression import Compression
-from ddl.errors import (
-    DDLError,
-    MismatchError,
-    NotInitializedError,
-    RemoteError,
-    SettingsMismatchError,
-    TopologyError,
-)
-from ddl.handle import GroupHandle, Handle
-from ddl.ops import Average, Max, Min, Product, ReduceOp, Sum
-from ddl.runtime import VERSION
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__version__ = VERSION
-from ddl.runtime import context, init, is_initialized, shutdown, topology
+__version__ = "0.1.0"
+
+# ``import ddl`` loads nothing else (not numpy, not MPI): a launcher, ``ddl doctor`` or a
+# training script that has not called ``init`` yet pays a few milliseconds. Each public
+# name is imported from its module on first use, then kept here (no cost after that).
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("allgather", "allgather_object", "allreduce", "allreduce_", "allreduce_async", "barrier",
+                     "broadcast", "broadcast_", "broadcast_object", "grouped_allreduce", "grouped_allreduce_async",
+                     "reducescatter", "synchronize"), "ddl.api"),
+    "Compression": "ddl.compression",
+    **dict.fromkeys(("DDLError", "MismatchError", "NotInitializedError", "RemoteError", "SettingsMismatchError",
+                     "TopologyError"), "ddl.errors"),
+    "GroupHandle": "ddl.handle", "Handle": "ddl.handle",
+    **dict.fromkeys(("Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "ddl.ops"),
+    **dict.fromkeys(("context", "init", "is_initialized", "shutdown"), "ddl.runtime"),
+}
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from _LAZY
+    from ddl.api import (
+        allgather,
+        allgather_object,
+        allreduce,
+        allreduce_,
+        allreduce_async,
+        barrier,
+        broadcast,
+        broadcast_,
+        broadcast_object,
+        grouped_allreduce,
+        grouped_allreduce_async,
+        reducescatter,
+        synchronize,
+    )
+    from ddl.compression import Compression
+    from ddl.errors import (
+        DDLError,
+        MismatchError,
+        NotInitializedError,
+        RemoteError,
+        SettingsMismatchError,
+        TopologyError,
+    )
+    from ddl.handle import GroupHandle, Handle
+    from ddl.ops import Average, Max, Min, Product, ReduceOp, Sum
+    from ddl.runtime import context, init, is_initialized, shutdown
+
+# The submodule ``ddl.topology`` (pure Python, light) is loaded now, so that the function
+# below is what ``ddl.topology`` names: a submodule first loaded later would replace it.
+import ddl.topology as _topology_module  # noqa: E402
+
+
+def topology() -> _topology_module.Topology:
+    """This job's :class:`~ddl.topology.Topology` (dims, coordinates of a rank)."""
+    from ddl.runtime import context
+
+    return context().topology
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ddl' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def rank() -> int:
     """This process's rank in the world."""
+    from ddl.runtime import context
+
     return context().topology.rank
 
 
 def size() -> int:
     """The number of ranks in the world."""
+    from ddl.runtime import context
+
     return context().topology.size
 
 
 def local_rank() -> int:
     """This process's rank among the ranks on its host."""
+    from ddl.runtime import context
+
     return context().topology.local_rank
 
 
 def local_size() -> int:
     """The number of ranks on this host."""
+    from ddl.runtime import context
+
     return context().topology.local_size
 
 
 def cross_rank() -> int:
     """The index of this process's host."""
+    from ddl.runtime import context
+
     return context().topology.cross_rank
 
 
 def cross_size() -> int:
     """The number of hosts."""
+    from ddl.runtime import context
+
     return context().topology.cross_size
 
 
 __all__ = [
-    "Average", "Compression", "GroupHandle", "Handle", "allreduce_async", "synchronize", "DDLError", "Max", "Min", "MismatchError", "NotInitializedError", "Product",
-    "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "allgather", "allgather_object", "allreduce",
-    "allreduce_", "barrier", "broadcast", "broadcast_", "broadcast_object", "context",
-    "cross_rank", "cross_size", "grouped_allreduce", "grouped_allreduce_async", "init", "is_initialized", "local_rank",
-    "local_size", "rank", "reducescatter", "shutdown", "size", "topology",
+    "Average", "Compression", "GroupHandle", "Handle", "allreduce_async", "synchronize", "DDLError", "Max", "Min",
+    "MismatchError", "NotInitializedError", "Product", "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum",
+    "TopologyError", "allgather", "allgather_object", "allreduce", "allreduce_", "barrier", "broadcast",
+    "broadcast_", "broadcast_object", "context", "cross_rank", "cross_size", "grouped_allreduce",
+    "grouped_allreduce_async", "init", "is_initialized", "local_rank", "local_size", "rank", "reducescatter",
+    "shutdown", "size", "topology",
 ]

@@ -15,6 +15,7 @@ import threading
 import traceback
 from types import TracebackType
 
+from ddl import __version__
 from ddl.calibration import calibrate
 from ddl.collectives import Collectives
 from ddl.comm import Comm, MPIComm, SelfComm
@@ -26,7 +27,7 @@ from ddl.timeline import Timeline
 from ddl.topology import Topology, build_topology
 from ddl.world_check import check_world
 
-VERSION = "0.1.0"
+VERSION = __version__  # one place for the version: the package
 
 _lock = threading.Lock()
 _context: Context | None = None

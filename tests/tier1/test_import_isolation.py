@@ -74,3 +74,33 @@ def test_ddl_torch_does_not_load_tensorflow() -> None:
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert "torch isolation ok" in proc.stdout
+
+
+def test_import_ddl_loads_nothing_until_used() -> None:
+    """``import ddl`` costs milliseconds (launchers, ``ddl doctor``): no numpy, no MPI, no
+    ml_dtypes until a name is used; every public name then resolves, and unknown ones fail."""
+    script = textwrap.dedent(
+        """
+        import sys, time
+        t0 = time.perf_counter()
+        import ddl
+        took = time.perf_counter() - t0
+        heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'mpi4py', 'ml_dtypes'})
+        assert not heavy, heavy
+        assert callable(ddl.topology) and ddl.__version__
+        for name in ddl.__all__:
+            assert getattr(ddl, name) is not None, name
+        assert set(ddl.__all__) <= set(dir(ddl))
+        try:
+            ddl.no_such_name
+        except AttributeError as exc:
+            assert "no_such_name" in str(exc)
+        else:
+            raise SystemExit("unknown attribute did not raise")
+        from ddl import Sum, allreduce  # from-imports resolve lazily too
+        print(f"lazy ok {took:.3f}")
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "lazy ok" in proc.stdout
