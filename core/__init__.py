@@ -13,6 +13,8 @@ Example:
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -29,7 +31,7 @@ _LAZY: dict[str, str] = {
                      "TopologyError"), "ddl.errors"),
     "GroupHandle": "ddl.handle", "Handle": "ddl.handle",
     **dict.fromkeys(("Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "ddl.ops"),
-    **dict.fromkeys(("context", "init", "is_initialized", "shutdown"), "ddl.runtime"),
+    **dict.fromkeys(("init", "is_initialized", "shutdown"), "ddl.runtime"),
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from _LAZY
@@ -49,6 +51,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
         synchronize,
     )
     from ddl.compression import Compression
+    from ddl.context import Context
     from ddl.errors import (
         DDLError,
         MismatchError,
@@ -59,18 +62,37 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
     )
     from ddl.handle import GroupHandle, Handle
     from ddl.ops import Average, Max, Min, Product, ReduceOp, Sum
-    from ddl.runtime import context, init, is_initialized, shutdown
-
-# The submodule ``ddl.topology`` (pure Python, light) is loaded now, so that the function
-# below is what ``ddl.topology`` names: a submodule first loaded later would replace it.
-import ddl.topology as _topology_module  # noqa: E402
+    from ddl.runtime import init, is_initialized, shutdown
+    from ddl.topology import Topology
 
 
-def topology() -> _topology_module.Topology:
+def context() -> Context:
+    """The running :class:`~ddl.context.Context` (raises NotInitializedError before ``init``)."""
+    from ddl.runtime import context
+
+    return context()
+
+
+def topology() -> Topology:
     """This job's :class:`~ddl.topology.Topology` (dims, coordinates of a rank)."""
     from ddl.runtime import context
 
     return context().topology
+
+
+class _Package(types.ModuleType):
+    """``ddl.context`` and ``ddl.topology`` are functions, and also submodules' names. The
+    import system sets a package attribute when it first loads a submodule, which here
+    happens lazily, after these functions exist: keep the functions (the submodules stay
+    importable by name, ``from ddl.context import Context``)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("context", "topology") and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name: str) -> Any:

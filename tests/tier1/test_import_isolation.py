@@ -98,6 +98,11 @@ def test_import_ddl_loads_nothing_until_used() -> None:
         else:
             raise SystemExit("unknown attribute did not raise")
         from ddl import Sum, allreduce  # from-imports resolve lazily too
+        ddl.init()  # loads the submodules ddl.context and ddl.topology: the functions stay
+        import ddl.context
+        from ddl.context import Context
+        assert ddl.context().topology.size == 1 and ddl.topology().size == 1 and ddl.rank() == 0
+        assert isinstance(ddl.context(), Context)
         print(f"lazy ok {took:.3f}")
         """
     )
