@@ -21,7 +21,7 @@ import numpy as np
 
 import ddl
 from ddl.bench import peers
-from ddl.negotiation import INLINE_BYTES
+from ddl.negotiation import COMPACT_FROM, INLINE_BYTES
 
 ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "auto"]
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             algbw = nbytes / t / 1e9
             resolved = ""
             if name == "ddl:auto":
-                inline = nbytes <= INLINE_BYTES and p > 1
+                inline = nbytes <= INLINE_BYTES and 1 < p < COMPACT_FROM  # from 17 ranks: no payloads
                 resolved = "inline" if inline else ddl.context().resolve_algorithm("auto", x.size, 4)
             rows.append({"bytes": nbytes, "contender": name, "time_s": t, "algbw_GBps": algbw,
                          "busbw_GBps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": ok,
