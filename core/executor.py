@@ -4,6 +4,7 @@ Each step is one ``Sendrecv``, cut into segments of at most ``segment_elems`` so
 scratch buffer stays small; a reducing step receives into scratch and combines with a
 numpy ufunc (which releases the GIL), a copying step receives straight into place.
 Both ends derive the number of segments from the same range, so messages always pair.
+A group step goes through the group's shared slots (:func:`run_group_step`).
 """
 
 from __future__ import annotations
@@ -14,17 +15,24 @@ from collections.abc import Callable
 import numpy as np
 
 from ddl.comm import Comm
+from ddl.config import DEFAULT_SHM_BYTES
 from ddl.ops import ReduceOp, ufunc
-from ddl.schedule import Schedule
+from ddl.schedule import GroupStep, Schedule, Step
+
+#: Slot halves and chunk strides start on this many bytes.
+ALIGN = 64
+#: The smallest slot a group step asks for (bytes per rank).
+MIN_SLOT_BYTES = 64 << 10
 
 
 def run_schedule(
     comm: Comm, schedule: Schedule, buf: np.ndarray, op: ReduceOp, *, segment_elems: int,
-    on_phase: Callable[[tuple[str, float, float]], None] | None = None,
+    shm_bytes: int = DEFAULT_SHM_BYTES, on_phase: Callable[[tuple[str, float, float]], None] | None = None,
 ) -> None:
     """Execute ``schedule`` in place on the 1-D contiguous ``buf``.
 
-    ``on_phase`` receives ``(phase, start, end)`` for each run of steps of one phase.
+    ``shm_bytes`` caps each rank's shared slot for group steps. ``on_phase`` receives
+    ``(phase, start, end)`` for each run of steps of one phase.
 
     Raises:
         ValueError: ``buf`` does not match the schedule's element count.
@@ -33,7 +41,7 @@ def run_schedule(
         raise ValueError(f"schedule is for {schedule.count} contiguous elements, buffer has shape {buf.shape}")
     seg = max(1, segment_elems)
     combine = ufunc(op)
-    largest = max((s.recv_count for s in schedule.steps if s.reduce), default=0)
+    largest = max((s.recv_count for s in schedule.steps if isinstance(s, Step) and s.reduce), default=0)
     scratch = np.empty(min(seg, largest), dtype=buf.dtype)
     phase, phase_start = "", time.perf_counter()
     for step in schedule.steps:
@@ -42,6 +50,9 @@ def run_schedule(
             if phase:
                 on_phase((phase, phase_start, now))
             phase, phase_start = step.phase, now
+        if isinstance(step, GroupStep):
+            run_group_step(comm, step, buf, combine, shm_bytes=shm_bytes)
+            continue
         n_send, n_recv = step.send_count, step.recv_count
         pieces = max(-(-n_send // seg), -(-n_recv // seg))
         for m in range(pieces):
@@ -63,3 +74,72 @@ def run_schedule(
                 comm.sendrecv(send, step.send_peer, None, None)
     if on_phase is not None and phase:
         on_phase((phase, phase_start, time.perf_counter()))
+
+
+def slot_bytes(members: int, longest: int, itemsize: int, cap: int) -> int:
+    """Bytes per member slot a group step asks for: two halves, each holding one piece of
+    every chunk (``members x longest`` elements), as a power of two from 64 KiB, but at
+    most ``cap`` (always room for one element per chunk per half). Every member computes
+    the same size, so windows grow alike everywhere."""
+    need = 2 * members * longest * itemsize
+    want = max(MIN_SLOT_BYTES, 1 << max(0, need - 1).bit_length())
+    least = 2 * -(-members * itemsize // ALIGN) * ALIGN
+    return max(min(want, cap // (2 * ALIGN) * 2 * ALIGN), least)
+
+
+def piece_elems(step: GroupStep, capacity: int, itemsize: int) -> int:
+    """Elements of each chunk that one piece of ``step`` moves through slots of ``capacity`` bytes."""
+    half = capacity // 2 // ALIGN * ALIGN
+    if not step.reduce:
+        return max(1, half // itemsize)
+    per = half // (len(step.members) * itemsize)
+    return max(1, per // ALIGN * ALIGN or per)  # whole cache lines per chunk where there is room
+
+
+def run_group_step(
+    comm: Comm, step: GroupStep, buf: np.ndarray, combine: Callable[..., np.ndarray], *, shm_bytes: int
+) -> None:
+    """Run one group step on ``buf`` through the group's shared slots, piece by piece.
+
+    A piece covers the same sub-range ``[a, a + per)`` of every chunk, so chunk i stays
+    member i's. Each piece is: write into this rank's slot, barrier, read the others'.
+    Pieces alternate between the two halves of every slot (by ``turn``, which counts on
+    across steps and calls). That makes one barrier per piece safe: a member writes a
+    half at turn t only after the barrier of turn t-1, which no member passed before it
+    finished reading turn t-2, the last use of that half.
+    """
+    n_members, longest = len(step.members), step.longest
+    if n_members < 2 or longest == 0:
+        return
+    dtype, item = buf.dtype, buf.itemsize
+    shared = comm.shared_slots(step.members, slot_bytes(n_members, longest, item, shm_bytes))
+    me, slots = shared.index, shared.slots
+    per = piece_elems(step, shared.capacity, item)
+    half = shared.capacity // 2 // ALIGN * ALIGN
+    my_lo, my_hi = step.chunks[me]
+    for a in range(0, longest, per):
+        base = half * (shared.turn % 2)
+        shared.turn += 1
+        mine = min(per, my_hi - my_lo - a)
+        if step.reduce:
+            out = slots[me][base : base + n_members * per * item].view(dtype)
+            for j, (lo, hi) in enumerate(step.chunks):
+                n = min(per, hi - lo - a)
+                if n > 0:
+                    out[j * per : j * per + n] = buf[lo + a : lo + a + n]
+            shared.barrier()
+            if mine > 0:
+                at = base + me * per * item
+                parts = [slots[m][at : at + mine * item].view(dtype) for m in range(n_members)]
+                target = buf[my_lo + a : my_lo + a + mine]
+                combine(parts[0], parts[1], out=target)  # member order: the same bits on every rank
+                for part in parts[2:]:
+                    combine(target, part, out=target)
+        else:
+            if mine > 0:
+                slots[me][base : base + mine * item].view(dtype)[...] = buf[my_lo + a : my_lo + a + mine]
+            shared.barrier()
+            for j, (lo, hi) in enumerate(step.chunks):
+                n = min(per, hi - lo - a)
+                if j != me and n > 0:
+                    buf[lo + a : lo + a + n] = slots[j][base : base + n * item].view(dtype)
