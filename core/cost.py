@@ -156,10 +156,16 @@ def interpolate(points: tuple[tuple[int, float], ...], nbytes: int) -> float:
 
 
 def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model: CostModel) -> float:
-    """Predicted seconds for one allreduce of ``count`` elements by ``algorithm``."""
+    """Predicted seconds for one allreduce of ``count`` elements by ``algorithm``.
+
+    Infinite for an algorithm this topology cannot run (``shm`` across hosts); zero in
+    a world of one, where nothing runs.
+    """
     if algorithm == "mpi":
         return native_time(topology, count * itemsize, model)
     alg = SCHEDULED[algorithm]
+    if topology.size == 1:
+        return 0.0
     if alg.unavailable(topology) is not None:
         return math.inf
     # Unit dims change no schedule; drop them so "1x6" prices exactly like "6".
