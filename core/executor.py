@@ -122,16 +122,20 @@ def run_group_step(
         shared.turn += 1
         mine = min(per, my_hi - my_lo - a)
         if step.reduce:
+            # Members 0 and 1 combine their own piece straight from ``buf`` (it is an
+            # input of the first combine, which may write over it); later members need
+            # theirs after that write, so they publish it like the others.
             out = slots[me][base : base + n_members * per * item].view(dtype)
             for j, (lo, hi) in enumerate(step.chunks):
                 n = min(per, hi - lo - a)
-                if n > 0:
+                if n > 0 and (j != me or me > 1):
                     out[j * per : j * per + n] = buf[lo + a : lo + a + n]
             shared.barrier()
             if mine > 0:
                 at = base + me * per * item
-                parts = [slots[m][at : at + mine * item].view(dtype) for m in range(n_members)]
                 target = buf[my_lo + a : my_lo + a + mine]
+                parts = [target if m == me and me < 2 else slots[m][at : at + mine * item].view(dtype)
+                         for m in range(n_members)]
                 combine(parts[0], parts[1], out=target)  # member order: the same bits on every rank
                 for part in parts[2:]:
                     combine(target, part, out=target)
