@@ -120,7 +120,7 @@ def group_step_time(step: GroupStep, itemsize: int, model: CostModel) -> float:
     n = len(step.members)
     if n < 2 or step.longest == 0:
         return 0.0
-    per = piece_elems(step, slot_bytes(n, step.longest, itemsize, model.shm_bytes), itemsize)
+    per = piece_elems(n, slot_bytes(n, step.longest, itemsize, model.shm_bytes), itemsize)
     pieces = -(-step.longest // per)
     reduced = (n - 1) * step.longest * itemsize if step.reduce else 0
     return pieces * model.shm_alpha + step.span * itemsize * model.shm_beta + reduced * model.gamma

@@ -215,7 +215,7 @@ def test_tiny_window_forces_pieces_and_halves_alternate() -> None:
     step = _compile_all(build_topology(0, ["h"] * p), n)[0].steps
     capacity = slot_bytes(p, n // p, 4, cap)
     assert capacity <= cap
-    pieces = sum(-(-st.longest // piece_elems(st, capacity, 4)) for st in step if isinstance(st, GroupStep))
+    pieces = sum(-(-st.longest // piece_elems(p, capacity, 4)) for st in step if isinstance(st, GroupStep))
     assert pieces > 10
     assert run_ranks(p, body, hostnames=["h"] * p) == [3 * pieces] * p
 
@@ -238,10 +238,10 @@ def test_group_step_price_matches_its_formula() -> None:
     item = 4
     want = 2 * 5e-6 + 2 * n * item * 1e-10 + (p - 1) * (n // p) * item * 2e-10
     assert cost.predict("shm", topo, n, item, model) == pytest.approx(want, rel=1e-12)
-    # A 4 KiB slot: halves of 2 KiB hold 128 elements of each of 4 chunks (8 pieces of
-    # the 1000-element chunks to reduce), or 512 of one chunk (2 pieces to gather).
+    # A 4 KiB slot: halves of 2 KiB hold 128 elements of each of 4 chunks, so each step
+    # takes 8 pieces of the 1000-element chunks.
     small = dataclasses.replace(model, shm_bytes=4096)
-    assert cost.predict("shm", topo, n, item, small) == pytest.approx(want + 8 * 5e-6, rel=1e-12)
+    assert cost.predict("shm", topo, n, item, small) == pytest.approx(want + 14 * 5e-6, rel=1e-12)
 
 
 def test_hierarchical_price_adds_the_outer_rings() -> None:
