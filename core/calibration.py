@@ -43,10 +43,12 @@ LINK_PROBES = ((8, 15), (64 << 10, 8), (1 << 20, 8), (4 << 20, 2))
 NATIVE_PROBES = ((8, 15), (4 << 10, 10), (64 << 10, 6), (1 << 20, 4), (16 << 20, 2))
 GAMMA_PROBE = (1 << 20, 5)
 STEP_PROBE = 32
-#: Shared memory: tiny group steps per timed run, and the copy probe (bytes, repeats).
-#: A group barrier is a few us, so this adds about 2 ms whatever the world size.
+#: Shared memory: tiny group steps per timed run, and the copy probe (bytes, repeats):
+#: 4 MiB, past the per-core caches where large buffers live (1 MiB copies ran twice as
+#: fast per byte and priced shm too low for large buffers). Together about 2 ms,
+#: whatever the world size (a group barrier is a few us).
 SHM_STEP_PROBE = 16
-COPY_PROBE = (1 << 20, 5)
+COPY_PROBE = (4 << 20, 3)
 
 
 @dataclasses.dataclass(frozen=True)
