@@ -9,6 +9,7 @@ fastest, so the ranks that share dim-0 rings share a host whenever the dims allo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Sequence
@@ -153,6 +154,16 @@ class Topology:
             base[dim] = c
             members.append(self.rank_at(tuple(base)))
         return members
+
+    @functools.cached_property
+    def split_dim0_ring(self) -> tuple[int, ...] | None:
+        """The first dim-0 ring whose ranks are on more than one host, or None (computed once)."""
+        d0 = self.dims[0]
+        for start in range(0, self.size, d0):
+            members = self.order[start : start + d0]  # dim 0 varies fastest in topology order
+            if len({self.hosts[r] for r in members}) > 1:
+                return members
+        return None
 
     def link_dim(self, a: int, b: int) -> int:
         """The outermost dimension in which ranks ``a`` and ``b`` differ (their link)."""

@@ -9,31 +9,26 @@ replaces 2(d0-1) messages with two steps of a few barriers and memory copies.
 
 from __future__ import annotations
 
-import functools
-
 from ddl.algorithms.multiring import multiring_steps
 from ddl.schedule import GroupStep, Schedule, chunks_of, partition
 from ddl.topology import Topology
 
 
-@functools.lru_cache(maxsize=64)
 def why_not_shared(topology: Topology) -> str | None:
     """Why ``topology``'s dim-0 rings cannot share memory, or None when every one lies on one host."""
     d0 = topology.dims[0]
+    split = topology.split_dim0_ring if d0 > 1 else None
+    if d0 > 1 and split is None:
+        return None
     local = topology.local_size
     hint = (f"use algorithm='multiring' or 'auto', or a topology whose first dim is the ranks per host "
             f"(e.g. '{local}x{topology.size // local}')" if 1 < local < topology.size and topology.size % local == 0
             else "use algorithm='multiring' or 'auto'")
-    if d0 < 2:
+    if split is None:
         return f"topology {topology} has dims[0] = {d0}: no two ranks of a dim-0 ring to share memory; {hint}"
-    order, hosts = topology.order, topology.hosts
-    for start in range(0, topology.size, d0):
-        members = order[start : start + d0]  # dim 0 varies fastest in topology order
-        on = sorted({hosts[r] for r in members})
-        if len(on) > 1:
-            return (f"topology {topology}: the dim-0 ring of ranks {list(members)[:8]} spans hosts {on[:8]} "
-                    f"(shared memory needs each dim-0 ring on one host); {hint}")
-    return None
+    on = sorted({topology.hosts[r] for r in split})
+    return (f"topology {topology}: the dim-0 ring of ranks {list(split)[:8]} spans hosts {on[:8]} "
+            f"(shared memory needs each dim-0 ring on one host); {hint}")
 
 
 class SharedMemory:
