@@ -44,12 +44,12 @@ LINK_PROBES = ((8, 15), (64 << 10, 8), (1 << 20, 8), (4 << 20, 2))
 NATIVE_PROBES = ((8, 15), (4 << 10, 10), (64 << 10, 6), (1 << 20, 4), (16 << 20, 2))
 GAMMA_PROBE = (1 << 20, 5)
 STEP_PROBE = 32
-#: Shared memory: tiny group steps per timed run, and the copy probe (bytes, repeats).
-#: 1 MiB, the regime the link probes are fitted in (the 1 MiB segment): a 4 MiB copy
-#: ran at 8.5 GB/s against 40 GB/s and made auto pass over shm at 256 KiB-1 MiB, where
-#: it ran 1.3x faster than ring. Together about 2 ms, whatever the world size.
+#: Shared memory: tiny group steps per timed run, and copy probes (bytes, repeats) in
+#: cache and past it (measured: 40 GB/s at 1 MiB, 8.5 GB/s at 4 MiB; shm moves more
+#: bytes through memory than a ring, so pricing large buffers at the cached rate made
+#: auto pick it where ring ran 1.7x faster). About 4 ms, whatever the world size.
 SHM_STEP_PROBE = 16
-COPY_PROBE = (1 << 20, 5)
+COPY_PROBES = ((cost.COPY_CACHED_BYTES, 5), (cost.COPY_MEMORY_BYTES, 2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,8 @@ class Calibration:
                           for i, lk in enumerate(self.model.links))
         return (f"{self.source} cost model ({self.seconds * 1e3:.0f} ms): {links}; reduce "
                 f"{1e-9 / self.model.gamma:.2f} GB/s, step overhead {self.model.step_overhead * 1e6:.1f} us, "
-                f"shm piece {self.model.shm_alpha * 1e6:.1f} us, copy {1e-9 / self.model.shm_beta:.1f} GB/s, "
+                f"shm piece {self.model.shm_alpha * 1e6:.1f} us, copy {1e-9 / self.model.shm_beta:.1f} GB/s "
+                f"cached, {1e-9 / (self.model.shm_beta_large or self.model.shm_beta):.1f} GB/s large, "
                 f"MPI allreduce {len(self.model.native_points)} points")
 
 
@@ -116,13 +117,15 @@ def _shm_samples(comm: Comm, topology: Topology, *, shm_bytes: int) -> list[floa
     buf = np.ones(4 * n, np.float32)
     per_step = _median_time(lambda: run_schedule(comm, schedule, buf, ReduceOp.SUM, segment_elems=1 << 20,
                                                  shm_bytes=shm_bytes), 5) / SHM_STEP_PROBE
-    size, reps = COPY_PROBE
-    src, dst = np.ones(size, np.uint8), np.empty(size, np.uint8)
-    copy = _median_time(lambda: np.copyto(dst, src), reps) / size
     # A short copy runs on a core of its own; in a long allreduce with more ranks on the
     # host than cores, the members' copies take turns (measured at 4 ranks on 2 cores:
     # 64 MiB ran 2x slower than the probe's rate predicted).
-    return [per_step, copy * max(1.0, topology.local_size / (os.cpu_count() or 1))]
+    share = max(1.0, topology.local_size / (os.cpu_count() or 1))
+    out = [per_step]
+    for size, reps in COPY_PROBES:
+        src, dst = np.ones(size, np.uint8), np.empty(size, np.uint8)
+        out.append(_median_time(lambda s=src, d=dst: np.copyto(d, s), reps) / size * share)
+    return out
 
 
 def _native_samples(comm: Comm, probes: tuple[tuple[int, int], ...]) -> list[float]:
@@ -152,12 +155,12 @@ def fit(
 
     ``flows``: ranks of one dim-0 group that shared an outer link during its probe;
     the model multiplies that sharing back in, so the per-flow beta is stored.
-    ``shm``: the vector ends with the two shared-memory samples (else defaults stay).
+    ``shm``: the vector ends with the three shared-memory samples (else defaults stay).
     """
-    shm_alpha, shm_beta = cost.SHM_ALPHA, cost.SHM_BETA
+    shm_alpha, shm_beta, shm_beta_large = cost.SHM_ALPHA, cost.SHM_BETA, 0.0
     if shm:
-        samples, (piece, copy) = samples[:-2], samples[-2:]
-        shm_alpha, shm_beta = max(piece, 1e-7), max(copy, 1e-13)
+        samples, (piece, copy, copy_large) = samples[:-3], samples[-3:]
+        shm_alpha, shm_beta, shm_beta_large = max(piece, 1e-7), max(copy, 1e-13), max(copy_large, copy, 1e-13)
     k = len(link_probes)
     # The executor never sends more than segment_bytes in one message, so beta is fitted
     # on the probes it meets: a full segment is priced as measured. Larger probes run
@@ -175,7 +178,7 @@ def fit(
     points = tuple((n, t) for (n, _), t in zip(native_probes, native, strict=True))
     return cost.CostModel(links=tuple(links), gamma=max(gamma, 1e-13), step_overhead=max(0.0, overhead),
                           segment_bytes=segment_bytes, native_points=points,
-                          shm_alpha=shm_alpha, shm_beta=shm_beta, shm_bytes=shm_bytes)
+                          shm_alpha=shm_alpha, shm_beta=shm_beta, shm_beta_large=shm_beta_large, shm_bytes=shm_bytes)
 
 
 def measure(
@@ -216,7 +219,7 @@ def save(path: str | Path, calibration: Calibration, who: dict[str, Any]) -> Non
     data = {"format": FORMAT, **who, "seconds": calibration.seconds,
             "model": {"links": [[lk.alpha, lk.beta] for lk in m.links], "gamma": m.gamma,
                       "step_overhead": m.step_overhead, "native_points": [list(p) for p in m.native_points],
-                      "shm_alpha": m.shm_alpha, "shm_beta": m.shm_beta}}
+                      "shm_alpha": m.shm_alpha, "shm_beta": m.shm_beta, "shm_beta_large": m.shm_beta_large}}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
@@ -240,7 +243,7 @@ def load(path: str | Path, who: dict[str, Any], *, segment_bytes: int,
             gamma=float(m["gamma"]), step_overhead=float(m["step_overhead"]), segment_bytes=segment_bytes,
             native_points=tuple((int(n), float(t)) for n, t in m["native_points"]),
             shm_alpha=float(m.get("shm_alpha", cost.SHM_ALPHA)), shm_beta=float(m.get("shm_beta", cost.SHM_BETA)),
-            shm_bytes=shm_bytes)
+            shm_beta_large=float(m.get("shm_beta_large", 0.0)), shm_bytes=shm_bytes)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"ddl: ignoring calibration file {target} ({exc}); measuring again", file=sys.stderr)
         return None

@@ -6,8 +6,9 @@ costs ``pieces * (alpha_d + step_overhead) + bytes * beta_d * flows + reduced_by
 how many ranks of the same dim-0 group (a host, when dims follow hosts) use an outer
 link at that step: they share one network port. A step's cost is its slowest rank's,
 since ranks move in lockstep; the ranks of the first dim-0 group stand for every group.
-A shared-memory group step costs ``pieces * shm_alpha + copied_bytes * shm_beta +
-reduced_bytes * gamma`` (:func:`group_step_time`); an algorithm a topology cannot run
+A shared-memory group step costs ``pieces * shm_alpha + copied_bytes * copy_beta +
+reduced_bytes * gamma`` (:func:`group_step_time`), the copy rate falling from the cached
+one to the memory-bound one as the buffer grows past the caches; an algorithm a topology cannot run
 costs infinity, so ``auto`` never picks it.
 """
 
@@ -43,6 +44,10 @@ REDUCE_GAMMA = 1 / 1.0e9
 # 1 MiB on one core, taken lower for large buffers and several ranks per host).
 SHM_ALPHA = 12e-6
 SHM_BETA = 1 / 10e9
+#: Buffer sizes at which ``shm_beta`` (cached) and ``shm_beta_large`` (memory-bound)
+#: hold; the copy cost per byte is interpolated between them (the calibration probes).
+COPY_CACHED_BYTES = 1 << 20
+COPY_MEMORY_BYTES = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +62,9 @@ class CostModel:
     ``step_overhead`` is the executor's Python cost per message beyond ``alpha``;
     ``segment_bytes`` (0: unsegmented) is its largest single message.
     ``shm_alpha`` is a shared-memory group step's fixed cost per piece (barrier and
-    Python), ``shm_beta`` its copy cost (s/byte), ``shm_bytes`` the slot cap per rank.
+    Python), ``shm_beta`` its copy cost (s/byte) for buffers of up to
+    :data:`COPY_CACHED_BYTES`, ``shm_beta_large`` (0: the same) from
+    :data:`COPY_MEMORY_BYTES` up, ``shm_bytes`` the slot cap per rank.
     """
 
     links: tuple[Link, ...]
@@ -69,6 +76,16 @@ class CostModel:
     shm_alpha: float = SHM_ALPHA
     shm_beta: float = SHM_BETA
     shm_bytes: int = DEFAULT_SHM_BYTES
+    shm_beta_large: float = 0.0
+
+    def copy_beta(self, nbytes: int) -> float:
+        """Seconds per byte copied when a group step covers ``nbytes``."""
+        small, large = self.shm_beta, self.shm_beta_large or self.shm_beta
+        if nbytes <= COPY_CACHED_BYTES:
+            return small
+        if nbytes >= COPY_MEMORY_BYTES:
+            return large
+        return small + (large - small) * (nbytes - COPY_CACHED_BYTES) / (COPY_MEMORY_BYTES - COPY_CACHED_BYTES)
 
     def link(self, dim: int) -> Link:
         return self.links[min(dim, len(self.links) - 1)]
@@ -123,7 +140,8 @@ def group_step_time(step: GroupStep, itemsize: int, model: CostModel) -> float:
     per = piece_elems(n, slot_bytes(n, step.longest, itemsize, model.shm_bytes), itemsize)
     pieces = -(-step.longest // per)
     reduced = (n - 1) * step.longest * itemsize if step.reduce else 0
-    return pieces * model.shm_alpha + step.span * itemsize * model.shm_beta + reduced * model.gamma
+    span = step.span * itemsize
+    return pieces * model.shm_alpha + span * model.copy_beta(span) + reduced * model.gamma
 
 
 def native_time(topology: Topology, nbytes: int, model: CostModel) -> float:

@@ -96,7 +96,8 @@ def model_from_calibration(path: str | Path, topology: Topology, *, segment_byte
         model = cost.CostModel(links=links, gamma=float(m["gamma"]), step_overhead=float(m["step_overhead"]),
                                segment_bytes=segment_bytes, native_points=native,
                                shm_alpha=float(m.get("shm_alpha", cost.SHM_ALPHA)),
-                               shm_beta=float(m.get("shm_beta", cost.SHM_BETA)))
+                               shm_beta=float(m.get("shm_beta", cost.SHM_BETA)),
+                               shm_beta_large=float(m.get("shm_beta_large", 0.0)))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PlanError(f"cannot read calibration file {path} ({exc}); give one written by DDL_CALIBRATION=FILE") from None
     notes = [f"cost model from {path} (measured at {data.get('world_size')} ranks, dims "

@@ -244,6 +244,19 @@ def test_group_step_price_matches_its_formula() -> None:
     assert cost.predict("shm", topo, n, item, small) == pytest.approx(want + 14 * 5e-6, rel=1e-12)
 
 
+def test_copies_past_the_caches_are_priced_at_the_memory_bound_rate() -> None:
+    model = cost.CostModel(links=(cost.Link(1e-5, 1e-9),), shm_beta=1e-11, shm_beta_large=1e-10)
+    assert model.copy_beta(4096) == model.copy_beta(cost.COPY_CACHED_BYTES) == 1e-11
+    assert model.copy_beta(cost.COPY_MEMORY_BYTES) == model.copy_beta(1 << 30) == 1e-10
+    middle = (cost.COPY_CACHED_BYTES + cost.COPY_MEMORY_BYTES) // 2
+    assert model.copy_beta(middle) == pytest.approx(5.5e-11)
+    assert dataclasses.replace(model, shm_beta_large=0.0).copy_beta(1 << 30) == 1e-11  # unmeasured: one rate
+    topo = build_topology(0, ["h"] * 2)
+    n = (64 << 20) // 4
+    slow = cost.predict("shm", topo, n, 4, model)
+    assert slow > cost.predict("shm", topo, n, 4, dataclasses.replace(model, shm_beta_large=1e-11)) + 2 * (64 << 20) * 8e-11
+
+
 def test_hierarchical_price_adds_the_outer_rings() -> None:
     model = cost.CostModel(links=(cost.Link(1e-5, 1e-9), cost.Link(3e-5, 1e-8)), gamma=2e-10)
     topo = build_topology(0, _hosts_per_d0("4x2"), "4x2")
@@ -276,7 +289,7 @@ def test_calibration_measures_shm_on_the_fake_and_files_keep_it(tmp_path: object
     models = run_ranks(2, body, hostnames=hosts)
     assert models[0] == models[1] and models[0].shm_bytes == 1 << 16
     assert models[0].shm_alpha != cost.SHM_ALPHA and models[0].shm_beta != cost.SHM_BETA
-    assert 0 < models[0].shm_alpha < 0.05 and 0 < models[0].shm_beta < 1e-7
+    assert 0 < models[0].shm_alpha < 0.05 and 0 < models[0].shm_beta <= models[0].shm_beta_large < 1e-7
     path = f"{tmp_path}/cal.json"
     topo = build_topology(0, hosts)
     calibration.save(path, calibration.Calibration(models[0], "measured"), calibration.identity(topo, hosts))
@@ -287,9 +300,9 @@ def test_calibration_measures_shm_on_the_fake_and_files_keep_it(tmp_path: object
 def test_fit_reads_the_shm_samples_at_the_end() -> None:
     k = len(calibration.LINK_PROBES)
     native = [1e-4] * len(calibration.NATIVE_PROBES)
-    vec = [1e-5] * k + [2e-10, 2e-5, *native, 7e-6, 3e-11]
+    vec = [1e-5] * k + [2e-10, 2e-5, *native, 7e-6, 3e-11, 1e-10]
     model = calibration.fit(vec, 1, segment_bytes=4096, shm=True, shm_bytes=1 << 20)
-    assert (model.shm_alpha, model.shm_beta, model.shm_bytes) == (7e-6, 3e-11, 1 << 20)
+    assert (model.shm_alpha, model.shm_beta, model.shm_beta_large, model.shm_bytes) == (7e-6, 3e-11, 1e-10, 1 << 20)
     assert [t for _, t in model.native_points] == native
-    plain = calibration.fit(vec[:-2], 1, segment_bytes=4096)
+    plain = calibration.fit(vec[:-3], 1, segment_bytes=4096)
     assert (plain.shm_alpha, plain.shm_beta) == (cost.SHM_ALPHA, cost.SHM_BETA)
