@@ -49,7 +49,7 @@ STEP_PROBE = 32
 #: bytes through memory than a ring, so pricing large buffers at the cached rate made
 #: auto pick it where ring ran 1.7x faster). About 4 ms, whatever the world size.
 SHM_STEP_PROBE = 16
-COPY_PROBES = ((cost.COPY_CACHED_BYTES, 5), (cost.COPY_MEMORY_BYTES, 2))
+COPY_PROBES = ((cost.COPY_CACHED_BYTES, 5), (cost.COPY_MEMORY_BYTES, 3))
 
 
 @dataclasses.dataclass(frozen=True)
