@@ -3,7 +3,8 @@
 Every rank runs the same probes in lockstep: a ring shift (``Sendrecv`` to the next
 rank, from the previous one) of a few sizes along each non-unit topology dim, a local
 numpy reduce, the executor's cost per step (tiny reducing steps, less alpha), and the
-MPI library's own allreduce at a few sizes. The medians are MAX-reduced, so every rank
+MPI library's own allreduce at a few sizes, and where the ``shm`` algorithm can run,
+its cost per piece (tiny group steps) and a memory copy rate. The medians are MAX-reduced, so every rank
 fits the same numbers with the same float arithmetic and gets an identical
 :class:`~ddl.cost.CostModel` (ranks that picked different algorithms would deadlock).
 A calibration file (``DDL_CALIBRATION=path``) skips the probes when it matches the
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import sys
 import time
@@ -23,10 +25,12 @@ from typing import Any
 import numpy as np
 
 from ddl import cost
+from ddl.algorithms.shm import why_not_shared
 from ddl.comm import Comm
+from ddl.config import DEFAULT_SHM_BYTES
 from ddl.executor import run_schedule
 from ddl.ops import ReduceOp
-from ddl.schedule import Schedule, Step
+from ddl.schedule import GroupStep, Schedule, Step, chunks_of, partition
 from ddl.topology import Topology
 
 FORMAT = 1
@@ -44,6 +48,12 @@ PROBE_BUDGET = 0.03
 #: A native-allreduce probe predicted to take longer than this is extrapolated instead.
 SKIP_BEYOND = 0.25
 STEP_PROBE = 32
+#: Shared memory: tiny group steps per timed run, and copy probes (bytes, repeats) in
+#: cache and past it (measured: 40 GB/s at 1 MiB, 8.5 GB/s at 4 MiB; shm moves more
+#: bytes through memory than a ring, so pricing large buffers at the cached rate made
+#: auto pick it where ring ran 1.7x faster). About 4 ms, whatever the world size.
+SHM_STEP_PROBE = 16
+COPY_PROBES = ((cost.COPY_CACHED_BYTES, 5), (cost.COPY_MEMORY_BYTES, 3))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +69,8 @@ class Calibration:
                           for i, lk in enumerate(self.model.links))
         return (f"{self.source} cost model ({self.seconds * 1e3:.0f} ms): {links}; reduce "
                 f"{1e-9 / self.model.gamma:.2f} GB/s, step overhead {self.model.step_overhead * 1e6:.1f} us, "
+                f"shm piece {self.model.shm_alpha * 1e6:.1f} us, copy {1e-9 / self.model.shm_beta:.1f} GB/s "
+                f"cached, {1e-9 / (self.model.shm_beta_large or self.model.shm_beta):.1f} GB/s large, "
                 f"MPI allreduce {len(self.model.native_points)} points")
 
 
@@ -115,6 +127,27 @@ def _local_samples(comm: Comm, topology: Topology, dim: int) -> list[float]:
     return [gamma, per_step / STEP_PROBE]
 
 
+def _shm_samples(comm: Comm, topology: Topology, *, shm_bytes: int) -> list[float]:
+    """Seconds per tiny shared-memory group step on this rank's dim-0 group (barrier and
+    Python included), and seconds per byte of a memory copy; all members run them together."""
+    members = tuple(topology.ring(0))
+    n = len(members)
+    step = GroupStep(members, tuple(chunks_of(partition(0, 4 * n, n))), reduce=True)
+    schedule = Schedule("probe", topology.rank, 4 * n, (step,) * SHM_STEP_PROBE)
+    buf = np.ones(4 * n, np.float32)
+    per_step = _median_time(lambda: run_schedule(comm, schedule, buf, ReduceOp.SUM, segment_elems=1 << 20,
+                                                 shm_bytes=shm_bytes), 5) / SHM_STEP_PROBE
+    # A short copy runs on a core of its own; in a long allreduce with more ranks on the
+    # host than cores, the members' copies take turns (measured at 4 ranks on 2 cores:
+    # 64 MiB ran 2x slower than the probe's rate predicted).
+    share = max(1.0, topology.local_size / (os.cpu_count() or 1))
+    out = [per_step]
+    for size, reps in COPY_PROBES:
+        src, dst = np.ones(size, np.uint8), np.empty(size, np.uint8)
+        out.append(_median_time(lambda s=src, d=dst: np.copyto(d, s), reps) / size * share)
+    return out
+
+
 def _native_samples(comm: Comm, probes: tuple[tuple[int, int], ...]) -> list[float]:
     """The MPI library's allreduce at each probe size; a size the previous (agreed) time
     predicts at over :data:`SKIP_BEYOND` is not run but extrapolated linearly, as the
@@ -146,12 +179,18 @@ def fit_link(points: list[tuple[int, float]]) -> cost.Link:
 def fit(
     samples: list[float], n_dims: int, *, segment_bytes: int, flows: int = 1,
     link_probes: tuple[tuple[int, int], ...] = LINK_PROBES, native_probes: tuple[tuple[int, int], ...] = NATIVE_PROBES,
+    shm: bool = False, shm_bytes: int = DEFAULT_SHM_BYTES,
 ) -> cost.CostModel:
     """The model from the reduced sample vector that :func:`measure` gathers.
 
     ``flows``: ranks of one dim-0 group that shared an outer link during its probe;
     the model multiplies that sharing back in, so the per-flow beta is stored.
+    ``shm``: the vector ends with the three shared-memory samples (else defaults stay).
     """
+    shm_alpha, shm_beta, shm_beta_large = cost.SHM_ALPHA, cost.SHM_BETA, 0.0
+    if shm:
+        samples, (piece, copy, copy_large) = samples[:-3], samples[-3:]
+        shm_alpha, shm_beta, shm_beta_large = max(piece, 1e-7), max(copy, 1e-13), max(copy_large, copy, 1e-13)
     k = len(link_probes)
     # The executor never sends more than segment_bytes in one message, so beta is fitted
     # on the probes it meets: a full segment is priced as measured. Larger probes run
@@ -168,11 +207,12 @@ def fit(
     native = samples[n_dims * k + 2 :]
     points = tuple((n, t) for (n, _), t in zip(native_probes, native, strict=True))
     return cost.CostModel(links=tuple(links), gamma=max(gamma, 1e-13), step_overhead=max(0.0, overhead),
-                          segment_bytes=segment_bytes, native_points=points)
+                          segment_bytes=segment_bytes, native_points=points,
+                          shm_alpha=shm_alpha, shm_beta=shm_beta, shm_beta_large=shm_beta_large, shm_bytes=shm_bytes)
 
 
 def measure(
-    comm: Comm, topology: Topology, *, segment_bytes: int,
+    comm: Comm, topology: Topology, *, segment_bytes: int, shm_bytes: int = DEFAULT_SHM_BYTES,
     link_probes: tuple[tuple[int, int], ...] = LINK_PROBES, native_probes: tuple[tuple[int, int], ...] = NATIVE_PROBES,
 ) -> Calibration:
     """Run the probes on every rank (a collective call) and fit one shared model.
@@ -187,11 +227,14 @@ def measure(
         samples += _link_samples(comm, topology, d, link_probes)
     samples += _local_samples(comm, topology, dims[0]) if dims else [0.0, 0.0]
     samples += _native_samples(comm, native_probes)
+    shm = why_not_shared(topology) is None  # the same answer on every rank
+    if shm:
+        samples += _shm_samples(comm, topology, shm_bytes=shm_bytes)
     vec = np.array(samples, dtype=np.float64)
     comm.allreduce_native(vec, ReduceOp.MAX)  # the slowest rank's view, identical everywhere
     flows = topology.dims[dims[0]] if dims else 1
     model = fit([float(v) for v in vec], len(dims), segment_bytes=segment_bytes, flows=flows,
-                link_probes=link_probes, native_probes=native_probes)
+                link_probes=link_probes, native_probes=native_probes, shm=shm, shm_bytes=shm_bytes)
     return Calibration(model, "measured", time.perf_counter() - start)
 
 
@@ -205,7 +248,8 @@ def save(path: str | Path, calibration: Calibration, who: dict[str, Any]) -> Non
     m = calibration.model
     data = {"format": FORMAT, **who, "seconds": calibration.seconds,
             "model": {"links": [[lk.alpha, lk.beta] for lk in m.links], "gamma": m.gamma,
-                      "step_overhead": m.step_overhead, "native_points": [list(p) for p in m.native_points]}}
+                      "step_overhead": m.step_overhead, "native_points": [list(p) for p in m.native_points],
+                      "shm_alpha": m.shm_alpha, "shm_beta": m.shm_beta, "shm_beta_large": m.shm_beta_large}}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
@@ -213,7 +257,8 @@ def save(path: str | Path, calibration: Calibration, who: dict[str, Any]) -> Non
     tmp.replace(target)
 
 
-def load(path: str | Path, who: dict[str, Any], *, segment_bytes: int) -> Calibration | None:
+def load(path: str | Path, who: dict[str, Any], *, segment_bytes: int,
+         shm_bytes: int = DEFAULT_SHM_BYTES) -> Calibration | None:
     """The saved calibration if ``path`` holds one for this identity, else None."""
     target = Path(path)
     if not target.is_file():
@@ -226,7 +271,9 @@ def load(path: str | Path, who: dict[str, Any], *, segment_bytes: int) -> Calibr
         model = cost.CostModel(
             links=tuple(cost.Link(alpha=float(a), beta=float(b)) for a, b in m["links"]),
             gamma=float(m["gamma"]), step_overhead=float(m["step_overhead"]), segment_bytes=segment_bytes,
-            native_points=tuple((int(n), float(t)) for n, t in m["native_points"]))
+            native_points=tuple((int(n), float(t)) for n, t in m["native_points"]),
+            shm_alpha=float(m.get("shm_alpha", cost.SHM_ALPHA)), shm_beta=float(m.get("shm_beta", cost.SHM_BETA)),
+            shm_beta_large=float(m.get("shm_beta_large", 0.0)), shm_bytes=shm_bytes)
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"ddl: ignoring calibration file {target} ({exc}); measuring again", file=sys.stderr)
         return None
@@ -234,7 +281,7 @@ def load(path: str | Path, who: dict[str, Any], *, segment_bytes: int) -> Calibr
 
 
 def calibrate(comm: Comm, topology: Topology, hostnames: list[str], setting: str | None,
-              *, segment_bytes: int, **probes: Any) -> Calibration:
+              *, segment_bytes: int, shm_bytes: int = DEFAULT_SHM_BYTES, **probes: Any) -> Calibration:
     """The model for this job (a collective call when ``comm.size > 1``).
 
     ``setting`` is ``DDL_CALIBRATION``: None measures, ``"off"`` keeps the fixed
@@ -242,17 +289,17 @@ def calibrate(comm: Comm, topology: Topology, hostnames: list[str], setting: str
     Rank 0 alone reads and writes the file and broadcasts what it found. ``probes``
     go to :func:`measure` (tests shrink them).
     """
-    fixed = dataclasses.replace(cost.default_model(topology), segment_bytes=segment_bytes)
+    fixed = dataclasses.replace(cost.default_model(topology), segment_bytes=segment_bytes, shm_bytes=shm_bytes)
     if comm.size == 1 or setting == "off":
         return Calibration(fixed, "fixed")
     who = identity(topology, hostnames)
     loaded = None
     if setting is not None and comm.rank == 0:
-        loaded = load(setting, who, segment_bytes=segment_bytes)
+        loaded = load(setting, who, segment_bytes=segment_bytes, shm_bytes=shm_bytes)
     loaded = comm.bcast_object(loaded, 0)
     if loaded is not None:
         return loaded  # type: ignore[no-any-return]
-    result = measure(comm, topology, segment_bytes=segment_bytes, **probes)
+    result = measure(comm, topology, segment_bytes=segment_bytes, shm_bytes=shm_bytes, **probes)
     if setting is not None and comm.rank == 0:
         try:
             save(setting, result, who)

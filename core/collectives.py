@@ -64,7 +64,7 @@ class Collectives:
                         _LEAN[(arr.dtype, op)] = checked
             else:
                 arr = x
-            alg = algorithms.check_name(algorithm) if algorithm else self.ctx.config.algorithm
+            alg = algorithms.check_for(algorithm, self.topology) if algorithm else self.ctx.config.algorithm
             comp = _NONE if compression is None else as_compressor(compression)
         except (TypeError, ValueError) as exc:
             self._refuse("allreduce", name, exc)

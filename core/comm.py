@@ -13,6 +13,8 @@ from typing import Any, NoReturn, Protocol
 import numpy as np
 
 from ddl.ops import ReduceOp
+from ddl.shared_memory import MPISharedWindow, SharedSlots
+from ddl.topology import split_shared_group
 
 # dtypes the MPI library reduces natively (float16/bfloat16 are not portable in MPI).
 NATIVE_REDUCE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.uint8))
@@ -43,6 +45,14 @@ class Comm(Protocol):
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         """Gather every rank's equally sized contiguous ``send`` into ``recv`` in rank order."""
+
+    def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
+        """This rank's view of the shared memory of ``members`` (its host's dim-0 ring).
+
+        Every member calls it at the same step with the same ``nbytes``; the slots are
+        made, or grown to at least ``nbytes`` each, collectively over the group (the
+        first call may be collective over the world: all ranks reach it together).
+        """
 
     def bcast_object(self, obj: Any, root: int) -> Any: ...
 
@@ -96,6 +106,7 @@ class MPIComm:
             ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM,
             ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD,
         }
+        self._windows: dict[tuple[int, ...], MPISharedWindow] = {}
 
     @property
     def rank(self) -> int:
@@ -142,6 +153,14 @@ class MPIComm:
         else:  # more ranks than cores: MPI's own (yielding) wait hands the core over sooner
             self._comm.Allgather(send, recv)
 
+    def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
+        window = self._windows.get(members)
+        if window is None:
+            # Each rank has one dim-0 group, and every rank runs its first group step
+            # in the same cycle (at init, when calibration measures it): a world collective.
+            window = self._windows[members] = MPISharedWindow(split_shared_group(self._comm, members, self.rank))
+        return window.ensure(nbytes)
+
     def bcast_object(self, obj: Any, root: int) -> Any:
         return self._comm.bcast(obj, root=root)
 
@@ -166,6 +185,9 @@ class MPIComm:
         return str(self._MPI.Get_processor_name())
 
     def free(self) -> None:
+        for window in self._windows.values():  # shared windows and group comms go first
+            window.free()
+        self._windows.clear()
         if self._comm != self._MPI.COMM_WORLD and self._comm != self._MPI.COMM_SELF:
             self._comm.Free()
 
@@ -199,6 +221,11 @@ class SelfComm:
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         as_bytes(recv)[...] = as_bytes(send)
+
+    def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
+        if members != (0,):
+            raise ValueError(f"a world of one process has no group {members}")
+        return SharedSlots(0, [np.zeros(nbytes, np.uint8)], lambda: None)
 
     def bcast_object(self, obj: Any, root: int) -> Any:
         return obj

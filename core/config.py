@@ -13,6 +13,7 @@ from collections.abc import Mapping
 
 DEFAULT_SEGMENT_BYTES = 1 << 20
 DEFAULT_FUSION_BYTES = 64 << 20
+DEFAULT_SHM_BYTES = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Config:
             measures and writes one there.
         allow_singletons: let a Slurm step of several tasks run as independent
             one-rank worlds (e.g. a sweep started with ``srun --mpi=none``).
+        shm_bytes: largest shared-memory slot per rank for the ``shm`` algorithm;
+            longer buffers go through it in pieces (one barrier each).
     """
 
     topology: str | None = None
@@ -51,6 +54,7 @@ class Config:
     timeline: str | None = None
     calibration: str | None = None
     allow_singletons: bool = False
+    shm_bytes: int = DEFAULT_SHM_BYTES
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
@@ -73,6 +77,7 @@ class Config:
             timeline=_str(env, "DDL_TIMELINE"),
             calibration=_calibration(env, "DDL_CALIBRATION"),
             allow_singletons=_bool(env, "DDL_ALLOW_SINGLETONS", False),
+            shm_bytes=_int(env, "DDL_SHM_BYTES", DEFAULT_SHM_BYTES, minimum=4096),
         )
 
 
@@ -90,6 +95,7 @@ class Config:
             "DDL_SEGMENT_BYTES": str(self.segment_bytes),
             "DDL_FUSION_THRESHOLD": str(self.fusion_threshold),
             "DDL_CALIBRATION": "off" if self.calibration == "off" else "on",
+            "DDL_SHM_BYTES": str(self.shm_bytes),
         }
 
 

@@ -43,15 +43,16 @@ class Context:
         self.comm = comm
         self.topology = topology
         self.config = config
-        self.model = model or dataclasses.replace(cost.default_model(topology), segment_bytes=config.segment_bytes)
+        self.model = model or dataclasses.replace(cost.default_model(topology), segment_bytes=config.segment_bytes,
+                                                  shm_bytes=config.shm_bytes)
         #: How ``model`` was obtained (set by ``ddl.init``); None for a hand-built context.
         self.calibration: Calibration | None = None
-        algorithms.check_name(config.algorithm)
+        algorithms.check_for(config.algorithm, topology)
 
     # -- allreduce -------------------------------------------------------------
     def resolve_algorithm(self, algorithm: str | None, count: int, itemsize: int) -> str:
         """The concrete algorithm for a message (``auto`` priced by the cost model)."""
-        name = algorithms.check_name(algorithm or self.config.algorithm)
+        name = algorithms.check_name(algorithm or self.config.algorithm)  # applicability: checked at submission
         if name == "auto":
             name = cost.choose(self.topology, count, itemsize, self.model)
         return name
@@ -70,7 +71,8 @@ class Context:
             else:
                 seg = max(1, self.config.segment_bytes // buf.itemsize)
                 schedule = _compiled(algorithm, self.topology, buf.size)
-                run_schedule(self.comm, schedule, buf, op, segment_elems=seg, on_phase=on_phase)
+                run_schedule(self.comm, schedule, buf, op, segment_elems=seg, shm_bytes=self.config.shm_bytes,
+                             on_phase=on_phase)
         if op is ReduceOp.AVERAGE and buf.size:
             np.divide(buf, self.topology.size, out=buf)
 

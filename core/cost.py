@@ -6,6 +6,10 @@ costs ``pieces * (alpha_d + step_overhead) + bytes * beta_d * flows + reduced_by
 how many ranks of the same dim-0 group (a host, when dims follow hosts) use an outer
 link at that step: they share one network port. A step's cost is its slowest rank's,
 since ranks move in lockstep; the ranks of the first dim-0 group stand for every group.
+A shared-memory group step costs ``pieces * shm_alpha + copied_bytes * copy_beta +
+reduced_bytes * gamma`` (:func:`group_step_time`), the copy rate falling from the cached
+one to the memory-bound one as the buffer grows past the caches; an algorithm a topology cannot run
+costs infinity, so ``auto`` never picks it.
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import functools
 import math
 
 from ddl.algorithms import SCHEDULED
-from ddl.schedule import Schedule
+from ddl.config import DEFAULT_SHM_BYTES
+from ddl.executor import piece_elems, slot_bytes
+from ddl.schedule import GroupStep, Schedule
 from ddl.topology import Topology
 
 
@@ -33,6 +39,15 @@ SHARED_MEMORY = Link(alpha=30e-6, beta=1 / 2.0e9)
 # A commodity 10 Gb/s Ethernet port between hosts.
 NETWORK = Link(alpha=25e-6, beta=1 / 1.2e9)
 REDUCE_GAMMA = 1 / 1.0e9
+# A shared-memory piece: one barrier (~4 us on 2 ranks), two window syncs and the
+# Python around a few numpy calls; copies run at memory speed (measured ~40 GB/s for
+# 1 MiB on one core, taken lower for large buffers and several ranks per host).
+SHM_ALPHA = 12e-6
+SHM_BETA = 1 / 10e9
+#: Buffer sizes at which ``shm_beta`` (cached) and ``shm_beta_large`` (memory-bound)
+#: hold; the copy cost per byte is interpolated between them (the calibration probes).
+COPY_CACHED_BYTES = 1 << 20
+COPY_MEMORY_BYTES = 8 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +61,10 @@ class CostModel:
     ``links`` are per non-unit dim (unit dims change no schedule and are dropped).
     ``step_overhead`` is the executor's Python cost per message beyond ``alpha``;
     ``segment_bytes`` (0: unsegmented) is its largest single message.
+    ``shm_alpha`` is a shared-memory group step's fixed cost per piece (barrier and
+    Python), ``shm_beta`` its copy cost (s/byte) for buffers of up to
+    :data:`COPY_CACHED_BYTES`, ``shm_beta_large`` (0: the same) from
+    :data:`COPY_MEMORY_BYTES` up, ``shm_bytes`` the slot cap per rank.
     """
 
     links: tuple[Link, ...]
@@ -54,6 +73,19 @@ class CostModel:
     step_overhead: float = 0.0
     segment_bytes: int = 0
     native_points: tuple[tuple[int, float], ...] = ()
+    shm_alpha: float = SHM_ALPHA
+    shm_beta: float = SHM_BETA
+    shm_bytes: int = DEFAULT_SHM_BYTES
+    shm_beta_large: float = 0.0
+
+    def copy_beta(self, nbytes: int) -> float:
+        """Seconds per byte copied when a group step covers ``nbytes``."""
+        small, large = self.shm_beta, self.shm_beta_large or self.shm_beta
+        if nbytes <= COPY_CACHED_BYTES:
+            return small
+        if nbytes >= COPY_MEMORY_BYTES:
+            return large
+        return small + (large - small) * (nbytes - COPY_CACHED_BYTES) / (COPY_MEMORY_BYTES - COPY_CACHED_BYTES)
 
     def link(self, dim: int) -> Link:
         return self.links[min(dim, len(self.links) - 1)]
@@ -70,15 +102,19 @@ def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, 
     total = 0.0
     for k in range(max(len(s.steps) for s in schedules)):
         rows = []
+        group_cost = 0.0
         for s in schedules:
             if k >= len(s.steps):
                 continue
             st = s.steps[k]
+            if isinstance(st, GroupStep):
+                group_cost = max(group_cost, group_step_time(st, itemsize, model))
+                continue
             peer = st.send_peer if st.send_peer is not None else st.recv_peer
             assert peer is not None
             rows.append((topology.link_dim(s.rank, peer), st))
         flows = max(1, sum(1 for dim, _ in rows if dim >= 1))
-        step_cost = 0.0
+        step_cost = group_cost
         for dim, st in rows:
             link = model.link(dim)
             share = flows if dim >= 1 else 1
@@ -89,6 +125,23 @@ def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, 
             step_cost = max(step_cost, fixed + nbytes * link.beta * share + reduce_bytes * model.gamma)
         total += step_cost
     return total
+
+
+def group_step_time(step: GroupStep, itemsize: int, model: CostModel) -> float:
+    """Predicted seconds for one shared-memory group step, cut into pieces as the executor does.
+
+    A reduce-scatter copies the whole span into the slots and combines ``members - 1``
+    chunk pieces; an allgather copies one chunk in and ``members - 1`` chunks out: the
+    span either way.
+    """
+    n = len(step.members)
+    if n < 2 or step.longest == 0:
+        return 0.0
+    per = piece_elems(n, slot_bytes(n, step.longest, itemsize, model.shm_bytes), itemsize)
+    pieces = -(-step.longest // per)
+    reduced = (n - 1) * step.longest * itemsize if step.reduce else 0
+    span = step.span * itemsize
+    return pieces * model.shm_alpha + span * model.copy_beta(span) + reduced * model.gamma
 
 
 def native_time(topology: Topology, nbytes: int, model: CostModel) -> float:
@@ -121,10 +174,18 @@ def interpolate(points: tuple[tuple[int, float], ...], nbytes: int) -> float:
 
 
 def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model: CostModel) -> float:
-    """Predicted seconds for one allreduce of ``count`` elements by ``algorithm``."""
+    """Predicted seconds for one allreduce of ``count`` elements by ``algorithm``.
+
+    Infinite for an algorithm this topology cannot run (``shm`` across hosts); zero in
+    a world of one, where nothing runs.
+    """
     if algorithm == "mpi":
         return native_time(topology, count * itemsize, model)
     alg = SCHEDULED[algorithm]
+    if topology.size == 1:
+        return 0.0
+    if alg.unavailable(topology) is not None:
+        return math.inf
     # Unit dims change no schedule; drop them so "1x6" prices exactly like "6".
     dims = tuple(d for d in topology.dims if d > 1) or (1,)
     if dims != topology.dims:

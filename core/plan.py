@@ -94,7 +94,10 @@ def model_from_calibration(path: str | Path, topology: Topology, *, segment_byte
         links = tuple(cost.Link(alpha=float(a), beta=float(b)) for a, b in m["links"])
         native = tuple((int(n), float(t)) for n, t in m["native_points"])
         model = cost.CostModel(links=links, gamma=float(m["gamma"]), step_overhead=float(m["step_overhead"]),
-                               segment_bytes=segment_bytes, native_points=native)
+                               segment_bytes=segment_bytes, native_points=native,
+                               shm_alpha=float(m.get("shm_alpha", cost.SHM_ALPHA)),
+                               shm_beta=float(m.get("shm_beta", cost.SHM_BETA)),
+                               shm_beta_large=float(m.get("shm_beta_large", 0.0)))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise PlanError(f"cannot read calibration file {path} ({exc}); give one written by DDL_CALIBRATION=FILE") from None
     notes = [f"cost model from {path} (measured at {data.get('world_size')} ranks, dims "
@@ -250,7 +253,8 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     record["allreduce"] = []
     for nbytes in per_size:
         count = max(1, nbytes // args.itemsize)
-        times = {a: price(a, topology, count, args.itemsize, model) for a in ALGORITHMS}
+        times = {a: price(a, topology, count, args.itemsize, model) for a in ALGORITHMS
+                 if a not in SCHEDULED or SCHEDULED[a].unavailable(topology) is None}
         picked = cost.choose(topology, count, args.itemsize, model)
         bound = link_bound(topology, nbytes, model)
         cells = "  ".join(f"{a} {t * 1e3:.3f}" for a, t in times.items())

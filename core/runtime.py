@@ -90,7 +90,8 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
         try:
             # Probed with the engine thread alive but parked, as collectives later run (a
             # ddl process runs MPI ~20 % slower than a bare one); it starts cycling after.
-            calib = calibrate(comm, topo, hostnames, config.calibration, segment_bytes=config.segment_bytes)
+            calib = calibrate(comm, topo, hostnames, config.calibration, segment_bytes=config.segment_bytes,
+                              shm_bytes=config.shm_bytes)
         except BaseException:
             engine.discard()  # its thread never cycled: nothing to agree on, no wait
             _free(comm)

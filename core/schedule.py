@@ -5,6 +5,8 @@ same schedule is executed over MPI (:mod:`ddl.executor`), checked symbolically
 (:mod:`ddl.testing.symbolic`) and priced (:mod:`ddl.cost`). Ranges are element
 offsets into one flat buffer; within a step the send and receive ranges never overlap,
 so a step may be cut into segments without reading data it has already overwritten.
+A :class:`Step` is a point-to-point exchange; a :class:`GroupStep` is a shared-memory
+reduce-scatter or allgather that every member of one host's dim-0 ring runs at once.
 """
 
 from __future__ import annotations
@@ -40,13 +42,45 @@ class Step:
 
 
 @dataclasses.dataclass(frozen=True)
+class GroupStep:
+    """A shared-memory step that every rank of ``members`` (one host) runs together.
+
+    ``chunks[i]`` belongs to ``members[i]``. Reducing (a reduce-scatter): each member
+    publishes its whole buffer over the chunks, and member i combines chunk i from
+    every member's copy in member order, so the sum has the same bits wherever it is
+    read. Copying (an allgather): member i publishes chunk i and every other member
+    copies it. Every member's step is the same (members, chunks, reduce).
+    """
+
+    members: tuple[int, ...]
+    chunks: tuple[tuple[int, int], ...]
+    reduce: bool
+    dim: int = 0
+    phase: str = ""
+
+    @property
+    def longest(self) -> int:
+        """Elements in the largest chunk."""
+        return max((hi - lo for lo, hi in self.chunks), default=0)
+
+    @property
+    def span(self) -> int:
+        """Elements covered by all chunks together."""
+        return sum(hi - lo for lo, hi in self.chunks)
+
+
+#: Any step of a schedule.
+AnyStep = Step | GroupStep
+
+
+@dataclasses.dataclass(frozen=True)
 class Schedule:
     """The steps one rank runs, in order, for an allreduce of ``count`` elements."""
 
     algorithm: str
     rank: int
     count: int
-    steps: tuple[Step, ...]
+    steps: tuple[AnyStep, ...]
 
 
 NO_RANGE = (0, 0)

@@ -9,8 +9,11 @@ fastest, so the ranks that share dim-0 rings share a host whenever the dims allo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
+from collections.abc import Sequence
+from typing import Any
 
 from ddl.errors import TopologyError
 
@@ -152,6 +155,16 @@ class Topology:
             members.append(self.rank_at(tuple(base)))
         return members
 
+    @functools.cached_property
+    def split_dim0_ring(self) -> tuple[int, ...] | None:
+        """The first dim-0 ring whose ranks are on more than one host, or None (computed once)."""
+        d0 = self.dims[0]
+        for start in range(0, self.size, d0):
+            members = self.order[start : start + d0]  # dim 0 varies fastest in topology order
+            if len({self.hosts[r] for r in members}) > 1:
+                return members
+        return None
+
     def link_dim(self, a: int, b: int) -> int:
         """The outermost dimension in which ranks ``a`` and ``b`` differ (their link)."""
         ca, cb = self.coords(a), self.coords(b)
@@ -163,6 +176,32 @@ class Topology:
 
     def __str__(self) -> str:
         return "x".join(str(d) for d in self.dims)
+
+
+def split_shared_group(comm: Any, members: Sequence[int], rank: int) -> Any:
+    """The mpi4py communicator of ``members`` (this rank's dim-0 ring), split from ``comm``.
+
+    A collective over ``comm``: every rank calls it at the same point, each with its
+    own group (the group's first rank is the colour, the position the key). It then
+    checks that each group's processes really share memory (host names can be set by
+    hand) and agrees on the answer, so every rank raises or none does.
+
+    Raises:
+        TopologyError: some group's ranks are on different machines.
+    """
+    from mpi4py import MPI
+
+    group = comm.Split(members[0], list(members).index(rank))
+    shared = group.Split_type(MPI.COMM_TYPE_SHARED)
+    ok = int(shared.Get_size() == group.Get_size())
+    shared.Free()
+    if comm.allreduce(ok, op=MPI.MIN) != 1:
+        group.Free()
+        raise TopologyError(
+            f"the ranks of a dim-0 ring (this rank's: {list(members)[:8]}) do not share memory, although their "
+            "host names say one host; set DDL_HOSTNAME per machine, or use an algorithm other than 'shm'"
+        )
+    return group
 
 
 def discover_dims(hosts: tuple[int, ...]) -> tuple[int, ...]:

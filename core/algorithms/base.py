@@ -16,6 +16,10 @@ class Algorithm(Protocol):
 
     name: str
 
+    def unavailable(self, topology: Topology) -> str | None:
+        """Why this algorithm cannot run on ``topology`` (with what to use instead), or None."""
+        ...
+
     def compile(self, topology: Topology, rank: int, count: int) -> Schedule:
         """The steps ``rank`` runs to allreduce ``count`` elements over ``topology``."""
         ...

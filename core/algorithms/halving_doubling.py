@@ -18,6 +18,9 @@ class HalvingDoubling:
 
     name = "halving_doubling"
 
+    def unavailable(self, topology: Topology) -> str | None:
+        return None
+
     def compile(self, topology: Topology, rank: int, count: int) -> Schedule:
         size, order = topology.size, topology.order
         me = topology.index_of(rank)

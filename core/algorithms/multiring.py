@@ -7,8 +7,38 @@ of the data. Cost: sum_i [2(d_i-1) a_i + 2(d_i-1)/D_i * N * b_i], D_i = d0...d_i
 
 from __future__ import annotations
 
-from ddl.schedule import Schedule, Step, chunks_of, partition, ring_allgather, ring_reduce_scatter
+from ddl.schedule import (
+    AnyStep,
+    Schedule,
+    chunks_of,
+    partition,
+    ring_allgather,
+    ring_reduce_scatter,
+)
 from ddl.topology import Topology
+
+
+def multiring_steps(topology: Topology, rank: int, lo: int, hi: int, *, first_dim: int = 0) -> list[AnyStep]:
+    """Ring reduce-scatters over dims ``first_dim``... on ``[lo, hi)``, then the allgathers.
+
+    Along each dim the range shrinks to the chunk this rank owns (chunk ``i`` for the
+    rank at coordinate ``i``), so the next dim works on that slice only.
+    """
+    coords = topology.coords(rank)
+    levels: list[tuple[int, list[int], list[tuple[int, int]]]] = []
+    steps: list[AnyStep] = []
+    for dim in range(first_dim, len(topology.dims)):
+        d = topology.dims[dim]
+        if d == 1:
+            continue
+        members = topology.ring(dim, rank)
+        chunks = chunks_of(partition(lo, hi, d))
+        steps += ring_reduce_scatter(members, rank, chunks, dim=dim, phase=f"reduce-scatter dim {dim}")
+        levels.append((dim, members, chunks))
+        lo, hi = chunks[coords[dim]]
+    for dim, members, chunks in reversed(levels):
+        steps += ring_allgather(members, rank, chunks, dim=dim, phase=f"allgather dim {dim}")
+    return steps
 
 
 class MultiRing:
@@ -16,19 +46,9 @@ class MultiRing:
 
     name = "multiring"
 
+    def unavailable(self, topology: Topology) -> str | None:
+        return None
+
     def compile(self, topology: Topology, rank: int, count: int) -> Schedule:
-        coords = topology.coords(rank)
-        lo, hi = 0, count
-        levels: list[tuple[int, list[int], list[tuple[int, int]]]] = []
-        steps: list[Step] = []
-        for dim, d in enumerate(topology.dims):
-            if d == 1:
-                continue
-            members = topology.ring(dim, rank)
-            chunks = chunks_of(partition(lo, hi, d))
-            steps += ring_reduce_scatter(members, rank, chunks, dim=dim, phase=f"reduce-scatter dim {dim}")
-            levels.append((dim, members, chunks))
-            lo, hi = chunks[coords[dim]]
-        for dim, members, chunks in reversed(levels):
-            steps += ring_allgather(members, rank, chunks, dim=dim, phase=f"allgather dim {dim}")
-        return Schedule(self.name, rank, count, tuple(steps))
+        return Schedule(self.name, rank, count, tuple(multiring_steps(topology, rank, 0, count)))
+

@@ -18,6 +18,9 @@ class Ring:
 
     name = "ring"
 
+    def unavailable(self, topology: Topology) -> str | None:
+        return None
+
     def compile(self, topology: Topology, rank: int, count: int) -> Schedule:
         flat = MultiRing().compile(topology.flat(), rank, count)
         return Schedule(self.name, rank, count, flat.steps)

@@ -23,7 +23,7 @@ import ddl
 from ddl.bench import peers
 from ddl.negotiation import COMPACT_FROM, INLINE_BYTES
 
-ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "auto"]
+ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "shm", "auto"]
 
 
 def sizes(lo: int, hi: int) -> list[int]:

@@ -2,13 +2,16 @@
 
 Point-to-point messages go through per-pair queues (buffered, FIFO, like MPI's
 non-overtaking rule); collectives meet at a shared rendezvous. Every wait has a
-timeout, so a broken schedule fails a test instead of hanging it.
+timeout, so a broken schedule fails a test instead of hanging it. Shared-memory groups
+are arrays every member thread sees, kept in a registry of the world keyed by the
+group's members, with a barrier of their own.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -16,6 +19,7 @@ import numpy as np
 
 from ddl.comm import as_bytes
 from ddl.ops import ReduceOp, ufunc
+from ddl.shared_memory import SharedSlots
 
 T = TypeVar("T")
 TIMEOUT_S = 30.0
@@ -37,6 +41,28 @@ class _World:
         self.barrier = threading.Barrier(size, timeout=TIMEOUT_S)
         self.slots: list[Any] = [None] * size
         self.aborted = False  # like MPI_Abort: every rank's pending receive ends
+        self.groups: dict[tuple[int, ...], _Group] = {}
+        self.groups_lock = threading.Lock()
+
+    def group(self, members: tuple[int, ...]) -> _Group:
+        with self.groups_lock:
+            if members not in self.groups:
+                self.groups[members] = _Group(len(members))
+            return self.groups[members]
+
+    def abort_barriers(self) -> None:
+        self.barrier.abort()
+        with self.groups_lock:
+            for g in self.groups.values():
+                g.barrier.abort()
+
+
+class _Group:
+    """One group's shared slots (replaced as a whole when they grow) and its barrier."""
+
+    def __init__(self, size: int) -> None:
+        self.barrier = threading.Barrier(size, timeout=TIMEOUT_S)
+        self.slots: list[np.ndarray] = []
 
 
 class FakeComm:
@@ -45,6 +71,7 @@ class FakeComm:
     def __init__(self, world: _World, rank: int) -> None:
         self._world = world
         self._rank = rank
+        self._views: dict[tuple[int, ...], SharedSlots] = {}
 
     @property
     def rank(self) -> int:
@@ -119,6 +146,32 @@ class FakeComm:
         parts = self._exchange(as_bytes(send).copy(), "allgather")
         as_bytes(recv)[...] = np.concatenate(parts)
 
+    def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
+        view = self._views.get(members)
+        if view is not None and view.capacity >= nbytes:
+            return view
+        index = members.index(self._rank)
+        group = self._world.group(members)
+
+        def barrier() -> None:
+            start = time.monotonic()
+            try:
+                group.barrier.wait()
+            except threading.BrokenBarrierError:
+                if self._world.aborted:
+                    raise FakeAbort(f"rank {self._rank}: the job was aborted in group {members}'s barrier") from None
+                if time.monotonic() - start >= TIMEOUT_S:
+                    raise TimeoutError(f"rank {self._rank}: a member of group {members} did not reach its "
+                                       f"barrier within {TIMEOUT_S:.0f} s") from None
+                raise  # another rank failed and broke it: that rank's error is the one to report
+
+        barrier()  # every member has finished with the old slots
+        if index == 0:
+            group.slots = [np.zeros(nbytes, np.uint8) for _ in members]
+        barrier()
+        view = self._views[members] = SharedSlots(index, list(group.slots), barrier)
+        return view
+
     def bcast_object(self, obj: Any, root: int) -> Any:
         return self._exchange(obj, "bcast_object")[root]
 
@@ -130,7 +183,7 @@ class FakeComm:
 
     def abort(self, code: int = 1) -> NoReturn:
         self._world.aborted = True
-        self._world.barrier.abort()
+        self._world.abort_barriers()
         raise FakeAbort(f"rank {self._rank} aborted the job with code {code}")
 
     def hostname(self) -> str:
@@ -158,7 +211,7 @@ def run_ranks(
             results[rank] = fn(FakeComm(world, rank))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             errors[rank] = exc
-            world.barrier.abort()
+            world.abort_barriers()
 
     # Each rank plays one process's main thread: unnamed collectives are named per
     # thread name (ddl.naming), alike on every rank only if the threads' names are.

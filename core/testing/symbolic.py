@@ -5,13 +5,16 @@ reduce must join disjoint masks (a contribution counted twice is an error), a co
 replaces, and at the end every element of every rank must hold every rank exactly
 once. Steps advance under rendezvous semantics (a send completes only when the peer
 has posted the matching receive), so a schedule that passes cannot deadlock in MPI.
+A group step completes only when every member stands at the same group step (same
+members, chunks and kind): its reduce joins chunk i over every member's copy (masks
+must be disjoint) into member i, its allgather copies member i's chunk i to all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ddl.schedule import Schedule
+from ddl.schedule import GroupStep, Schedule, Step
 from ddl.topology import Topology
 
 
@@ -36,6 +39,9 @@ def check_schedules(schedules: list[Schedule]) -> None:
         if sch.rank != r or sch.count != count:
             raise ScheduleError(f"schedule {r} is for rank {sch.rank} / count {sch.count}")
         for k, st in enumerate(sch.steps):
+            if isinstance(st, GroupStep):
+                _check_group_step(st, r, k, count, size)
+                continue
             if st.send_peer is None and st.recv_peer is None:
                 raise ScheduleError(f"rank {r} step {k} neither sends nor receives")
             if st.send_peer is not None and st.recv_peer is not None:
@@ -52,10 +58,17 @@ def check_schedules(schedules: list[Schedule]) -> None:
         progressed = False
         for r in active:
             st = current(r)
-            if st.send_peer is not None and not sent[r]:
+            if isinstance(st, GroupStep) and st.members[0] == r and _run_group(st, [current(m) for m in st.members],
+                                                                              bufs, pos):
+                for m in st.members:
+                    pos[m] += 1
+                progressed = True
+        for r in active:
+            st = current(r)
+            if isinstance(st, Step) and st.send_peer is not None and not sent[r]:
                 d = st.send_peer
                 dst = current(d)
-                if dst is not None and dst.recv_peer == r and got[d] is None:
+                if isinstance(dst, Step) and dst.recv_peer == r and got[d] is None:
                     a, b = st.send
                     if dst.recv[1] - dst.recv[0] != b - a:
                         raise ScheduleError(
@@ -68,6 +81,10 @@ def check_schedules(schedules: list[Schedule]) -> None:
         still = []
         for r in active:
             st = current(r)
+            if not isinstance(st, Step):
+                if st is not None:
+                    still.append(r)
+                continue
             send_done = st.send_peer is None or sent[r]
             recv_done = st.recv_peer is None or got[r] is not None
             if send_done and recv_done:
@@ -88,6 +105,49 @@ def check_schedules(schedules: list[Schedule]) -> None:
             if mask != full:
                 missing = [q for q in range(size) if not mask >> q & 1]
                 raise ScheduleError(f"rank {r} element {i} misses contributions of ranks {missing[:8]}")
+
+
+def _check_group_step(st: GroupStep, rank: int, k: int, count: int, size: int) -> None:
+    where = f"rank {rank} step {k} (group {st.members[:8]})"
+    if rank not in st.members:
+        raise ScheduleError(f"{where}: the rank is not a member of its own group step")
+    if len(set(st.members)) != len(st.members) or not all(0 <= m < size for m in st.members):
+        raise ScheduleError(f"{where}: members must be distinct ranks below {size}")
+    if len(st.chunks) != len(st.members):
+        raise ScheduleError(f"{where}: {len(st.chunks)} chunks for {len(st.members)} members")
+    if any(not 0 <= lo <= hi <= count for lo, hi in st.chunks):
+        raise ScheduleError(f"{where}: chunks {st.chunks[:8]} fall outside [0, {count})")
+
+
+def _run_group(st: GroupStep, at: list[object], bufs: list[list[int]], pos: list[int]) -> bool:
+    """Apply ``st`` for all its members if they all stand at it; False while some are elsewhere."""
+    if any(not isinstance(other, GroupStep) for other in at):
+        return False  # some member is still at a point-to-point step, or done (then: deadlock)
+    for m, other in zip(st.members, at, strict=True):
+        if other != st:
+            raise ScheduleError(
+                f"group step mismatch: rank {st.members[0]} step {pos[st.members[0]]} is {st}, "
+                f"but member rank {m} step {pos[m]} is {other}"
+            )
+    before = {m: list(bufs[m]) for m in st.members}
+    for i, (lo, hi) in enumerate(st.chunks):
+        owner = st.members[i]
+        if st.reduce:
+            for e in range(lo, hi):
+                acc = 0
+                for m in st.members:
+                    if acc & before[m][e]:
+                        raise ScheduleError(
+                            f"rank {owner} step {pos[owner]}: element {e} would count ranks twice "
+                            f"in the group reduce of {st.members[:8]}"
+                        )
+                    acc |= before[m][e]
+                bufs[owner][e] = acc
+        else:
+            for m in st.members:
+                if m != owner:
+                    bufs[m][lo:hi] = before[owner][lo:hi]
+    return True
 
 
 def _apply(buf: list[int], rng: tuple[int, int], data: list[int], reduce: bool, rank: int, step: int) -> None:

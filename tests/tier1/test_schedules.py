@@ -24,13 +24,20 @@ def _topo(spec: str | None, size: int | None = None, hostnames: list[str] | None
     return build_topology(0, hostnames, spec)
 
 
+def _skip_unavailable(name: str, topo: Topology) -> None:
+    reason = SCHEDULED[name].unavailable(topo)
+    if reason is not None:
+        assert name == "shm", reason  # only shm needs a topology of its kind (tests/tier1/test_shm.py)
+        pytest.skip(reason)
+
+
 def _compile_all(name: str, topo: Topology, count: int) -> list[Schedule]:
     alg = SCHEDULED[name]
     return [alg.compile(dataclasses.replace(topo, rank=r), r, count) for r in range(topo.size)]
 
 
 def test_registry() -> None:
-    assert set(SCHEDULED) == {"ring", "multiring", "halving_doubling"}
+    assert set(SCHEDULED) == {"ring", "multiring", "halving_doubling", "shm"}
     assert set(NAMES) == {"auto", "mpi", *SCHEDULED}
     for name, alg in SCHEDULED.items():
         assert alg.name == name
@@ -48,6 +55,7 @@ def test_registry() -> None:
 @pytest.mark.parametrize("size", range(1, 65))
 def test_checker_passes_flat_sizes(name: str, size: int) -> None:
     topo = _topo(None, size)
+    _skip_unavailable(name, topo)
     for count in (0, 1, 7, 3 * size + 1):
         check_algorithm(SCHEDULED[name].compile, topo, count)
 
@@ -59,6 +67,7 @@ SHAPES = ["3x5x7", "1x8", "8x1", "2x3", "3x3x2", "2x2x2", "1x1", "4x1x3"]
 @pytest.mark.parametrize("spec", SHAPES)
 def test_checker_passes_shapes(name: str, spec: str) -> None:
     topo = _topo(spec)
+    _skip_unavailable(name, topo)
     for count in (0, 1, topo.size + 7):
         check_algorithm(SCHEDULED[name].compile, topo, count)
 
@@ -83,6 +92,7 @@ def test_checker_passes_1024_ranks(name: str) -> None:
 def test_checker_passes_permuted_order(name: str, spec: str | None, hostnames: list[str]) -> None:
     topo = build_topology(0, hostnames, spec)
     assert topo.order != tuple(range(topo.size)) or spec is None
+    _skip_unavailable(name, topo)
     for count in (1, 7, 2 * topo.size + 3):
         check_algorithm(SCHEDULED[name].compile, topo, count)
 
@@ -114,6 +124,9 @@ def test_ring_ignores_dims_and_follows_topology_order() -> None:
 
 def test_ring_size_one_has_no_steps() -> None:
     for name in ALGORITHMS:
+        if name == "shm":
+            assert SCHEDULED[name].unavailable(_topo(None, 1)) is not None
+            continue
         assert _compile_all(name, _topo(None, 1), 10)[0].steps == ()
 
 

@@ -23,17 +23,22 @@ def ddlrun(np_: int, script: str, *extra: str, timeout: float = 120, env: dict[s
 
 
 @pytest.mark.parametrize(
-    ("np_", "topology"), [(1, None), (2, None), (3, None), (4, "4"), (4, "2x2"), (4, "1x4")],
+    ("np_", "topology", "shm_bytes"),
+    # A 64 KiB shared slot makes shm cut the 1 MiB sums into pieces; one host throughout,
+    # so shm runs wherever dims[0] > 1 (1x4 and one rank: it must be refused).
+    [(1, None, None), (2, None, None), (3, None, "65536"), (4, "4", None), (4, "2x2", "65536"), (4, "1x4", None)],
 )
-def test_collectives_under_mpiexec(np_: int, topology: str | None) -> None:
+def test_collectives_under_mpiexec(np_: int, topology: str | None, shm_bytes: str | None) -> None:
     extra = ["--topology", topology] if topology else []
-    proc, _ = ddlrun(np_, "worker_collectives.py", *extra)
+    proc, _ = ddlrun(np_, "worker_collectives.py", *extra, env={"DDL_SHM_BYTES": shm_bytes} if shm_bytes else None)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     # Ranks share one stdout, so lines may interleave: count the markers instead.
-    passed = re.findall(r"PASS rank \d+/\d+ topology (\S+?) local", proc.stdout)
+    passed = re.findall(r"PASS rank \d+/\d+ topology (\S+?) shm (\w+) local", proc.stdout)
     assert len(passed) == np_, proc.stdout
     if topology:
-        assert all(t == topology for t in passed), passed
+        assert all(t == topology for t, _ in passed), passed
+    want = "refused" if np_ == 1 or (topology or "").startswith("1x") else "ran"
+    assert all(s == want for _, s in passed), passed
 
 
 def test_exception_on_one_rank_aborts_the_job_quickly() -> None:

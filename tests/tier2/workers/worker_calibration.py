@@ -6,6 +6,7 @@ import numpy as np
 
 import ddl
 from ddl import cost
+from ddl.algorithms import SCHEDULED
 
 ddl.init()
 ctx = ddl.context()
@@ -23,8 +24,7 @@ if p > 1:
     assert all(lk.alpha > 0 and lk.beta > 0 for lk in ctx.model.links)
     # The model prices every contender, and auto's pick is the cheapest.
     for n, pick in zip(sizes, picks, strict=True):
-        costs = {a: cost.predict(a, ctx.topology, n, 4, ctx.model) for a in ("mpi", "ring", "multiring",
-                                                                            "halving_doubling")}
+        costs = {a: cost.predict(a, ctx.topology, n, 4, ctx.model) for a in ("mpi", *SCHEDULED)}
         assert costs[pick] == min(costs.values()), (n, pick, costs)
 # Whatever auto picks, the sum is right on every rank.
 for n in sizes[:3]:

@@ -10,11 +10,14 @@ import sys
 import numpy as np
 
 import ddl
+from ddl.algorithms import SCHEDULED
 from ddl.dtypes import BFLOAT16
 
 ddl.init()
 r, p = ddl.rank(), ddl.size()
-ALGS = ["mpi", "ring", "multiring", "halving_doubling", "auto"]
+# shm runs where every dim-0 ring shares a host and dims[0] > 1; elsewhere it is refused.
+SHM_OK = SCHEDULED["shm"].unavailable(ddl.topology()) is None
+ALGS = ["mpi", "ring", "multiring", "halving_doubling", *(["shm"] if SHM_OK else []), "auto"]
 
 
 def same_everywhere(a: np.ndarray, what: str) -> None:
@@ -110,6 +113,13 @@ if p > 1:
         assert "allreduce" in str(exc) and "broadcast" in str(exc)
     else:
         raise AssertionError("collective kind mismatch went unnoticed")
+if not SHM_OK:
+    try:
+        ddl.allreduce(np.zeros(2), algorithm="shm")
+    except ValueError as exc:
+        assert "cannot run here" in str(exc) and "multiring" in str(exc), exc
+    else:
+        raise AssertionError("shm ran on a topology it cannot serve")
 for bad, err in ((lambda: ddl.allreduce(np.zeros(2), algorithm="nope"), ValueError),
                  (lambda: ddl.allreduce(np.zeros(2, np.int32)), TypeError),
                  (lambda: ddl.allreduce(np.zeros(2, np.complex64)), TypeError)):
@@ -122,6 +132,6 @@ for bad, err in ((lambda: ddl.allreduce(np.zeros(2), algorithm="nope"), ValueErr
 assert np.allclose(ddl.allreduce(np.ones(4), op=ddl.Sum), p)
 
 topo = ddl.topology()
-print(f"PASS rank {r}/{p} topology {topo} local {ddl.local_rank()}/{ddl.local_size()} "
+print(f"PASS rank {r}/{p} topology {topo} shm {'ran' if SHM_OK else 'refused'} local {ddl.local_rank()}/{ddl.local_size()} "
       f"cross {ddl.cross_rank()}/{ddl.cross_size()}", flush=True)
 sys.exit(0)
