@@ -137,7 +137,7 @@ class Collectives:
                     x = reduction_input(x, rop, "grouped_allreduce")[0]
                     _CHECKED[(x.dtype, rop)] = (rop, str(x.dtype))
                 arrays.append(x)
-            alg = algorithms.check_name(algorithm) if algorithm else self.ctx.config.algorithm
+            alg = algorithms.check_for(algorithm, self.topology) if algorithm else self.ctx.config.algorithm
             comp = _NONE if compression is None else as_compressor(compression)
         except (TypeError, ValueError) as exc:
             self._refuse("grouped_allreduce", base, exc)

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 import ddl
+from ddl.algorithms import SCHEDULED
 from ddl.bench import peers
 from ddl.negotiation import COMPACT_FROM, INLINE_BYTES
 
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     t_init = time.perf_counter() - t_init
     comm = MPI.COMM_WORLD.Dup()
     rank, p = comm.Get_rank(), comm.Get_size()
-    contenders: dict[str, Callable[[np.ndarray], np.ndarray]] = {f"ddl:{a}": ddl_allreduce(a) for a in ALGORITHMS}
+    runnable = [a for a in ALGORITHMS if a not in SCHEDULED or SCHEDULED[a].unavailable(ddl.topology()) is None]
+    contenders: dict[str, Callable[[np.ndarray], np.ndarray]] = {f"ddl:{a}": ddl_allreduce(a) for a in runnable}
     contenders["MPI_Allreduce"] = peers.mpi_allreduce(comm)
     cal = ddl.context().calibration
     notes = [f"ddl.init {t_init * 1e3:.0f} ms; {cal.describe() if cal else 'no calibration'}"]
