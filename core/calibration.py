@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ddl import cost
+from ddl.algorithms import SCHEDULED
 from ddl.algorithms.shm import why_not_shared
 from ddl.comm import Comm
 from ddl.config import DEFAULT_SHM_BYTES
@@ -47,6 +48,9 @@ GAMMA_PROBE = (1 << 20, 5)
 PROBE_BUDGET = 0.03
 #: A native-allreduce probe predicted to take longer than this is extrapolated instead.
 SKIP_BEYOND = 0.25
+#: Whole-schedule runs that correct the model per algorithm: (bytes) and repeats.
+CORRECTION_PROBES = (256 << 10, 4 << 20, 32 << 20)
+CORRECTION_REPEATS = 2
 STEP_PROBE = 32
 #: Shared memory: tiny group steps per timed run, and copy probes (bytes, repeats) in
 #: cache and past it (measured: 40 GB/s at 1 MiB, 8.5 GB/s at 4 MiB; shm moves more
@@ -71,7 +75,10 @@ class Calibration:
                 f"{1e-9 / self.model.gamma:.2f} GB/s, step overhead {self.model.step_overhead * 1e6:.1f} us, "
                 f"shm piece {self.model.shm_alpha * 1e6:.1f} us, copy {1e-9 / self.model.shm_beta:.1f} GB/s "
                 f"cached, {1e-9 / (self.model.shm_beta_large or self.model.shm_beta):.1f} GB/s large, "
-                f"MPI allreduce {len(self.model.native_points)} points")
+                f"MPI allreduce {len(self.model.native_points)} points"
+                + ("; measured/predicted " + ", ".join(f"{name} " + "/".join(f"{f:.2f}" for _, f in pts)
+                                                       for name, pts in self.model.corrections)
+                   if self.model.corrections else ""))
 
 
 def _median_time(fn: Any, reps: int, comm: Comm | None = None) -> float:
@@ -214,6 +221,7 @@ def fit(
 def measure(
     comm: Comm, topology: Topology, *, segment_bytes: int, shm_bytes: int = DEFAULT_SHM_BYTES,
     link_probes: tuple[tuple[int, int], ...] = LINK_PROBES, native_probes: tuple[tuple[int, int], ...] = NATIVE_PROBES,
+    correct: bool = True,
 ) -> Calibration:
     """Run the probes on every rank (a collective call) and fit one shared model.
 
@@ -235,7 +243,47 @@ def measure(
     flows = topology.dims[dims[0]] if dims else 1
     model = fit([float(v) for v in vec], len(dims), segment_bytes=segment_bytes, flows=flows,
                 link_probes=link_probes, native_probes=native_probes, shm=shm, shm_bytes=shm_bytes)
+    if correct:
+        model = dataclasses.replace(model, corrections=_corrections(comm, topology, model))
     return Calibration(model, "measured", time.perf_counter() - start)
+
+
+def _corrections(comm: Comm, topology: Topology, model: cost.CostModel) -> tuple[tuple[str, tuple[tuple[int, float], ...]], ...]:
+    """Run each schedule this topology can run at :data:`CORRECTION_PROBES` and keep
+    measured / predicted per algorithm: the link probes miss what a whole schedule meets
+    (skew between steps, caches, a memory-bound copy), and ``auto`` picked an algorithm
+    up to 1.4x slower than the best without this. A probe the model predicts past
+    :data:`SKIP_BEYOND` is not run (the decision uses only the agreed model, so every
+    rank skips alike); the measured times are MAX-reduced like every other sample."""
+    names = [a for a in SCHEDULED if SCHEDULED[a].unavailable(topology) is None]
+    # With one non-unit dim, multiring compiles the ring's very schedule: run it once.
+    same_as_ring = sum(d > 1 for d in topology.dims) <= 1 and "ring" in names and "multiring" in names
+    if same_as_ring:
+        names.remove("multiring")
+    runs: list[tuple[str, int, float]] = []
+    seg = max(1, model.segment_bytes // 4) if model.segment_bytes > 0 else 1 << 30
+    for nbytes in CORRECTION_PROBES:
+        count = nbytes // 4
+        buf = np.ones(count, np.float32)
+        for name in names:
+            predicted = cost.predict(name, topology, count, 4, model)
+            if not 0 < predicted <= SKIP_BEYOND:
+                continue
+            schedule = SCHEDULED[name].compile(topology, topology.rank, count)
+
+            def run(s: Schedule = schedule, b: np.ndarray = buf) -> None:  # sums of ones: p**4 at most
+                run_schedule(comm, s, b, ReduceOp.SUM, segment_elems=seg, shm_bytes=model.shm_bytes)
+
+            runs.append((name, nbytes, _median_time(run, CORRECTION_REPEATS, comm) / predicted))
+    ratios = np.array([r for _, _, r in runs], dtype=np.float64)
+    if ratios.size:
+        comm.allreduce_native(ratios, ReduceOp.MAX)
+    table: dict[str, list[tuple[int, float]]] = {}
+    for (name, nbytes, _), ratio in zip(runs, ratios.tolist(), strict=True):
+        table.setdefault(name, []).append((nbytes, min(max(ratio, 0.2), 5.0)))
+    if same_as_ring and "ring" in table:
+        table["multiring"] = table["ring"]
+    return tuple((name, tuple(points)) for name, points in table.items())
 
 
 def identity(topology: Topology, hostnames: list[str]) -> dict[str, Any]:
@@ -249,7 +297,8 @@ def save(path: str | Path, calibration: Calibration, who: dict[str, Any]) -> Non
     data = {"format": FORMAT, **who, "seconds": calibration.seconds,
             "model": {"links": [[lk.alpha, lk.beta] for lk in m.links], "gamma": m.gamma,
                       "step_overhead": m.step_overhead, "native_points": [list(p) for p in m.native_points],
-                      "shm_alpha": m.shm_alpha, "shm_beta": m.shm_beta, "shm_beta_large": m.shm_beta_large}}
+                      "shm_alpha": m.shm_alpha, "shm_beta": m.shm_beta, "shm_beta_large": m.shm_beta_large,
+                      "corrections": [[name, [list(p) for p in pts]] for name, pts in m.corrections]}}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + ".tmp")
@@ -273,7 +322,9 @@ def load(path: str | Path, who: dict[str, Any], *, segment_bytes: int,
             gamma=float(m["gamma"]), step_overhead=float(m["step_overhead"]), segment_bytes=segment_bytes,
             native_points=tuple((int(n), float(t)) for n, t in m["native_points"]),
             shm_alpha=float(m.get("shm_alpha", cost.SHM_ALPHA)), shm_beta=float(m.get("shm_beta", cost.SHM_BETA)),
-            shm_beta_large=float(m.get("shm_beta_large", 0.0)), shm_bytes=shm_bytes)
+            shm_beta_large=float(m.get("shm_beta_large", 0.0)), shm_bytes=shm_bytes,
+            corrections=tuple((str(name), tuple((int(n), float(f)) for n, f in pts))
+                              for name, pts in m.get("corrections", [])))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         print(f"ddl: ignoring calibration file {target} ({exc}); measuring again", file=sys.stderr)
         return None

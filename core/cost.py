@@ -77,6 +77,23 @@ class CostModel:
     shm_beta: float = SHM_BETA
     shm_bytes: int = DEFAULT_SHM_BYTES
     shm_beta_large: float = 0.0
+    #: Per algorithm, ``(bytes, measured / predicted)`` from real runs at init (see
+    #: :mod:`ddl.calibration`); between points the factor is interpolated in log size,
+    #: outside them the nearest holds. Empty: the model as fitted.
+    corrections: tuple[tuple[str, tuple[tuple[int, float], ...]], ...] = ()
+
+    def correction(self, algorithm: str, nbytes: int) -> float:
+        """The measured/predicted factor for ``algorithm`` at ``nbytes`` (1.0 if none)."""
+        points = next((pts for name, pts in self.corrections if name == algorithm), ())
+        if not points:
+            return 1.0
+        if nbytes <= points[0][0]:
+            return points[0][1]
+        for (n0, f0), (n1, f1) in zip(points, points[1:], strict=False):
+            if nbytes <= n1:
+                w = math.log2(nbytes / n0) / math.log2(n1 / n0)
+                return f0 + (f1 - f0) * w
+        return points[-1][1]
 
     def copy_beta(self, nbytes: int) -> float:
         """Seconds per byte copied when a group step covers ``nbytes``."""
@@ -202,7 +219,7 @@ def predict(algorithm: str, topology: Topology, count: int, itemsize: int, model
     for members in groups:
         schedules = [alg.compile(topology, r, count) for r in members]
         times.append(schedule_time(schedules, topology, itemsize, model) if any(x.steps for x in schedules) else 0.0)
-    return max(times)
+    return max(times) * model.correction(algorithm, count * itemsize)
 
 
 def choose(topology: Topology, count: int, itemsize: int, model: CostModel) -> str:

@@ -67,3 +67,53 @@ def test_native_probes_predicted_too_slow_are_extrapolated(monkeypatch: pytest.M
         assert samples[1] == pytest.approx(samples[0] * 4096 / 8)
         assert samples[2] == pytest.approx(samples[0] * (1 << 20) / 8)
     assert results[0] == results[1]
+
+
+# -- per-algorithm corrections from whole-schedule runs ------------------------------------
+
+
+def test_correction_interpolates_in_log_size_and_holds_outside() -> None:
+    from ddl import cost
+
+    model = cost.CostModel(links=(cost.SHARED_MEMORY,), corrections=(("ring", ((1 << 10, 2.0), (1 << 20, 4.0))),))
+    assert model.correction("ring", 1) == 2.0 and model.correction("ring", 1 << 30) == 4.0
+    assert model.correction("ring", 1 << 15) == pytest.approx(3.0)  # halfway in log2
+    assert model.correction("shm", 1 << 15) == 1.0
+    plain = cost.CostModel(links=(cost.SHARED_MEMORY,))
+    from ddl.topology import build_topology
+
+    topo = build_topology(0, ["h"] * 4)
+    assert cost.predict("ring", topo, 1 << 18, 4, model) == pytest.approx(4.0 * cost.predict("ring", topo, 1 << 18, 4, plain))
+
+
+def test_every_rank_gets_the_same_corrections(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddl.topology import build_topology
+
+    monkeypatch.setattr(calibration, "CORRECTION_PROBES", (4 << 10, 64 << 10))
+    monkeypatch.setattr(calibration, "SKIP_BEYOND", 10.0)  # the fake is slow: run every probe
+
+    def body(comm: FakeComm) -> object:
+        topo = build_topology(comm.rank, ["h"] * 3)
+        return calibration.measure(comm, topo, segment_bytes=1 << 20, link_probes=((8, 2), (4096, 2)),
+                                   native_probes=((8, 2), (4096, 2))).model
+
+    models = run_ranks(3, body)
+    assert all(m == models[0] for m in models)
+    table = dict(models[0].corrections)  # type: ignore[attr-defined]
+    assert set(table) == {"ring", "multiring", "halving_doubling", "shm"}
+    assert table["multiring"] == table["ring"]  # one dim: the same schedule, run once
+    assert all([n for n, _ in pts] == [4 << 10, 64 << 10] and all(0.2 <= f <= 5.0 for _, f in pts)
+               for pts in table.values())
+
+
+def test_corrections_survive_a_calibration_file(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pathlib import Path
+
+    from ddl import cost
+
+    model = cost.CostModel(links=(cost.SHARED_MEMORY,), corrections=(("shm", ((1 << 20, 0.5),)),))
+    path = Path(str(tmp_path)) / "cal.json"
+    who = {"world_size": 2, "dims": [2], "hosts": ["h", "h"]}
+    calibration.save(path, calibration.Calibration(model, "measured"), who)
+    loaded = calibration.load(path, who, segment_bytes=0)
+    assert loaded is not None and loaded.model.corrections == model.corrections
