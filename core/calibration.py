@@ -50,7 +50,7 @@ PROBE_BUDGET = 0.03
 SKIP_BEYOND = 0.25
 #: Whole-schedule runs that correct the model per algorithm: (bytes) and repeats.
 CORRECTION_PROBES = (256 << 10, 4 << 20, 32 << 20)
-CORRECTION_REPEATS = 2
+CORRECTION_REPEATS = 3
 STEP_PROBE = 32
 #: Shared memory: tiny group steps per timed run, and copy probes (bytes, repeats) in
 #: cache and past it (measured: 40 GB/s at 1 MiB, 8.5 GB/s at 4 MiB; shm moves more
