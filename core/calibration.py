@@ -51,6 +51,9 @@ SKIP_BEYOND = 0.25
 #: Whole-schedule runs that correct the model per algorithm: (bytes) and repeats.
 CORRECTION_PROBES = (256 << 10, 4 << 20, 32 << 20)
 CORRECTION_REPEATS = 3
+#: A correction run the model predicts past this is skipped (at 32 ranks on 2 cores the
+#: model is 3-5x optimistic there, and the runs made init take 2.6 s of probes).
+CORRECTION_SKIP_BEYOND = 0.05
 STEP_PROBE = 32
 #: Shared memory: tiny group steps per timed run, and copy probes (bytes, repeats) in
 #: cache and past it (measured: 40 GB/s at 1 MiB, 8.5 GB/s at 4 MiB; shm moves more
@@ -143,7 +146,7 @@ def _shm_samples(comm: Comm, topology: Topology, *, shm_bytes: int) -> list[floa
     schedule = Schedule("probe", topology.rank, 4 * n, (step,) * SHM_STEP_PROBE)
     buf = np.ones(4 * n, np.float32)
     per_step = _median_time(lambda: run_schedule(comm, schedule, buf, ReduceOp.SUM, segment_elems=1 << 20,
-                                                 shm_bytes=shm_bytes), 5) / SHM_STEP_PROBE
+                                                 shm_bytes=shm_bytes), 5, comm) / SHM_STEP_PROBE
     # A short copy runs on a core of its own; in a long allreduce with more ranks on the
     # host than cores, the members' copies take turns (measured at 4 ranks on 2 cores:
     # 64 MiB ran 2x slower than the probe's rate predicted).
@@ -253,7 +256,7 @@ def _corrections(comm: Comm, topology: Topology, model: cost.CostModel) -> tuple
     measured / predicted per algorithm: the link probes miss what a whole schedule meets
     (skew between steps, caches, a memory-bound copy), and ``auto`` picked an algorithm
     up to 1.4x slower than the best without this. A probe the model predicts past
-    :data:`SKIP_BEYOND` is not run (the decision uses only the agreed model, so every
+    :data:`CORRECTION_SKIP_BEYOND` is not run (the decision uses only the agreed model, so every
     rank skips alike); the measured times are MAX-reduced like every other sample."""
     names = [a for a in SCHEDULED if SCHEDULED[a].unavailable(topology) is None]
     # With one non-unit dim, multiring compiles the ring's very schedule: run it once.
@@ -267,7 +270,7 @@ def _corrections(comm: Comm, topology: Topology, model: cost.CostModel) -> tuple
         buf = np.ones(count, np.float32)
         for name in names:
             predicted = cost.predict(name, topology, count, 4, model)
-            if not 0 < predicted <= SKIP_BEYOND:
+            if not 0 < predicted <= CORRECTION_SKIP_BEYOND:
                 continue
             schedule = SCHEDULED[name].compile(topology, topology.rank, count)
 

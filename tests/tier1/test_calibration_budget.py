@@ -90,7 +90,7 @@ def test_every_rank_gets_the_same_corrections(monkeypatch: pytest.MonkeyPatch) -
     from ddl.topology import build_topology
 
     monkeypatch.setattr(calibration, "CORRECTION_PROBES", (4 << 10, 64 << 10))
-    monkeypatch.setattr(calibration, "SKIP_BEYOND", 10.0)  # the fake is slow: run every probe
+    monkeypatch.setattr(calibration, "CORRECTION_SKIP_BEYOND", 10.0)  # the fake is slow: run every probe
 
     def body(comm: FakeComm) -> object:
         topo = build_topology(comm.rank, ["h"] * 3)
