@@ -47,19 +47,21 @@ GAMMA_PROBE = (1 << 20, 5)
 #: Seconds each collective probe aims at (repeats cut to fit, at least one timed run).
 PROBE_BUDGET = 0.03
 #: A native-allreduce probe predicted to take longer than this is extrapolated instead.
-SKIP_BEYOND = 0.25
+SKIP_BEYOND = 0.1
 #: Whole-schedule runs that correct the model per algorithm: (bytes) and repeats.
 CORRECTION_PROBES = (256 << 10, 4 << 20, 32 << 20)
 CORRECTION_REPEATS = 3
 #: A correction run the model predicts past this is skipped (at 32 ranks on 2 cores the
 #: model is 3-5x optimistic there, and the runs made init take 2.6 s of probes).
 CORRECTION_SKIP_BEYOND = 0.05
+#: Seconds of correction runs after which the rest are skipped (agreed by every rank).
+CORRECTION_BUDGET = 0.15
 STEP_PROBE = 32
 #: Shared memory: tiny group steps per timed run, and copy probes (bytes, repeats) in
 #: cache and past it (measured: 40 GB/s at 1 MiB, 8.5 GB/s at 4 MiB; shm moves more
 #: bytes through memory than a ring, so pricing large buffers at the cached rate made
 #: auto pick it where ring ran 1.7x faster). About 4 ms, whatever the world size.
-SHM_STEP_PROBE = 16
+SHM_STEP_PROBE = 4
 COPY_PROBES = ((cost.COPY_CACHED_BYTES, 5), (cost.COPY_MEMORY_BYTES, 3))
 
 
@@ -265,12 +267,13 @@ def _corrections(comm: Comm, topology: Topology, model: cost.CostModel) -> tuple
         names.remove("multiring")
     runs: list[tuple[str, int, float]] = []
     seg = max(1, model.segment_bytes // 4) if model.segment_bytes > 0 else 1 << 30
+    start, spent = time.perf_counter(), np.zeros(1)
     for nbytes in CORRECTION_PROBES:
         count = nbytes // 4
         buf = np.ones(count, np.float32)
         for name in names:
             predicted = cost.predict(name, topology, count, 4, model)
-            if not 0 < predicted <= CORRECTION_SKIP_BEYOND:
+            if not 0 < predicted <= CORRECTION_SKIP_BEYOND or spent[0] > CORRECTION_BUDGET:
                 continue
             schedule = SCHEDULED[name].compile(topology, topology.rank, count)
 
@@ -278,6 +281,8 @@ def _corrections(comm: Comm, topology: Topology, model: cost.CostModel) -> tuple
                 run_schedule(comm, s, b, ReduceOp.SUM, segment_elems=seg, shm_bytes=model.shm_bytes)
 
             runs.append((name, nbytes, _median_time(run, CORRECTION_REPEATS, comm) / predicted))
+            spent[0] = time.perf_counter() - start
+            comm.allreduce_native(spent, ReduceOp.MAX)  # stop at the same run everywhere
     ratios = np.array([r for _, _, r in runs], dtype=np.float64)
     if ratios.size:
         comm.allreduce_native(ratios, ReduceOp.MAX)
