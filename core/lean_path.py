@@ -86,6 +86,7 @@ class LeanPath:
             due = time.monotonic() >= self.watch.next_check
             # What fusion.inline_bytes gives this request alone: auto, no compression, fits.
             inline = 0 < nbytes <= INLINE_BYTES and not self.compact and descriptor[5] == "auto"
+            req: Request | None = None
             try:
                 if self.compact:
                     vec = self._vec
@@ -104,7 +105,6 @@ class LeanPath:
                     agreed = negotiation.all_hold(self._recv_words, len(self._payloads), d, 1)
                 self.cycles += 1
                 start = time.perf_counter()
-                req = None
                 if agreed and inline:
                     self.inline_cycles += 1
                     out = finish_lean(views[1], op, arr if inplace else None)
@@ -126,12 +126,13 @@ class LeanPath:
                 verdict = (negotiation.decide_compact(words, d, 1) if self.compact
                            else negotiation.decide(self._recv_words, len(self._payloads), d, 1))
                 self._act(verdict, [req], False, nbytes if inline else 0, start)
-            except BaseException as exc:
-                self._fail(exc, [])
+            except BaseException as exc:  # the failure report names this collective
+                self._fail(exc, [req or Request("allreduce", descriptor[1], descriptor, Handle(descriptor[1]))])
             finally:
                 self._last_cycle = time.perf_counter()
         finally:
             self._baton.release()
+        assert req is not None
         return req.handle.wait()  # type: ignore[no-any-return]
 
     def _lean_view(self, dtype: np.dtype, shape: tuple[int, ...]) -> tuple[np.ndarray, list[np.ndarray]]:
