@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from ddl import algorithms, dtypes
-from ddl.compression import as_compressor
+from ddl.compression import Compression, as_compressor
 from ddl.engine import Engine
 from ddl.fusion import Request
 from ddl.handle import GroupHandle, Handle
@@ -25,7 +25,6 @@ from ddl.negotiation import error_descriptor
 from ddl.ops import ReduceOp, as_op
 from ddl.topology import Topology
 
-_NONE = as_compressor(None)
 # (dtype, op as passed) -> (ReduceOp, dtype name) for combinations that passed the checks.
 _CHECKED: dict[tuple[np.dtype, Any], tuple[ReduceOp, str]] = {}
 # The subset whose dtype is its own accumulator (not the half types): lean-path candidates.
@@ -65,7 +64,7 @@ class Collectives:
             else:
                 arr = x
             alg = algorithms.check_for(algorithm, self.topology) if algorithm else self.ctx.config.algorithm
-            comp = _NONE if compression is None else as_compressor(compression)
+            comp = Compression.none if compression is None else as_compressor(compression)
         except (TypeError, ValueError) as exc:
             self._refuse("allreduce", name, exc)
         self._runnable.add(alg)
@@ -138,7 +137,7 @@ class Collectives:
                     _CHECKED[(x.dtype, rop)] = (rop, str(x.dtype))
                 arrays.append(x)
             alg = algorithms.check_for(algorithm, self.topology) if algorithm else self.ctx.config.algorithm
-            comp = _NONE if compression is None else as_compressor(compression)
+            comp = Compression.none if compression is None else as_compressor(compression)
         except (TypeError, ValueError) as exc:
             self._refuse("grouped_allreduce", base, exc)
         # An empty group still takes part, so a rank that groups nothing where others

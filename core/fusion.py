@@ -99,13 +99,9 @@ def finish_inline(ctx: Context, batch: list[Request], payloads: list[np.ndarray]
     """Reduce every rank's payload (uint8, in rank order) and deliver the results."""
     first = batch[0]
     assert first.array is not None
-    dtype, op, p = first.array.dtype, first.op, len(payloads)
-    combine = ufunc(op)
-    out = payloads[0][:nbytes].view(dtype).astype(accumulator(dtype))
-    for q in range(1, p):
-        combine(out, payloads[q][:nbytes].view(dtype), out=out)
-    if op is ReduceOp.AVERAGE:
-        np.divide(out, p, out=out)
+    dtype, op = first.array.dtype, first.op
+    first_part = payloads[0][:nbytes].view(dtype).astype(accumulator(dtype))
+    out = reduce_payloads([first_part, *(q[:nbytes].view(dtype) for q in payloads[1:])], op, first_part)
     if len(batch) == 1 and not first.inplace and out.dtype == dtype:
         first.handle.set_result(out.reshape(first.array.shape))
     else:
@@ -114,6 +110,19 @@ def finish_inline(ctx: Context, batch: list[Request], payloads: list[np.ndarray]
         info = {"bytes": nbytes, "algorithm": "inline", "tensors": len(batch), "dtype": str(dtype)}
         for r in batch:
             timeline.tensor(r.name, r.submitted, span[0], span[0], [("inline allgather", *span)], span[1], info)
+
+
+def reduce_payloads(parts: list[np.ndarray], op: ReduceOp, into: np.ndarray | None) -> np.ndarray:
+    """Every rank's part (two or more) reduced in rank order, into ``into`` or a new array,
+    divided for Average: the one order both the inline and the lean path use, so every
+    rank gets the same bits on either."""
+    combine = ufunc(op)
+    out = combine(parts[0], parts[1]) if into is None else combine(parts[0], parts[1], out=into)
+    for part in parts[2:]:
+        combine(out, part, out=out)
+    if op is ReduceOp.AVERAGE:
+        np.divide(out, len(parts), out=out)
+    return out  # type: ignore[no-any-return]
 
 
 def reduced_dtype(dtype: np.dtype, compression: Compressor) -> np.dtype:

@@ -15,18 +15,17 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import numpy as np
 
 from ddl import fusion, negotiation
-from ddl.compression import as_compressor
+from ddl.compression import Compression
 from ddl.fusion import Request
 from ddl.handle import Handle
 from ddl.negotiation import INLINE_BYTES
-from ddl.ops import ReduceOp, ufunc
+from ddl.ops import ReduceOp
 
 if TYPE_CHECKING:
     from ddl.context import Context
     from ddl.timeline import Timeline
     from ddl.watchdog import StallWatch
 
-_NO_COMPRESSION = as_compressor(None)
 
 
 class LeanPath:
@@ -107,10 +106,10 @@ class LeanPath:
                 start = time.perf_counter()
                 if agreed and inline:
                     self.inline_cycles += 1
-                    out = finish_lean(views[1], op, arr if inplace else None)
+                    out = fusion.reduce_payloads(views[1], op, arr if inplace else None)
                 else:
                     req = Request("allreduce", descriptor[1], descriptor, Handle(descriptor[1], self), array=arr,
-                                  op=op, algorithm=descriptor[5], compression=_NO_COMPRESSION, inplace=inplace,
+                                  op=op, algorithm=descriptor[5], compression=Compression.none, inplace=inplace,
                                   submitted=start, digest=d)
                     if agreed:
                         fusion.execute(self.ctx, [req], self.fusion_threshold, None)
@@ -144,17 +143,3 @@ class LeanPath:
             self._lean_views.clear()
         self._lean_views[(dtype, shape)] = views = (staged, parts)
         return views
-
-
-def finish_lean(parts: list[np.ndarray], op: ReduceOp, into: np.ndarray | None) -> np.ndarray:
-    """Reduce every rank's payload in rank order (the bits :func:`ddl.fusion.finish_inline`
-    gives) into ``into``, or a new array."""
-    combine = ufunc(op)
-    out = combine(parts[0], parts[1]) if into is None else combine(parts[0], parts[1], out=into)
-    for part in parts[2:]:
-        combine(out, part, out=out)
-    if op is ReduceOp.AVERAGE:
-        np.divide(out, len(parts), out=out)
-    return out  # type: ignore[no-any-return]
-
-

@@ -10,7 +10,7 @@ import pytest
 
 import ddl
 from ddl import engine as engine_module
-from ddl import lean_path
+from ddl import fusion
 from ddl.collectives import Collectives
 from ddl.engine import Engine
 from ddl.fusion import Request
@@ -207,10 +207,10 @@ def test_compact_lean_call_meets_a_rank_with_other_work() -> None:
     assert results == [(17.0, 170.0)] * 17
 
 
-def test_finish_lean_reduces_in_rank_order() -> None:
+def test_payloads_reduce_in_rank_order() -> None:
     parts = [np.array([1e8], np.float32), np.array([1.0], np.float32), np.array([-1e8], np.float32)]
     # (1e8 + 1) rounds to 1e8 in float32, then - 1e8 = 0: rank order, not sorted or pairwise.
-    assert lean_path.finish_lean(parts, ddl.Sum, None)[0] == 0.0
+    assert fusion.reduce_payloads(parts, ddl.Sum, None)[0] == 0.0
 
 
 # -- grouped submission -----------------------------------------------------------------
