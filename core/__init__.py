@@ -75,8 +75,6 @@ def context() -> Context:
 
 def topology() -> Topology:
     """This job's :class:`~ddl.topology.Topology` (dims, coordinates of a rank)."""
-    from ddl.runtime import context
-
     return context().topology
 
 
@@ -110,44 +108,32 @@ def __dir__() -> list[str]:
 
 def rank() -> int:
     """This process's rank in the world."""
-    from ddl.runtime import context
-
-    return context().topology.rank
+    return topology().rank
 
 
 def size() -> int:
     """The number of ranks in the world."""
-    from ddl.runtime import context
-
-    return context().topology.size
+    return topology().size
 
 
 def local_rank() -> int:
     """This process's rank among the ranks on its host."""
-    from ddl.runtime import context
-
-    return context().topology.local_rank
+    return topology().local_rank
 
 
 def local_size() -> int:
     """The number of ranks on this host."""
-    from ddl.runtime import context
-
-    return context().topology.local_size
+    return topology().local_size
 
 
 def cross_rank() -> int:
     """The index of this process's host."""
-    from ddl.runtime import context
-
-    return context().topology.cross_rank
+    return topology().cross_rank
 
 
 def cross_size() -> int:
     """The number of hosts."""
-    from ddl.runtime import context
-
-    return context().topology.cross_size
+    return topology().cross_size
 
 
 __all__ = [
