@@ -1,7 +1,11 @@
 """ddl: topology-aware distributed deep learning over MPI, after IBM PowerAI DDL.
 
 Numpy in, numpy out; the adapters (``ddl.torch``, ``ddl.tensorflow``, ``ddl.caffe``)
-build on these calls.
+build on these calls. The code lives in layer folders, each importing only from the
+ones before it: ``base`` (errors, ops, dtypes, topology, settings) -> ``wire`` (MPI)
+-> ``reduction`` (schedules, algorithms, executor, cost model) -> ``engine`` (cycles,
+fusion, collectives) -> ``runtime`` (init, the public functions) -> ``launcher`` ->
+``onnx`` -> ``tools`` (``ddl`` commands) -> ``testing``.
 
 Example:
     >>> import ddl, numpy as np
@@ -13,8 +17,6 @@ Example:
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -23,36 +25,21 @@ __version__ = "0.1.0"
 # training script that has not called ``init`` yet pays a few milliseconds. Each public
 # name is imported from its module on first use, then kept here (no cost after that).
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(("allgather", "allgather_object", "allreduce", "allreduce_", "allreduce_async", "barrier",
-                     "broadcast", "broadcast_", "broadcast_object", "grouped_allreduce", "grouped_allreduce_async",
-                     "reducescatter", "synchronize"), "ddl.api"),
-    "Compression": "ddl.compression",
+    **dict.fromkeys(("allgather", "allreduce", "allreduce_", "allreduce_async", "broadcast", "broadcast_",
+                     "grouped_allreduce", "grouped_allreduce_async", "reducescatter", "synchronize"),
+                    "ddl.runtime.api"),
+    **dict.fromkeys(("allgather_object", "barrier", "broadcast_object", "context", "cross_rank", "cross_size",
+                     "init", "is_initialized", "local_rank", "local_size", "rank", "shutdown", "size", "topology"),
+                    "ddl.runtime.process"),
+    "Compression": "ddl.engine.compression",
     **dict.fromkeys(("DDLError", "MismatchError", "NotInitializedError", "RemoteError", "SettingsMismatchError",
-                     "TopologyError"), "ddl.errors"),
-    "GroupHandle": "ddl.handle", "Handle": "ddl.handle",
-    **dict.fromkeys(("Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "ddl.ops"),
-    **dict.fromkeys(("init", "is_initialized", "shutdown"), "ddl.runtime"),
+                     "TopologyError"), "ddl.base.errors"),
+    "GroupHandle": "ddl.engine.handle", "Handle": "ddl.engine.handle",
+    **dict.fromkeys(("Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "ddl.base.ops"),
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from _LAZY
-    from ddl.api import (
-        allgather,
-        allgather_object,
-        allreduce,
-        allreduce_,
-        allreduce_async,
-        barrier,
-        broadcast,
-        broadcast_,
-        broadcast_object,
-        grouped_allreduce,
-        grouped_allreduce_async,
-        reducescatter,
-        synchronize,
-    )
-    from ddl.compression import Compression
-    from ddl.context import Context
-    from ddl.errors import (
+    from ddl.base.errors import (
         DDLError,
         MismatchError,
         NotInitializedError,
@@ -60,37 +47,37 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
         SettingsMismatchError,
         TopologyError,
     )
-    from ddl.handle import GroupHandle, Handle
-    from ddl.ops import Average, Max, Min, Product, ReduceOp, Sum
-    from ddl.runtime import init, is_initialized, shutdown
-    from ddl.topology import Topology
-
-
-def context() -> Context:
-    """The running :class:`~ddl.context.Context` (raises NotInitializedError before ``init``)."""
-    from ddl.runtime import context
-
-    return context()
-
-
-def topology() -> Topology:
-    """This job's :class:`~ddl.topology.Topology` (dims, coordinates of a rank)."""
-    return context().topology
-
-
-class _Package(types.ModuleType):
-    """``ddl.context`` and ``ddl.topology`` are functions, and also submodules' names. The
-    import system sets a package attribute when it first loads a submodule, which here
-    happens lazily, after these functions exist: keep the functions (the submodules stay
-    importable by name, ``from ddl.context import Context``)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in ("context", "topology") and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+    from ddl.base.ops import Average, Max, Min, Product, ReduceOp, Sum
+    from ddl.engine.compression import Compression
+    from ddl.engine.handle import GroupHandle, Handle
+    from ddl.runtime.api import (
+        allgather,
+        allreduce,
+        allreduce_,
+        allreduce_async,
+        broadcast,
+        broadcast_,
+        grouped_allreduce,
+        grouped_allreduce_async,
+        reducescatter,
+        synchronize,
+    )
+    from ddl.runtime.process import (
+        allgather_object,
+        barrier,
+        broadcast_object,
+        context,
+        cross_rank,
+        cross_size,
+        init,
+        is_initialized,
+        local_rank,
+        local_size,
+        rank,
+        shutdown,
+        size,
+        topology,
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -106,41 +93,12 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_LAZY))
 
 
-def rank() -> int:
-    """This process's rank in the world."""
-    return topology().rank
-
-
-def size() -> int:
-    """The number of ranks in the world."""
-    return topology().size
-
-
-def local_rank() -> int:
-    """This process's rank among the ranks on its host."""
-    return topology().local_rank
-
-
-def local_size() -> int:
-    """The number of ranks on this host."""
-    return topology().local_size
-
-
-def cross_rank() -> int:
-    """The index of this process's host."""
-    return topology().cross_rank
-
-
-def cross_size() -> int:
-    """The number of hosts."""
-    return topology().cross_size
-
-
+# A literal, for type checkers; a test checks it names exactly the lazy names.
 __all__ = [
-    "Average", "Compression", "GroupHandle", "Handle", "allreduce_async", "synchronize", "DDLError", "Max", "Min",
-    "MismatchError", "NotInitializedError", "Product", "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum",
-    "TopologyError", "allgather", "allgather_object", "allreduce", "allreduce_", "barrier", "broadcast",
-    "broadcast_", "broadcast_object", "context", "cross_rank", "cross_size", "grouped_allreduce",
-    "grouped_allreduce_async", "init", "is_initialized", "local_rank", "local_size", "rank", "reducescatter",
-    "shutdown", "size", "topology",
+    "Average", "Compression", "DDLError", "GroupHandle", "Handle", "Max", "Min", "MismatchError",
+    "NotInitializedError", "Product", "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum",
+    "TopologyError", "allgather", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
+    "barrier", "broadcast", "broadcast_", "broadcast_object", "context", "cross_rank", "cross_size",
+    "grouped_allreduce", "grouped_allreduce_async", "init", "is_initialized", "local_rank", "local_size",
+    "rank", "reducescatter", "shutdown", "size", "synchronize", "topology",
 ]

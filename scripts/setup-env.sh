@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
 # Creates .venv beside the checkout (if missing) and installs ddl into it, editable, with
-# the extras named in $DDL_EXTRAS (default: test,torch,tensorflow,caffe), pinned by scripts/constraints.txt. Strict editable mode lets mypy follow
-# the core/ and adapters/ package mapping; it is re-run every time so new files appear.
+# the extras named in $DDL_EXTRAS (default: test,torch,tensorflow,caffe,docs), pinned by
+# scripts/constraints.txt. Strict editable mode lets mypy follow the core/ and adapters/
+# package mapping, but it must be re-run when files are added: the install is repeated
+# whenever the list of package files, the project metadata or the extras change (a stamp
+# in .venv records what was installed), and skipped otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
+extras=${DDL_EXTRAS:-test,torch,tensorflow,caffe,docs}
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
+  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[${DDL_EXTRAS:-test,torch,tensorflow,caffe}]" \
-  -c scripts/constraints.txt \
-  --config-settings editable_mode=strict 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -c "import ddl, mpi4py" || { echo "setup-env: ddl did not install into .venv" >&2; exit 1; }
+stamp=$( { echo "$extras"; cat pyproject.toml setup.py scripts/constraints.txt; \
+           find core adapters -name '*.py' -o -name 'py.typed' | LC_ALL=C sort; } | sha256sum | cut -d' ' -f1)
+if [ "$(cat .venv/.ddl-install 2>/dev/null)" != "$stamp" ]; then
+  # PYTHONWARNINGS: setuptools frames a banner about strict editable installs on every run.
+  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[$extras]" \
+    -c scripts/constraints.txt \
+    --config-settings editable_mode=strict 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c "import ddl, mpi4py" || { echo "setup-env: ddl did not install into .venv" >&2; exit 1; }
+  echo "$stamp" > .venv/.ddl-install
+fi

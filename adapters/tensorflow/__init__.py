@@ -11,35 +11,15 @@ Example:
 
 from __future__ import annotations
 
-from ddl import (
-    Average,
-    Compression,
-    Max,
-    Min,
-    MismatchError,
-    Product,
-    Sum,
-    allgather_object,
-    barrier,
-    broadcast_object,
-    cross_rank,
-    cross_size,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-    topology,
-)
+from ddl import Average, Compression, Max, Min, MismatchError, Product, Sum
+from ddl.runtime import process
+from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
 
 from .collectives import allgather, allreduce, broadcast, grouped_allreduce, reducescatter
 from .tape import DistributedGradientTape, broadcast_variables
 
 __all__ = [
+    *process.__all__,
     "Average", "Compression", "DistributedGradientTape", "Max", "Min", "MismatchError", "Product", "Sum",
-    "allgather", "allgather_object", "allreduce", "barrier", "broadcast", "broadcast_object",
-    "broadcast_variables", "cross_rank", "cross_size", "grouped_allreduce", "init", "is_initialized",
-    "local_rank", "local_size", "rank", "reducescatter", "shutdown", "size", "topology",
+    "allgather", "allreduce", "broadcast", "broadcast_variables", "grouped_allreduce", "reducescatter",
 ]

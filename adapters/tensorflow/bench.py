@@ -20,12 +20,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from ddl.launcher.relaunch import parse_rank_counts, relaunch
 
 CONTENDERS = ["keras", "ddl-fit", "ddl-tape", "mwms"]
 LAYERS = (784, 2048, 1024, 10)
@@ -33,7 +34,7 @@ LAYERS = (784, 2048, 1024, 10)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddl bench tensorflow", description=__doc__)
-    parser.add_argument("--ranks", default="1,2", help="world sizes to run, e.g. 1,2")
+    parser.add_argument("-np", "--ranks", dest="np", default="1,2", help="world sizes to run, e.g. 1,2")
     parser.add_argument("--batch", type=int, default=64, help="per rank")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round and contender")
@@ -43,17 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return _worker(args)
     try:
-        ranks = [int(r) for r in args.ranks.split(",")]
-    except ValueError:
-        parser.error(f"--ranks takes world sizes like 1,2, got {args.ranks!r}")
+        ranks = parse_rank_counts(args.np)
+    except ValueError as exc:
+        parser.error(str(exc))
     runs = []
     for p in ranks:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "result.json"
-            cmd = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(p), sys.executable, "-m",
-                   "ddl.tensorflow.bench", "--worker", str(out), "--batch", str(args.batch),
-                   "--rounds", str(args.rounds), "--steps", str(args.steps)]
-            proc = subprocess.run(cmd, text=True)
+            proc = relaunch(p, ["-m", "ddl.tensorflow.bench", "--worker", str(out), "--batch", str(args.batch),
+                                "--rounds", str(args.rounds), "--steps", str(args.steps)])
             if proc.returncode != 0 or not out.exists():
                 print(f"ddl bench tensorflow: the {p}-rank run failed (exit {proc.returncode})", file=sys.stderr)
                 return 1
@@ -137,7 +136,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def _worker(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
-    from ddl.bench.peers import free_port
+    from ddl.tools.bench.peers import free_port
 
     comm = MPI.COMM_WORLD.Dup()
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -12,17 +12,13 @@ So one collective costs one copy in and one copy out, as with DLPack plus a resu
 
 from __future__ import annotations
 
-import itertools
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 import tensorflow as tf
-
-_trace_names = itertools.count()
-_lock = threading.Lock()
+from ddl.engine.naming import manifest_name
 
 
 def executing_eagerly() -> bool:
@@ -34,17 +30,18 @@ def host_view(t: Any) -> np.ndarray:
     return np.asarray(t if isinstance(t, tf.Tensor) else tf.convert_to_tensor(t))
 
 
-def graph_name(kind: str, name: str | None) -> str:
+def graph_name(kind: str, name: str | None, *tensors: Any) -> str:
     """``name``, or a deterministic one for a collective traced into a graph.
 
     Graph ops run on TensorFlow's executor threads, so unnamed requests cannot be
-    matched by submission order; a counter taken at trace time is the same on every
-    rank as long as the ranks trace the same functions in the same order.
+    matched by submission order. The name comes from what every rank traces alike: the
+    kind, the tensors' static shapes and dtypes, and how many such collectives this
+    process traced before (:func:`ddl.engine.naming.manifest_name`).
     """
     if name is not None:
         return name
-    with _lock:
-        return f"ddl.tf.{kind}.{next(_trace_names)}"
+    manifest = [(str(t.shape), t.dtype.name) for t in tensors]
+    return manifest_name(f"ddl.tf.{kind}", manifest)
 
 
 def check_not_xla(what: str) -> None:

@@ -9,7 +9,7 @@ import numpy as np
 
 import ddl
 import tensorflow as tf
-from ddl.ops import ReduceOp, as_op
+from ddl.base.ops import ReduceOp, as_op
 
 from .bridge import graph_name, host_call
 
@@ -29,7 +29,7 @@ def _raw_allreduce(t: tf.Tensor, op: ReduceOp, name: str | None, compression: An
         return [ddl.allreduce(a, op=op, name=name, compression=compression, algorithm=algorithm)]
 
     if not tf.executing_eagerly():
-        name = graph_name("allreduce", name)
+        name = graph_name("allreduce", name, t)
     return host_call(fn, [t], [t.dtype], [t.shape], what="allreduce")[0]
 
 
@@ -50,7 +50,7 @@ def allreduce(tensor: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = Non
     t = _tensor(tensor, "allreduce")
     rop = as_op(op)
     if not tf.executing_eagerly():
-        name = graph_name("allreduce", name)
+        name = graph_name("allreduce", name, t)
     if not t.dtype.is_floating:
         return _raw_allreduce(t, rop, name, compression, algorithm)
 
@@ -75,7 +75,7 @@ def grouped_allreduce(tensors: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, nam
     ts = [_tensor(t, "grouped_allreduce") for t in tensors]
     rop = as_op(op)
     if not tf.executing_eagerly():
-        name = graph_name("grouped_allreduce", name)
+        name = graph_name("grouped_allreduce", name, *ts)
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         return ddl.grouped_allreduce(list(arrays), op=rop, name=name, compression=compression)
@@ -91,7 +91,7 @@ def allgather(tensor: Any, *, name: str | None = None) -> tf.Tensor:
     if t.shape.rank == 0:
         raise ValueError("ddl.tensorflow.allgather needs a tensor with at least one dimension; wrap a scalar as [x]")
     if not tf.executing_eagerly():
-        name = graph_name("allgather", name)
+        name = graph_name("allgather", name, t)
     rows_name = None if name is None else f"{name}.rows"
 
     def fn(a: np.ndarray) -> list[np.ndarray]:
@@ -122,7 +122,7 @@ def broadcast(tensor: Any, root_rank: int = 0, *, name: str | None = None) -> tf
     """Return ``root_rank``'s ``tensor`` on every rank."""
     t = _tensor(tensor, "broadcast")
     if not tf.executing_eagerly():
-        name = graph_name("broadcast", name)
+        name = graph_name("broadcast", name, t)
 
     def fn(a: np.ndarray) -> list[np.ndarray]:
         return [ddl.broadcast(a, root_rank, name=name)]
@@ -135,7 +135,7 @@ def reducescatter(tensor: Any, *, op: Any = ReduceOp.SUM, name: str | None = Non
     t = _tensor(tensor, "reducescatter")
     rop = as_op(op)
     if not tf.executing_eagerly():
-        name = graph_name("reducescatter", name)
+        name = graph_name("reducescatter", name, t)
 
     def fn(a: np.ndarray) -> list[np.ndarray]:
         return [ddl.reducescatter(a, op=rop, name=name)]

@@ -16,8 +16,8 @@ import keras
 import numpy as np
 
 import tensorflow as tf
-from ddl.conformance.hooks import Recipe
 from ddl.onnx import ModelSpec
+from ddl.tools.conformance.hooks import Recipe
 
 from .keras.optimizer import DistributedOptimizer
 from .tape import broadcast_variables

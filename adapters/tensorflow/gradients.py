@@ -10,8 +10,8 @@ import numpy as np
 
 import ddl
 import tensorflow as tf
-from ddl.compression import as_compressor
-from ddl.ops import ReduceOp, as_op
+from ddl.base.ops import ReduceOp, as_op
+from ddl.engine.compression import as_compressor
 
 from .bridge import host_call
 

@@ -8,7 +8,7 @@ import numpy as np
 
 import ddl
 import tensorflow as tf
-from ddl.ops import ReduceOp
+from ddl.base.ops import ReduceOp
 
 from .bridge import host_call
 from .gradients import check_gradient_op, name_for, reduce_gradients

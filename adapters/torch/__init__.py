@@ -9,29 +9,17 @@ Example:
 
 from __future__ import annotations
 
-from ddl import (
-    Average,
-    Compression,
-    Max,
-    Min,
-    MismatchError,
-    Product,
-    Sum,
-    allgather_object,
-    barrier,
-    cross_rank,
-    cross_size,
-    init,
-    is_initialized,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
-    topology,
-)
+from ddl import Average, Compression, Max, Min, MismatchError, Product, Sum
+from ddl.runtime import process
+from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
 
-from .broadcast import broadcast_object, broadcast_optimizer_state, broadcast_parameters
+from .broadcast import (
+    broadcast_object as broadcast_object,  # replaces the core's: tensors go to CPU first
+)
+from .broadcast import (
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)
 from .collectives import (
     TorchHandle,
     allgather,
@@ -48,9 +36,9 @@ from .collectives import (
 from .optimizer import DistributedOptimizer
 
 __all__ = [
+    *process.__all__,
     "Average", "Compression", "DistributedOptimizer", "MismatchError", "Max", "Min", "Product", "Sum",
-    "TorchHandle", "allgather", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
-    "allreduce_async_", "barrier", "broadcast", "broadcast_", "broadcast_object", "broadcast_optimizer_state",
-    "broadcast_parameters", "cross_rank", "cross_size", "grouped_allreduce", "init", "is_initialized",
-    "local_rank", "local_size", "rank", "reducescatter", "shutdown", "size", "synchronize", "topology",
+    "TorchHandle", "allgather", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "broadcast",
+    "broadcast_", "broadcast_optimizer_state", "broadcast_parameters", "grouped_allreduce", "reducescatter",
+    "synchronize",
 ]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from ddl.launcher.relaunch import parse_rank_counts, relaunch
 from torch import nn
 
 CONTENDERS = ["none", "ddl.torch", "DDP-gloo"]
@@ -51,7 +51,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddl bench torch", description=__doc__)
-    parser.add_argument("--ranks", default="1,2", help="world sizes to run, e.g. 1,2")
+    parser.add_argument("-np", "--ranks", dest="np", default="1,2", help="world sizes to run, e.g. 1,2")
     parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--mlp-batch", type=int, default=64, help="per rank")
     parser.add_argument("--cnn-batch", type=int, default=0, help="per rank; 0: tuned to --cnn-step-ms")
@@ -64,9 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return _worker(args)
     try:
-        ranks = [int(r) for r in args.ranks.split(",")]
-    except ValueError:
-        parser.error(f"--ranks takes world sizes like 1,2, got {args.ranks!r}")
+        ranks = parse_rank_counts(args.np)
+    except ValueError as exc:
+        parser.error(str(exc))
     unknown = set(args.models.split(",")) - set(MODELS)
     if unknown:
         parser.error(f"unknown model(s) {sorted(unknown)}; choose from {sorted(MODELS)}")
@@ -75,11 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     for p in ranks:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "result.json"
-            cmd = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(p), sys.executable, "-m", "ddl.torch.bench",
-                   "--worker", str(out), "--models", args.models, "--mlp-batch", str(args.mlp_batch),
-                   "--cnn-batch", str(batch), "--cnn-step-ms", str(args.cnn_step_ms),
-                   "--rounds", str(args.rounds), "--steps", str(args.steps)]
-            proc = subprocess.run(cmd, text=True)
+            proc = relaunch(p, ["-m", "ddl.torch.bench", "--worker", str(out), "--models", args.models, "--mlp-batch", str(args.mlp_batch),
+                             "--cnn-batch", str(batch), "--cnn-step-ms", str(args.cnn_step_ms),
+                                "--rounds", str(args.rounds), "--steps", str(args.steps)])
             if proc.returncode != 0 or not out.exists():
                 print(f"ddl bench torch: the {p}-rank run failed (exit {proc.returncode})", file=sys.stderr)
                 return 1
@@ -139,7 +137,7 @@ def _worker(args: argparse.Namespace) -> int:
 
     import ddl.torch as dt
     import torch.distributed as dist
-    from ddl.bench.peers import free_port
+    from ddl.tools.bench.peers import free_port
     from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)

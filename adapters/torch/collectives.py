@@ -9,7 +9,7 @@ import numpy as np
 
 import ddl
 import torch
-from ddl.ops import ReduceOp, as_op
+from ddl.base.ops import ReduceOp, as_op
 
 from .tensors import check_tensor, from_numpy, staged
 
@@ -44,7 +44,7 @@ class TorchHandle:
 
 def allreduce_async(
     tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
-    compression: Any = None, algorithm: str | None = None, _wake: bool = True,
+    compression: Any = None, algorithm: str | None = None,
 ) -> TorchHandle:
     """Start an allreduce of ``tensor``; the handle's ``wait()`` returns a new tensor.
 
@@ -54,19 +54,18 @@ def allreduce_async(
     """
     t = check_tensor(tensor, "allreduce_async")
     src = staged(t)[0]
-    h = ddl.allreduce_async(src, op=op, name=name, compression=compression, algorithm=algorithm, _wake=_wake)
+    h = ddl.allreduce_async(src, op=op, name=name, compression=compression, algorithm=algorithm)
     return TorchHandle(h, lambda out: from_numpy(out, t).reshape(t.shape))
 
 
 def allreduce_async_(
     tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
-    compression: Any = None, algorithm: str | None = None, _wake: bool = True,
+    compression: Any = None, algorithm: str | None = None,
 ) -> TorchHandle:
     """In-place :func:`allreduce_async`: ``wait()`` writes the result into ``tensor`` and returns it."""
     t = check_tensor(tensor, "allreduce_async_")
     buf, back = staged(t)
-    h = ddl.allreduce_async(buf, op=op, name=name, compression=compression, algorithm=algorithm,
-                            inplace=True, _wake=_wake)
+    h = ddl.allreduce_async(buf, op=op, name=name, compression=compression, algorithm=algorithm, inplace=True)
 
     def finish(out: np.ndarray) -> torch.Tensor:
         back(out)
@@ -96,7 +95,15 @@ def allreduce(tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | N
     if check_tensor(tensor, "allreduce").requires_grad and torch.is_grad_enabled():
         out: torch.Tensor = _AllreduceFn.apply(tensor, op, name, compression, algorithm)  # type: ignore[no-untyped-call]
         return out
-    return allreduce_async(tensor, op=op, name=name, compression=compression, algorithm=algorithm, _wake=False).wait()
+    return _allreduce_now(tensor, op, name, compression, algorithm)
+
+
+def _allreduce_now(tensor: torch.Tensor, op: Any, name: str | None, compression: Any,
+                   algorithm: str | None) -> torch.Tensor:
+    """A synchronous allreduce into a new tensor: the core's synchronous call (its lean path)."""
+    t = check_tensor(tensor, "allreduce")
+    out = ddl.allreduce(staged(t)[0], op=op, name=name, compression=compression, algorithm=algorithm)
+    return from_numpy(out, t).reshape(t.shape)
 
 
 class _AllreduceFn(torch.autograd.Function):
@@ -106,7 +113,7 @@ class _AllreduceFn(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, op: Any, name: str | None, compression: Any,
                 algorithm: str | None) -> torch.Tensor:
         ctx.op, ctx.name, ctx.compression = op, name, compression
-        return allreduce_async(tensor, op=op, name=name, compression=compression, algorithm=algorithm, _wake=False).wait()
+        return _allreduce_now(tensor, op, name, compression, algorithm)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -115,14 +122,17 @@ class _AllreduceFn(torch.autograd.Function):
             raise RuntimeError(f"ddl.torch.allreduce with op={op.name} has no gradient; use Sum or Average, "
                                "or call it on a detached tensor")
         name = None if ctx.name is None else f"{ctx.name}.grad"
-        g = allreduce_async(grad.contiguous(), op=op, name=name, compression=ctx.compression, _wake=False).wait()
+        g = _allreduce_now(grad.contiguous(), op, name, ctx.compression, None)
         return g, None, None, None, None
 
 
 def allreduce_(tensor: torch.Tensor, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                compression: Any = None, algorithm: str | None = None) -> torch.Tensor:
     """In-place :func:`allreduce`; returns ``tensor``."""
-    return allreduce_async_(tensor, op=op, name=name, compression=compression, algorithm=algorithm, _wake=False).wait()
+    t = check_tensor(tensor, "allreduce_")
+    buf, back = staged(t)
+    back(ddl.allreduce_(buf, op=op, name=name, compression=compression, algorithm=algorithm))
+    return t
 
 
 def grouped_allreduce(tensors: Sequence[torch.Tensor], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
@@ -158,7 +168,7 @@ class _AllgatherFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         name = None if ctx.name is None else f"{ctx.name}.grad"
-        total = allreduce_async(grad.contiguous(), op=ReduceOp.SUM, name=name, _wake=False).wait()
+        total = _allreduce_now(grad.contiguous(), ReduceOp.SUM, name, None, None)
         return total[ctx.start : ctx.start + ctx.rows], None
 
 

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 
 import torch
-from ddl.conformance.hooks import Recipe
 from ddl.onnx import ModelSpec
+from ddl.tools.conformance.hooks import Recipe
 from torch import nn
 
 from .broadcast import broadcast_parameters

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import ddl
 import torch
-from ddl.compression import as_compressor
-from ddl.ops import ReduceOp, as_op
+from ddl.base.ops import ReduceOp, as_op
+from ddl.engine.compression import as_compressor
+from ddl.engine.naming import manifest_name
 
 from .reducer import Options, Reducer, late_buckets
 
-_ids = itertools.count()
 _copies: dict[str, int] = {}  # unpickled copies made of each optimizer, for their names
 
 
@@ -155,11 +154,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         old = self.__dict__.get("_reducer")
         if old is not None:
             old.close()
+        params = _all_params(self.optimizer)
         if prefix is None:
-            self._base, self._version = f"ddl.torch.opt{next(_ids)}", 0
+            self._base, self._version = manifest_name("ddl.torch.opt", _manifest(params, self._names)), 0
             prefix = self._base
         self._prefix = prefix
-        params = _all_params(self.optimizer)
         self._known = params
         self._reducer = Reducer(params, self._names, self._options, prefix, order=order,
                                 no_sync=self.__dict__.get("_no_sync", False))

@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 
 import ddl
 import torch
-from ddl.compression import Compressor
-from ddl.ops import ReduceOp
+from ddl.base.ops import ReduceOp
+from ddl.engine.compression import Compressor
 
 from .buckets import Bucket, MiB, plan_buckets
 from .tensors import host_view

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 import torch
-from ddl.dtypes import bfloat16
+from ddl.base.dtypes import bfloat16
 
 # torch dtypes the core reduces; anything else can still be broadcast as raw bytes.
 _NUMPY_OF: dict[torch.dtype, np.dtype] = {

@@ -18,13 +18,16 @@ import threading
 from types import FrameType
 from typing import Any
 
-from ddl.config import LAUNCHER_FLAGS, job_from_env, search_path
+from ddl.base.config import job_from_env, search_path
+from ddl.base.cpus import available_cpus
 from ddl.launcher.command import (
+    FLAGGED,
     Launch,
     LaunchError,
     LaunchOptions,
     build_launch,
     placement,
+    setting_help,
     validate_options,
 )
 from ddl.launcher.hosts import HostListError, HostSlots, parse_host_list, read_hostfile
@@ -36,7 +39,7 @@ _FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """ddlrun's argument parser; the dests of DDL flags are the keys of ``LAUNCHER_FLAGS``."""
+    """ddlrun's argument parser; one flag per row of the settings table that has one."""
     parser = argparse.ArgumentParser(
         prog="ddlrun",
         description="Run COMMAND as N ddl ranks under the mpiexec of the MPI that mpi4py uses.",
@@ -50,23 +53,16 @@ def build_parser() -> argparse.ArgumentParser:
                        help="hosts and their slots, e.g. h1:2,h2:2 (default: this host)")
     where.add_argument("--hostfile", dest="hostfile", metavar="FILE",
                        help="file of hosts, one a line: 'host', 'host:2' or 'host slots=2'")
-    parser.add_argument("--topology", dest="topology", metavar="DIMS",
-                        help="multi-ring dims, innermost first, e.g. 4x16 (4 per host x 16 hosts)")
-    parser.add_argument("--algorithm", dest="algorithm", metavar="NAME",
-                        help="default allreduce algorithm: auto, mpi, ring, multiring, halving_doubling")
-    parser.add_argument("--segment-bytes", dest="segment_bytes", type=int, metavar="BYTES",
-                        help="largest single message (bounds each rank's scratch buffer)")
-    parser.add_argument("--timeline", dest="timeline", metavar="FILE",
-                        help="write a Chrome-trace JSON of every collective (rank 0)")
-    parser.add_argument("--fusion-threshold", dest="fusion_threshold", type=int, metavar="BYTES",
-                        help="largest fused allreduce buffer (0: no fusion)")
-    parser.add_argument("--stall-timeout", dest="stall_timeout", type=float, metavar="SECONDS",
-                        help="abort when a tensor is missing on some ranks this long")
-    parser.add_argument("--calibration", dest="calibration", metavar="FILE|off",
-                        help="cost model behind auto: measured at init (default), 'off' for fixed "
-                             "constants, or a file to reuse (written when missing or stale)")
-    parser.add_argument("-v", "--verbose", dest="verbose", action="store_true",
-                        help="explain the launch, print the mpiexec command line, and set DDL_VERBOSE=1")
+    for row in FLAGGED.values():  # one flag per row of the settings table that has one
+        flag = str(row.flag)
+        if row.field == "verbose":
+            parser.add_argument("-v", "--verbose", dest="verbose", action="store_true",
+                                help="explain the launch, print the mpiexec command line, and set DDL_VERBOSE=1")
+        elif row.is_bool:
+            parser.add_argument(flag, dest=row.field, action="store_true", help=f"{setting_help(row)} ({row.env}=1)")
+        else:
+            parser.add_argument(flag, dest=row.field, metavar=row.metavar,
+                                help=f"{setting_help(row)} ({row.env}; default {row.default_text()})")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="the program every rank runs; 'python'/'python3' becomes ddlrun's interpreter")
     return parser
@@ -119,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             np=np_,
             command=tuple(command),
             hosts=hosts,
-            **{flag: getattr(args, flag) for flag in LAUNCHER_FLAGS},
+            verbose=args.verbose,
+            **{field: getattr(args, field) for field in FLAGGED if field != "verbose"},
         )
         validate_options(options)
         check_resolvable(given)  # names the user typed; a scheduler's own are its business
@@ -139,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     launch = build_launch(
         options,
         mpi=mpi,
-        cpu_count=_cpu_count(),
+        cpu_count=available_cpus(),
         base_env=os.environ,
         python_executable=sys.executable,
         is_root=_is_root(),
@@ -173,12 +170,6 @@ def _hosts(args: argparse.Namespace) -> tuple[HostSlots, ...]:
     if args.hostfile is not None:
         return read_hostfile(args.hostfile)
     return ()
-
-
-def _cpu_count() -> int:
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
 
 
 def _is_root() -> bool:

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
-from ddl.algorithms import check_name
-from ddl.config import LAUNCHER_FLAGS, Config, JobEnv
-from ddl.errors import TopologyError
+from ddl.base.config import SETTINGS, Config, JobEnv
+from ddl.base.errors import TopologyError
+from ddl.base.settings import Setting
+from ddl.base.topology import check_spec_size, parse_spec
 from ddl.launcher.hosts import HostSlots, format_host_list, ranks_per_host, total_slots
 from ddl.launcher.slurm import allocation_hosts
-from ddl.topology import check_spec_size, parse_spec
+from ddl.reduction.algorithms import NAMES, check_name
 
 Flavour = Literal["mpich", "openmpi"]
 
@@ -28,30 +29,51 @@ class LaunchError(ValueError):
     """The launch was asked for something inconsistent; the message says what and how to fix it."""
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+#: The settings ``ddlrun`` takes as flags (every one ranks must agree on among them), by field.
+FLAGGED: dict[str, Setting] = {s.field: s for s in SETTINGS if s.flag}
+
+
+def setting_help(row: Setting) -> str:
+    """A setting's help with what only the launcher's layer knows filled in (the algorithm names)."""
+    return row.help.format(algorithms=", ".join(NAMES))
+
+
 class LaunchOptions:
-    """What the user asked ddlrun for. Fields named in ``LAUNCHER_FLAGS`` become ``DDL_*``.
+    """What the user asked ddlrun for.
 
     Attributes:
         np: number of ranks.
         command: the program each rank runs, as written.
         hosts: hosts with slots (from ``-H`` or ``--hostfile``); empty for this host only.
-        topology, algorithm, segment_bytes, verbose, timeline, fusion_threshold,
-            stall_timeout, calibration: see :class:`ddl.config.Config`; None (False)
-            leaves them unset.
+        verbose: explain the launch (and set ``DDL_VERBOSE=1`` in the ranks).
+        settings: the flagged settings given (:data:`FLAGGED` field -> value); each
+            becomes its ``DDL_*`` variable. Also readable as attributes (``options.topology``).
     """
 
-    np: int
-    command: tuple[str, ...]
-    hosts: tuple[HostSlots, ...] = ()
-    topology: str | None = None
-    algorithm: str | None = None
-    segment_bytes: int | None = None
-    verbose: bool = False
-    timeline: str | None = None
-    fusion_threshold: int | None = None
-    stall_timeout: float | None = None
-    calibration: str | None = None
+    def __init__(self, *, np: int, command: tuple[str, ...], hosts: tuple[HostSlots, ...] = (),
+                 verbose: bool = False, **settings: object) -> None:
+        unknown = sorted(set(settings) - set(FLAGGED))
+        if unknown:
+            raise TypeError(f"LaunchOptions got unknown settings {unknown}; ddlrun's are {sorted(FLAGGED)}")
+        self.np = np
+        self.command = tuple(command)
+        self.hosts = tuple(hosts)
+        self.verbose = verbose
+        self.settings: dict[str, object] = {k: v for k, v in settings.items() if v is not None and v is not False}
+        if verbose:
+            self.settings["verbose"] = True
+
+    def __getattr__(self, name: str) -> Any:
+        if name in FLAGGED:
+            return self.__dict__.get("settings", {}).get(name)
+        raise AttributeError(name)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LaunchOptions) and vars(self) == vars(other)
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {k}={v!r}" for k, v in self.settings.items())
+        return f"LaunchOptions(np={self.np}, command={self.command!r}, hosts={self.hosts!r}{extra})"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -99,7 +121,7 @@ def validate_options(options: LaunchOptions) -> None:
 
     Raises:
         LaunchError: ``np < 1``, no command, too few host slots, a malformed topology or one
-            whose product is not ``np``, an unknown algorithm, or a value ``ddl.config``
+            whose product is not ``np``, an unknown algorithm, or a value ``ddl.base.config``
             would refuse (``--segment-bytes 0``).
     """
     if options.np < 1:
@@ -130,16 +152,16 @@ def validate_options(options: LaunchOptions) -> None:
             check_name(options.algorithm)
         except ValueError as exc:
             raise LaunchError(f"--algorithm: {exc}") from None
-    flags = {variable: flag for flag, variable in LAUNCHER_FLAGS.items()}
-    for variable, value in ddl_environment(options).items():
+    for field, value in options.settings.items():
+        row = FLAGGED[field]
         try:  # the one reader of DDL_* judges each value, as the ranks will
-            Config.from_env({variable: value})
+            Config.from_env({row.env: _env_text(value)})
         except ValueError as exc:
-            raise LaunchError(f"{_flag_name(flags[variable])} {value}: {exc}") from None
+            raise LaunchError(f"{row.flag} {value}: {exc}") from None
 
 
 def ddl_environment(options: LaunchOptions) -> dict[str, str]:
-    """The ``DDL_*`` variables the options set, through :data:`ddl.config.LAUNCHER_FLAGS`.
+    """The ``DDL_*`` variables the options set (the settings table names each one).
 
     Unset options (None, False) set nothing; True becomes ``"1"``.
 
@@ -147,13 +169,11 @@ def ddl_environment(options: LaunchOptions) -> dict[str, str]:
         >>> ddl_environment(LaunchOptions(np=4, command=("x",), topology="2x2", verbose=True))
         {'DDL_TOPOLOGY': '2x2', 'DDL_VERBOSE': '1'}
     """
-    env: dict[str, str] = {}
-    for flag, variable in LAUNCHER_FLAGS.items():
-        value = getattr(options, flag)
-        if value is None or value is False:
-            continue
-        env[variable] = "1" if value is True else str(value)
-    return env
+    return {FLAGGED[field].env: _env_text(value) for field, value in options.settings.items()}
+
+
+def _env_text(value: object) -> str:
+    return "1" if value is True else str(value)
 
 
 def placement(
@@ -235,10 +255,10 @@ def build_launch(
     validate_options(options)
     notes = [f"MPI: {mpi.flavour} ({mpi.library or 'version unknown'}), mpiexec {mpi.mpiexec}"]
     env = dict(base_env)
-    flags = {variable: flag for flag, variable in LAUNCHER_FLAGS.items()}
-    for variable, value in ddl_environment(options).items():
-        env[variable] = value
-        notes.append(f"{variable}={value} (from {_flag_name(flags[variable])})")
+    for field, value in options.settings.items():
+        row = FLAGGED[field]
+        env[row.env] = _env_text(value)
+        notes.append(f"{row.env}={env[row.env]} (from {row.flag})")
 
     mpi_flags: list[str] = []
     busiest = busiest_host_ranks(options)
@@ -261,10 +281,6 @@ def build_launch(
         command[0] = python_executable
     argv = [mpi.mpiexec, "-n", str(options.np), *mpi_flags, *command]
     return Launch(argv=argv, env=env, notes=notes)
-
-
-def _flag_name(dest: str) -> str:
-    return "--" + dest.replace("_", "-")
 
 
 def _oversubscribe(

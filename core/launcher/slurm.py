@@ -1,10 +1,10 @@
-"""Hosts and slots of a Slurm allocation, from the ``SLURM_*`` variables ``ddl.config`` reads."""
+"""Hosts and slots of a Slurm allocation, from the ``SLURM_*`` variables ``ddl.base.config`` reads."""
 
 from __future__ import annotations
 
 import re
 
-from ddl.config import JobEnv
+from ddl.base.config import JobEnv
 from ddl.launcher.hosts import HostListError, HostSlots
 
 _BRACKETS = re.compile(r"\[([^\]]*)\]")

@@ -1,7 +1,7 @@
 """Run the real engine and public collectives on N fake ranks (threads) in one process.
 
-Each rank gets its own :class:`~ddl.context.Context`, :class:`~ddl.engine.Engine` (with
-its background thread) and :class:`~ddl.collectives.Collectives` over a
+Each rank gets its own :class:`~ddl.engine.context.Context`, :class:`~ddl.engine.engine.Engine` (with
+its background thread) and :class:`~ddl.engine.collectives.Collectives` over a
 :class:`~ddl.testing.FakeComm`, so negotiation, matching, fusion, refusals and shutdown
 are exercised exactly as under ``mpiexec``, in plain pytest.
 """
@@ -13,12 +13,12 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ddl.collectives import Collectives
-from ddl.config import Config
-from ddl.context import Context
-from ddl.engine import Engine
+from ddl.base.config import Config
+from ddl.base.topology import build_topology
+from ddl.engine.collectives import Collectives
+from ddl.engine.context import Context
+from ddl.engine.engine import Engine
 from ddl.testing.fake_comm import FakeAbort, FakeComm, run_ranks
-from ddl.topology import build_topology
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""A thread-backed fake of :class:`ddl.comm.Comm`: N ranks as N threads in one process.
+"""A thread-backed fake of :class:`ddl.wire.comm.Comm`: N ranks as N threads in one process.
 
 Point-to-point messages go through per-pair queues (buffered, FIFO, like MPI's
 non-overtaking rule); collectives meet at a shared rendezvous. Every wait has a
@@ -17,9 +17,9 @@ from typing import Any, NoReturn, TypeVar
 
 import numpy as np
 
-from ddl.comm import as_bytes
-from ddl.ops import ReduceOp, ufunc
-from ddl.shared_memory import SharedSlots
+from ddl.base.ops import ReduceOp, ufunc
+from ddl.wire.comm import as_bytes
+from ddl.wire.shared_memory import SharedSlots
 
 T = TypeVar("T")
 TIMEOUT_S = 30.0
@@ -72,6 +72,9 @@ class FakeComm:
         self._world = world
         self._rank = rank
         self._views: dict[tuple[int, ...], SharedSlots] = {}
+        #: Bytes this rank handed to the network: point-to-point sends, and each
+        #: collective's contribution (what an allreduce of that buffer must move at least).
+        self.wire_bytes = 0
 
     @property
     def rank(self) -> int:
@@ -85,6 +88,7 @@ class FakeComm:
         self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
     ) -> None:
         if dest is not None and send is not None:
+            self.wire_bytes += send.nbytes
             self._world.queues[(self._rank, dest)].put(as_bytes(send).copy())
         if source is not None and recv is not None:
             data = self._receive(source)
@@ -124,6 +128,7 @@ class FakeComm:
         return [o for _, o in out]
 
     def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
+        self.wire_bytes += buf.nbytes
         parts = self._exchange(buf.copy(), f"allreduce {op.name}")
         acc = parts[0].copy()
         for part in parts[1:]:
@@ -131,10 +136,12 @@ class FakeComm:
         buf[...] = acc
 
     def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
+        self.wire_bytes += buf.nbytes if self._rank == root else 0
         parts = self._exchange(as_bytes(buf).copy() if self._rank == root else None, "bcast")
         as_bytes(buf)[...] = parts[root]
 
     def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        self.wire_bytes += send.nbytes
         parts = self._exchange(as_bytes(send).copy(), "allgatherv")
         out = as_bytes(recv)
         offset = 0
@@ -143,6 +150,7 @@ class FakeComm:
             offset += n
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
+        self.wire_bytes += send.nbytes
         parts = self._exchange(as_bytes(send).copy(), "allgather")
         as_bytes(recv)[...] = np.concatenate(parts)
 
@@ -189,6 +197,9 @@ class FakeComm:
     def hostname(self) -> str:
         return self._world.hostnames[self._rank]
 
+    def free(self) -> None:
+        return None
+
 
 def run_ranks(
     size: int, fn: Callable[[FakeComm], T], *, hostnames: Sequence[str] | None = None
@@ -214,7 +225,7 @@ def run_ranks(
             world.abort_barriers()
 
     # Each rank plays one process's main thread: unnamed collectives are named per
-    # thread name (ddl.naming), alike on every rank only if the threads' names are.
+    # thread name (ddl.engine.naming), alike on every rank only if the threads' names are.
     threads = [threading.Thread(target=body, args=(r,), daemon=True, name="MainThread") for r in range(size)]
     for t in threads:
         t.start()

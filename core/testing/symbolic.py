@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ddl.schedule import GroupStep, Schedule, Step
-from ddl.topology import Topology
+from ddl.base.topology import Topology
+from ddl.reduction.schedule import GroupStep, Schedule, Step
 
 
 class ScheduleError(AssertionError):

@@ -14,7 +14,7 @@ ort = pytest.importorskip("onnxruntime")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import ddl.onnx as donnx  # noqa: E402
-from ddl.conformance.models import MODELS  # noqa: E402
+from ddl.tools.conformance.models import MODELS  # noqa: E402
 
 
 def _run(model: object, x: np.ndarray) -> np.ndarray:
@@ -131,5 +131,5 @@ def test_unsupported_attributes_and_shapes() -> None:
 
 
 def test_import_ddl_loads_no_onnx() -> None:
-    code = "import sys, ddl, ddl.onnx, ddl.conformance; assert 'onnx' not in sys.modules, 'onnx loaded'"
+    code = "import sys, ddl, ddl.onnx, ddl.tools.conformance; assert 'onnx' not in sys.modules, 'onnx loaded'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

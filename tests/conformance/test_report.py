@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddl.cli import main as ddl_main
-from ddl.conformance.metrics import max_rel_diff, rel_diff
-from ddl.conformance.report import build_rows, format_table
+from ddl.tools.cli import main as ddl_main
+from ddl.tools.conformance.metrics import max_rel_diff, rel_diff
+from ddl.tools.conformance.report import build_rows, format_table
 
 W = {"fc.weight": np.array([[1.0, -2.0], [0.5, 4.0]], np.float32), "fc.bias": np.array([0.0, 1e-3], np.float32)}
 

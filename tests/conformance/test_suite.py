@@ -14,9 +14,9 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("sklearn")
 
-from ddl.conformance.hooks import RECIPES, available  # noqa: E402
-from ddl.conformance.models import MODELS  # noqa: E402
-from ddl.conformance.suite import run_suite  # noqa: E402
+from ddl.tools.conformance.hooks import RECIPES, available  # noqa: E402
+from ddl.tools.conformance.models import MODELS  # noqa: E402
+from ddl.tools.conformance.suite import run_suite  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 RANKS = [1, 2, 4]

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from ddl import calibration, cost
-from ddl.algorithms import SCHEDULED
+from ddl.base.topology import build_topology
+from ddl.reduction import calibration, cost
+from ddl.reduction.algorithms import SCHEDULED
+from ddl.reduction.probes import DEFAULT_PLAN, ProbePlan, Samples
 from ddl.testing import FakeComm, run_ranks
-from ddl.topology import build_topology
 
 # Small probes keep the fake-comm runs fast; the code path is the one init uses.
-PROBES = {"link_probes": ((8, 3), (4096, 3), (65536, 2)), "native_probes": ((8, 3), (4096, 3), (65536, 2))}
+PLAN = ProbePlan(link=((8, 3), (4096, 3), (65536, 2)), native=((8, 3), (4096, 3), (65536, 2)))
 
 
 def test_fit_link_recovers_alpha_and_beta() -> None:
@@ -29,21 +30,22 @@ def test_fit_link_never_goes_negative() -> None:
     assert link.alpha > 0 and link.beta > 0
 
 
-def test_fit_unpacks_the_sample_vector() -> None:
-    k = len(calibration.LINK_PROBES)
-    dim0 = [1e-5 + n / 2e9 for n, _ in calibration.LINK_PROBES]
-    dim1 = [5e-5 + n / 1e9 for n, _ in calibration.LINK_PROBES]
-    native = [float(i + 1) * 1e-4 for i in range(len(calibration.NATIVE_PROBES))]
+def test_fit_reads_the_named_samples() -> None:
+    dim0 = tuple(1e-5 + n / 2e9 for n, _ in DEFAULT_PLAN.link)
+    dim1 = tuple(5e-5 + n / 1e9 for n, _ in DEFAULT_PLAN.link)
+    native = tuple(float(i + 1) * 1e-4 for i in range(len(DEFAULT_PLAN.native)))
     # The step probe's time per step includes alpha; the model keeps what is beyond it.
     per_step = dim0[0] + 3e-6
-    model = calibration.fit([*dim0, *dim1, 2e-10, per_step, *native], 2, segment_bytes=4096, flows=4)
-    assert len(model.links) == 2 and k == len(dim0)
+    samples = Samples(links=(dim0, dim1), gamma=2e-10, step=per_step, native=native)
+    assert samples.from_vector(samples.vector()) == samples  # the one vector ranks MAX-reduce
+    model = calibration.fit(samples, segment_bytes=4096, flows=4)
+    assert len(model.links) == 2
     assert model.links[0].beta == pytest.approx(1 / 2e9)
     # The dim-1 probe ran with 4 flows through one port; the model stores one flow's share.
     assert model.links[1].beta == pytest.approx(1 / 1e9 / 4)
     assert model.gamma == 2e-10 and model.step_overhead == pytest.approx(3e-6) and model.segment_bytes == 4096
-    assert [n for n, _ in model.native_points] == [n for n, _ in calibration.NATIVE_PROBES]
-    assert [t for _, t in model.native_points] == native
+    assert [n for n, _ in model.native_points] == [n for n, _ in DEFAULT_PLAN.native]
+    assert tuple(t for _, t in model.native_points) == native
 
 
 def test_interpolate_between_and_beyond_points() -> None:
@@ -85,7 +87,7 @@ def test_segments_and_step_overhead_are_priced() -> None:
 def test_every_rank_gets_the_same_model_and_choices(size: int, spec: str | None) -> None:
     def body(comm: FakeComm) -> tuple[cost.CostModel, list[str]]:
         topo = build_topology(comm.rank, ["h"] * size, spec)
-        cal = calibration.measure(comm, topo, segment_bytes=1 << 20, **PROBES)  # type: ignore[arg-type]
+        cal = calibration.measure(comm, topo, segment_bytes=1 << 20, plan=PLAN)
         assert cal.source == "measured" and cal.seconds > 0
         picks = [cost.choose(topo, n, 4, cal.model) for n in (1, 1 << 10, 1 << 16, 1 << 22)]
         return cal.model, picks
@@ -102,7 +104,7 @@ def test_every_rank_gets_the_same_model_and_choices(size: int, spec: str | None)
 def _calibrate_all(size: int, setting: str | None, hosts: list[str]) -> list[calibration.Calibration]:
     def body(comm: FakeComm) -> calibration.Calibration:
         topo = build_topology(comm.rank, hosts)
-        return calibration.calibrate(comm, topo, hosts, setting, segment_bytes=1 << 20, **PROBES)
+        return calibration.calibrate(comm, topo, hosts, setting, segment_bytes=1 << 20, plan=PLAN)
 
     return run_ranks(size, body)
 

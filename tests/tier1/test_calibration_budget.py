@@ -7,14 +7,14 @@ import time
 import numpy as np
 import pytest
 
-from ddl import calibration
+from ddl.reduction import calibration, probes
+from ddl.reduction.probes import ProbePlan
 from ddl.testing import FakeComm, run_ranks
 
 
-def test_ranks_agree_on_repeats_from_the_slowest_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ranks_agree_on_repeats_from_the_slowest_warm_up() -> None:
     """Rank 1's probe is slow: both ranks cut the repeats alike (a rank that ran one more
     collective probe than another would hang MPI)."""
-    monkeypatch.setattr(calibration, "PROBE_BUDGET", 0.05)
 
     def fn(comm: FakeComm) -> int:
         calls = [0]
@@ -23,14 +23,13 @@ def test_ranks_agree_on_repeats_from_the_slowest_warm_up(monkeypatch: pytest.Mon
             calls[0] += 1
             time.sleep(0.02 if comm.rank == 1 else 0.0)
 
-        calibration._median_time(probe, 15, comm)
+        probes.median_time(probe, 15, comm, 0.05)
         return calls[0]
 
     assert run_ranks(2, fn) == [1 + 2, 1 + 2]  # warm-up + int(0.05 / 0.02) repeats
 
 
-def test_a_probe_over_budget_is_its_warm_up_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(calibration, "PROBE_BUDGET", 0.001)
+def test_a_probe_over_budget_is_its_warm_up_alone() -> None:
 
     def fn(comm: FakeComm) -> tuple[int, float]:
         calls = [0]
@@ -39,15 +38,14 @@ def test_a_probe_over_budget_is_its_warm_up_alone(monkeypatch: pytest.MonkeyPatc
             calls[0] += 1
             time.sleep(0.01)
 
-        seconds = calibration._median_time(probe, 15, comm)
+        seconds = probes.median_time(probe, 15, comm, 0.001)
         return calls[0], seconds
 
     for calls, seconds in run_ranks(3, fn):
         assert calls == 1 and seconds >= 0.01
 
 
-def test_native_probes_predicted_too_slow_are_extrapolated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(calibration, "SKIP_BEYOND", 1e-9)
+def test_native_probes_predicted_too_slow_are_extrapolated() -> None:
     sizes: list[list[int]] = [[], []]
 
     def fn(comm: FakeComm) -> list[float]:
@@ -59,7 +57,7 @@ def test_native_probes_predicted_too_slow_are_extrapolated(monkeypatch: pytest.M
             real(buf, op)  # type: ignore[arg-type]
 
         comm.allreduce_native = spy  # type: ignore[method-assign]
-        return calibration._native_samples(comm, ((8, 3), (4096, 3), (1 << 20, 2)))
+        return probes._native_samples(comm, ProbePlan(native=((8, 3), (4096, 3), (1 << 20, 2)), skip_beyond=1e-9))
 
     results = run_ranks(2, fn)
     assert sizes == [[8] * 4, [8] * 4]  # warm-up + 3 repeats of the first probe, nothing larger
@@ -73,29 +71,28 @@ def test_native_probes_predicted_too_slow_are_extrapolated(monkeypatch: pytest.M
 
 
 def test_correction_interpolates_in_log_size_and_holds_outside() -> None:
-    from ddl import cost
-
+    from ddl.reduction import cost
     model = cost.CostModel(links=(cost.SHARED_MEMORY,), corrections=(("ring", ((1 << 10, 2.0), (1 << 20, 4.0))),))
     assert model.correction("ring", 1) == 2.0 and model.correction("ring", 1 << 30) == 4.0
     assert model.correction("ring", 1 << 15) == pytest.approx(3.0)  # halfway in log2
     assert model.correction("shm", 1 << 15) == 1.0
     plain = cost.CostModel(links=(cost.SHARED_MEMORY,))
-    from ddl.topology import build_topology
+    from ddl.base.topology import build_topology
 
     topo = build_topology(0, ["h"] * 4)
     assert cost.predict("ring", topo, 1 << 18, 4, model) == pytest.approx(4.0 * cost.predict("ring", topo, 1 << 18, 4, plain))
 
 
-def test_every_rank_gets_the_same_corrections(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ddl.topology import build_topology
+def test_every_rank_gets_the_same_corrections() -> None:
+    from ddl.base.topology import build_topology
 
-    monkeypatch.setattr(calibration, "CORRECTION_PROBES", (4 << 10, 64 << 10))
-    monkeypatch.setattr(calibration, "CORRECTION_SKIP_BEYOND", 10.0)  # the fake is slow: run every probe
+    # The fake is slow: run every probe.
+    plan = ProbePlan(link=((8, 2), (4096, 2)), native=((8, 2), (4096, 2)), corrections=(4 << 10, 64 << 10),
+                     correction_skip_beyond=10.0)
 
     def body(comm: FakeComm) -> object:
         topo = build_topology(comm.rank, ["h"] * 3)
-        return calibration.measure(comm, topo, segment_bytes=1 << 20, link_probes=((8, 2), (4096, 2)),
-                                   native_probes=((8, 2), (4096, 2))).model
+        return calibration.measure(comm, topo, segment_bytes=1 << 20, plan=plan).model
 
     models = run_ranks(3, body)
     assert all(m == models[0] for m in models)
@@ -106,11 +103,10 @@ def test_every_rank_gets_the_same_corrections(monkeypatch: pytest.MonkeyPatch) -
                for pts in table.values())
 
 
-def test_corrections_survive_a_calibration_file(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_corrections_survive_a_calibration_file(tmp_path: object) -> None:
     from pathlib import Path
 
-    from ddl import cost
-
+    from ddl.reduction import cost
     model = cost.CostModel(links=(cost.SHARED_MEMORY,), corrections=(("shm", ((1 << 20, 0.5),)),))
     path = Path(str(tmp_path)) / "cal.json"
     who = {"world_size": 2, "dims": [2], "hosts": ["h", "h"]}

@@ -1,4 +1,4 @@
-"""ddl.testing.cluster without root: names, host lists, the launcher script, and the skip reason."""
+"""emulation.cluster without root: names, host lists, the launcher script, and the skip reason."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ddl.testing import cluster as cl
-from ddl.testing.cluster import Cluster, ClusterUnavailable
+from emulation import cluster as cl
+from emulation.cluster import Cluster, ClusterUnavailable
 
 
 def test_cluster_names_fit_interfaces_and_stay_in_their_range(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ddl.config import Config, JobEnv, job_from_env
+from ddl.base.config import Config, JobEnv, job_from_env
 from ddl.launcher import cli
 from ddl.launcher import mpi as mpi_module
 from ddl.launcher.command import LaunchError, placement
@@ -22,7 +22,7 @@ from ddl.launcher.mpi import (
     mpiexec_candidates,
 )
 from ddl.launcher.slurm import SlurmError, allocation_hosts, expand_hostlist, expand_tasks_per_node
-from ddl.world_check import SingletonWorldError, check_world
+from ddl.runtime.world_check import SingletonWorldError, check_world
 
 # ---------------------------------------------------------------- Slurm variables
 
@@ -206,7 +206,7 @@ def in_subprocess(code: str, env: dict[str, str] | None = None) -> str:
 
 def test_this_environment_uses_its_own_mpiexec() -> None:
     out = in_subprocess(
-        "import sys\nfrom pathlib import Path\nfrom ddl.config import search_path\nfrom ddl.launcher import mpi\n"
+        "import sys\nfrom pathlib import Path\nfrom ddl.base.config import search_path\nfrom ddl.launcher import mpi\n"
         "info = mpi.detect_mpi(python_executable=sys.executable, path=search_path())\n"
         "lib = mpi.load_library()\n"
         "print(info.flavour == lib.flavour, info.library == lib.first_line, Path(lib.path or '/nonexistent').exists(),"
@@ -260,7 +260,7 @@ def test_launcher_version_lines() -> None:
 
 
 def test_transport_warnings() -> None:
-    from ddl.doctor import transport_warnings
+    from ddl.tools.doctor import transport_warnings
 
     ucx = {"flavour": "mpich", "library_version": "MPICH Device: ch4:ucx ofi"}
     assert "UCX_TLS=tcp" in transport_warnings(**ucx, host_count=2, variables={}, shared_kernel=True)[0]
@@ -272,7 +272,7 @@ def test_transport_warnings() -> None:
 
 
 def test_doctor_reports_this_environment() -> None:
-    out = in_subprocess("from ddl.cli import main; raise SystemExit(main(['doctor', '-H', 'a:2,b:2']))")
+    out = in_subprocess("from ddl.tools.cli import main; raise SystemExit(main(['doctor', '-H', 'a:2,b:2']))")
     library = in_subprocess("from ddl.launcher import mpi; print(mpi.load_library().first_line)").strip()
     assert f"MPI library    {library}" in out
     assert "launcher       " in out and "placement      4 rank(s) on a:2,b:2" in out
@@ -281,9 +281,9 @@ def test_doctor_reports_this_environment() -> None:
 
 def test_doctor_in_an_allocation_plans_its_hosts() -> None:
     env = {**SALLOC, "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "4(x3)"}
-    out = in_subprocess("from ddl.doctor import main; raise SystemExit(main([]))", env)
+    out = in_subprocess("from ddl.tools.doctor import main; raise SystemExit(main([]))", env)
     assert "12 rank(s) on n1:4,n2:4,n3:4" in out and "topology       4x3 " in out
-    out = in_subprocess("from ddl.doctor import main; raise SystemExit(main(['-np', '13']))", env)
+    out = in_subprocess("from ddl.tools.doctor import main; raise SystemExit(main(['-np', '13']))", env)
     assert "problem:       -np 13 exceeds the 12 slots" in out
 
 
@@ -292,8 +292,7 @@ def test_doctor_warns_when_a_wheel_mpi_sits_beside_the_loaded_one(
 ) -> None:
     import importlib.metadata
 
-    from ddl import doctor
-
+    from ddl.tools import doctor
     try:
         importlib.metadata.distribution("mpich")
     except importlib.metadata.PackageNotFoundError:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import ddl
-from ddl.collectives import Collectives as Context
-from ddl.config import Config
+from ddl.base.config import Config
+from ddl.engine.collectives import Collectives as Context
 from ddl.testing import run_engines
 
 ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "auto"]

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from ddl import cost
-from ddl.algorithms import SCHEDULED
-from ddl.config import DEFAULT_SEGMENT_BYTES, LAUNCHER_FLAGS, Config
-from ddl.topology import Topology, build_topology
+from ddl.base.config import DEFAULT_SEGMENT_BYTES, SETTINGS, Config
+from ddl.base.topology import Topology, build_topology
+from ddl.reduction import cost
+from ddl.reduction.algorithms import SCHEDULED
 
 # -- Config ----------------------------------------------------------------------
 
@@ -131,7 +131,7 @@ def test_launcher_flags_map_to_variables_from_env_reads() -> None:
     samples = {"DDL_TOPOLOGY": "2x2", "DDL_ALGORITHM": "ring", "DDL_SEGMENT_BYTES": "77", "DDL_VERBOSE": "1",
                "DDL_TIMELINE": "t.json", "DDL_FUSION_THRESHOLD": "5", "DDL_STALL_TIMEOUT": "9",
                "DDL_CALIBRATION": "off"}
-    for flag, var in LAUNCHER_FLAGS.items():
+    for flag, var in ((s.field, s.env) for s in SETTINGS if s.flag):
         assert var.startswith("DDL_")
         assert flag in {f.name for f in dataclasses.fields(Config)}, flag
         if var not in samples:

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 import ddl
-from ddl import fusion
-from ddl.collectives import Collectives
-from ddl.config import Config
-from ddl.context import Context
-from ddl.engine import Engine
+from ddl.base.config import Config
+from ddl.base.topology import build_topology
+from ddl.engine import fusion
+from ddl.engine.collectives import Collectives
+from ddl.engine.context import Context
+from ddl.engine.engine import Engine
 from ddl.testing import FakeAbort, run_engines, run_ranks
-from ddl.topology import build_topology
 
 ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "auto"]
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import ddl
-from ddl import engine as engine_module
-from ddl import fusion
-from ddl.collectives import Collectives
-from ddl.engine import Engine
-from ddl.fusion import Request
+from ddl.engine import engine as engine_module
+from ddl.engine import fusion
+from ddl.engine.collectives import Collectives
+from ddl.engine.engine import Engine
+from ddl.engine.fusion import Request
 from ddl.testing import run_engines
 
 
@@ -141,16 +141,31 @@ def test_lean_calls_from_two_threads_never_mix() -> None:
     assert run_engines(3, fn) == [[], [], []]
 
 
-def test_the_lean_path_steps_aside_for_half_types_and_compression(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_lean_path_takes_half_types_and_compression_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Half types (summed in float32) and compressed calls run in the caller's one cycle as
+    well, with the bits the queued path gives."""
     made = _count_requests(monkeypatch)
 
-    def fn(c: Collectives) -> None:
+    def fn(c: Collectives) -> list[np.ndarray]:
+        r = c.topology.rank
+        half = np.full(8, 0.5 + r, np.float16)
+        wide = np.linspace(0, 1, 3000, dtype=np.float32) * (r + 1)
+        out = []
         for _ in range(2):  # the second time, the (dtype, op) has passed the checks
-            c.allreduce(np.ones(8, np.float16), op=ddl.Sum)  # accumulates in float32: the queued path
-            c.allreduce(np.ones(8, np.float32), op=ddl.Sum, compression=ddl.Compression.fp16)
+            out.append(c.allreduce(half, op=ddl.Sum))
+            out.append(c.allreduce(wide, op=ddl.Average, compression=ddl.Compression.fp16))
+        out.append(c.allreduce_async(half, op=ddl.Sum, name="q1").wait())
+        out.append(c.allreduce_async(wide, op=ddl.Average, compression=ddl.Compression.fp16, name="q2").wait())
+        return out
 
-    run_engines(2, fn)
-    assert len(made) == 2 * 4
+    results = run_engines(2, fn)
+    for out in results:
+        assert out[0].dtype == np.float16 and out[1].dtype == np.float32
+        np.testing.assert_array_equal(out[0], out[4])  # lean == queued, bit for bit
+        np.testing.assert_array_equal(out[1], out[5])
+        np.testing.assert_array_equal(out[0], np.full(8, 2.0, np.float16))
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    assert set(made) == {"q1", "q2"}  # nothing else was queued
 
 
 @pytest.mark.parametrize("algorithm", [None, "ring", "mpi", "halving_doubling"])
@@ -184,9 +199,9 @@ def test_lean_path_in_compact_mode_runs_without_a_queue(monkeypatch: pytest.Monk
         c.allreduce(np.ones(2), op=ddl.Sum, name="warm-up")
         a = float(c.allreduce(np.ones(2), op=ddl.Sum)[0])
         b = float(c.allreduce(np.full(600, 1.0), op=ddl.Sum)[-1])
-        return a, b, c.engine.compact
+        return a, b, c.engine.exchange.compact
 
-    results = run_engines(17, fn, config=ddl.config.Config(algorithm="ring", segment_bytes=1 << 20))
+    results = run_engines(17, fn, config=ddl.base.config.Config(algorithm="ring", segment_bytes=1 << 20))
     assert results == [(17.0, 17.0, True)] * 17
     assert set(made) <= {"warm-up"}
 
@@ -203,7 +218,7 @@ def test_compact_lean_call_meets_a_rank_with_other_work() -> None:
             b = c.allreduce(np.full(4, 10.0), op=ddl.Sum, name="other")
         return float(a[0]), float(b[0])
 
-    results = run_engines(17, fn, config=ddl.config.Config(algorithm="ring", segment_bytes=1 << 20))
+    results = run_engines(17, fn, config=ddl.base.config.Config(algorithm="ring", segment_bytes=1 << 20))
     assert results == [(17.0, 170.0)] * 17
 
 
@@ -236,7 +251,7 @@ def test_grouped_allreduce_async_is_one_request_per_dtype(monkeypatch: pytest.Mo
 
 def test_grouped_allreduce_of_many_tensors_reduces_one_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
     """256 small tensors: one bucket, whose results are views of it in the input shapes."""
-    from ddl.context import Context
+    from ddl.engine.context import Context
 
     buffers: list[int] = []
     real = Context.allreduce_flat
@@ -270,3 +285,18 @@ def test_grouped_allreduce_refuses_a_non_list_on_every_rank() -> None:
     own, other = run_engines(2, fn)
     assert isinstance(own, TypeError) and "list of arrays" in str(own)
     assert isinstance(other, ddl.RemoteError) and "rank 0" in str(other)
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_scalars_take_the_lean_path(size: int) -> None:
+    """A 0-d array or a numpy scalar (a loss): Sum and Average, as arrays of shape ()."""
+
+    def fn(c: Collectives) -> list[np.ndarray]:
+        r = c.topology.rank
+        return [c.allreduce(np.float64(r + 1), op=op) for op in (ddl.Sum, ddl.Average, ddl.Sum)] + \
+               [c.allreduce(np.array(r + 1.0), op=ddl.Average)]
+
+    want = sum(range(1, size + 1))
+    for out in run_engines(size, fn):
+        assert [o.shape for o in out] == [()] * 4
+        assert [float(o) for o in out] == [want, want / size, want, want / size]

@@ -6,7 +6,7 @@ import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from ddl.config import LAUNCHER_FLAGS, Config
+from ddl.base.config import SETTINGS, Config
 
 ROOT = Path(__file__).resolve().parents[2]
 # Read by scripts/setup-env.sh, not by ddl.
@@ -41,7 +41,7 @@ class _Recorder(Mapping[str, str]):
 def test_only_variables_that_ddl_reads_are_set() -> None:
     env = _Recorder()
     Config.from_env(env)
-    known = env.asked | set(LAUNCHER_FLAGS.values()) | SCRIPT_ONLY
+    known = env.asked | {s.env for s in SETTINGS} | SCRIPT_ONLY
     assert "DDL_CALIBRATION" in known and "DDL_TOPOLOGY" in known
     files = [*ROOT.glob("tests/**/*.py"), *ROOT.glob("examples/**/*.py"), ROOT / "README.md"]
     used = {(m, f.relative_to(ROOT).as_posix()) for f in files for m in re.findall(r"\bDDL_[A-Z0-9_]+", f.read_text())}

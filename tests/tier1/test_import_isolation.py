@@ -88,6 +88,7 @@ def test_import_ddl_loads_nothing_until_used() -> None:
         heavy = sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'mpi4py', 'ml_dtypes'})
         assert not heavy, heavy
         assert callable(ddl.topology) and ddl.__version__
+        assert sorted(ddl.__all__) == sorted(ddl._LAZY)  # the literal names exactly the lazy names
         for name in ddl.__all__:
             assert getattr(ddl, name) is not None, name
         assert set(ddl.__all__) <= set(dir(ddl))
@@ -98,11 +99,16 @@ def test_import_ddl_loads_nothing_until_used() -> None:
         else:
             raise SystemExit("unknown attribute did not raise")
         from ddl import Sum, allreduce  # from-imports resolve lazily too
-        ddl.init()  # loads the submodules ddl.context and ddl.topology: the functions stay
-        import ddl.context
-        from ddl.context import Context
+        ddl.init()  # loads every layer's package: none of them may shadow a public name
+        import ddl.engine.context
+        from ddl.engine.context import Context
         assert ddl.context().topology.size == 1 and ddl.topology().size == 1 and ddl.rank() == 0
         assert isinstance(ddl.context(), Context)
+        import pkgutil, types
+        layers = {m.name for m in pkgutil.iter_modules(ddl.__path__)}
+        assert not layers & set(ddl.__all__), layers & set(ddl.__all__)
+        for name in ddl.__all__:
+            assert not isinstance(getattr(ddl, name), types.ModuleType), name
         print(f"lazy ok {took:.3f}")
         """
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shlex
@@ -15,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from ddl.config import LAUNCHER_FLAGS
 from ddl.launcher import cli
 from ddl.launcher import mpi as mpi_module
 from ddl.launcher.command import (
+    FLAGGED,
     YIELD_VARIABLES,
     Launch,
     LaunchError,
@@ -145,16 +144,29 @@ def test_other_commands_are_kept_as_written(word: str) -> None:
 VALUES: dict[str, Any] = {
     "topology": "2", "algorithm": "ring", "segment_bytes": 4096, "verbose": True,
     "timeline": "trace.json", "fusion_threshold": 0, "stall_timeout": 2.5,
-    "calibration": "calib.json",
+    "calibration": "calib.json", "shm_bytes": 1 << 16, "cycle_time": 5,
 }
+# ddlrun flag (its field) -> the variable it sets, from the settings table.
+LAUNCHER_FLAGS = {field: row.env for field, row in FLAGGED.items()}
 
 
-def test_every_launcher_flag_is_an_option_field_and_a_parser_dest() -> None:
-    fields = {f.name for f in dataclasses.fields(LaunchOptions)}
-    assert set(LAUNCHER_FLAGS) <= fields
+def test_every_launcher_flag_is_an_option_and_a_parser_dest() -> None:
+    for field in LAUNCHER_FLAGS:
+        assert LaunchOptions(np=1, command=("x",), **{field: VALUES[field]}).settings == {field: VALUES[field]}
     dests = set(vars(cli.build_parser().parse_args(["-np", "1", "x"])))
     assert set(LAUNCHER_FLAGS) <= dests
     assert set(VALUES) == set(LAUNCHER_FLAGS)
+
+
+def test_every_setting_that_ranks_agree_on_has_a_flag_and_help_lists_every_algorithm() -> None:
+    from ddl.base.config import SETTINGS
+    from ddl.reduction.algorithms import NAMES
+
+    assert {s.field for s in SETTINGS if s.agreed} <= set(FLAGGED)
+    action = next(a for a in cli.build_parser()._actions if a.dest == "algorithm")
+    assert all(name in str(action.help) for name in NAMES), action.help
+    with pytest.raises(TypeError, match="unknown settings"):
+        LaunchOptions(np=1, command=("x",), hostname="h")
 
 
 @pytest.mark.parametrize("flag", sorted(LAUNCHER_FLAGS))
@@ -162,7 +174,7 @@ def test_each_flag_sets_its_variable(flag: str) -> None:
     result = launch(**{flag: VALUES[flag]})
     expected = "1" if VALUES[flag] is True else str(VALUES[flag])
     assert result.env == {LAUNCHER_FLAGS[flag]: expected}
-    assert any(f"--{flag.replace('_', '-')}" in note for note in result.notes)
+    assert any(str(FLAGGED[flag].flag) in note for note in result.notes)
 
 
 def test_unset_flags_set_nothing_and_keep_the_users_variables() -> None:

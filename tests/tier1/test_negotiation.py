@@ -5,27 +5,28 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ddl import negotiation as neg
-from ddl.config import Config, settings_differences
+from ddl.base.config import Config, settings_differences
+from ddl.engine import codec
+from ddl.engine import negotiation as neg
 
 
 def words_for(headers: list[tuple[int, int, int, int, int]]) -> memoryview:
     """The gathered records of ``headers`` (digest, length, stop, inline, due), one per rank."""
-    buf = np.zeros(len(headers) * neg.RECORD_BYTES, np.uint8)
+    buf = np.zeros(len(headers) * codec.RECORD_BYTES, np.uint8)
     words = memoryview(buf.data).cast("q")
     for q, head in enumerate(headers):
         for i, v in enumerate(head):
-            words[q * neg.STRIDE + i] = v
+            words[q * codec.STRIDE + i] = v
     return words
 
 
 @pytest.mark.parametrize("p", [2, 3, 256, 1024])
 def test_equal_lists_run_and_every_rank_decides_alike(p: int) -> None:
     words = words_for([(77, 3, 0, 0, 0)] * p)
-    verdicts = {neg.decide(words, p, 77, 3) for _ in range(p)}
-    assert verdicts == {neg.Verdict("run", all_stop=False, inline=False)}
+    verdicts = {codec.decide(words, p, 77, 3) for _ in range(p)}
+    assert verdicts == {codec.Verdict("run", all_stop=False, inline=False)}
     inline = words_for([(77, 3, 0, 96, 0)] * p)
-    assert neg.decide(inline, p, 77, 3).inline
+    assert codec.decide(inline, p, 77, 3).inline
 
 
 @pytest.mark.parametrize("p", [3, 300])
@@ -34,29 +35,29 @@ def test_one_rank_ahead_gets_a_prefix_round_and_an_empty_rank_idles(p: int) -> N
     heads[p - 1] = (9, 4, 0, 0, 0)  # the last rank has submitted two more
     words = words_for(heads)
     for mine in ((5, 2), (9, 4)):
-        assert neg.decide(words, p, *mine) == neg.Verdict("prefix", all_stop=False, prefix=2)
+        assert codec.decide(words, p, *mine) == codec.Verdict("prefix", all_stop=False, prefix=2)
     heads[0] = (0, 0, 0, 0, 0)  # a rank with nothing pending: nothing is ready anywhere
-    assert neg.decide(words_for(heads), p, 5, 2).action == "idle"
+    assert codec.decide(words_for(heads), p, 5, 2).action == "idle"
     heads[1] = (5, 2, 0, 0, 1)  # ...unless some rank's stall check is due
-    assert neg.decide(words_for(heads), p, 5, 2).action == "match"
+    assert codec.decide(words_for(heads), p, 5, 2).action == "match"
 
 
 def test_stop_needs_every_rank_and_names_the_ones_still_running() -> None:
     p = 260
     heads = [(0, 0, 1, 0, 0)] * p
-    assert neg.decide(words_for(heads), p, 0, 0).all_stop
+    assert codec.decide(words_for(heads), p, 0, 0).all_stop
     heads[7] = heads[200] = (0, 0, 0, 0, 0)
-    verdict = neg.decide(words_for(heads), p, 0, 0)
+    verdict = codec.decide(words_for(heads), p, 0, 0)
     assert not verdict.all_stop and verdict.waiting_to_stop == "rank(s) [7, 200]"
 
 
 def test_prefix_agreement_is_all_or_nothing() -> None:
     p = 512
     words = words_for([(11, 2, 0, 0, 0)] * p)
-    assert neg.prefix_agreed(words, p, 11, 2)
+    assert codec.all_hold(words, p, 11, 2)
     heads = [(11, 2, 0, 0, 0)] * p
     heads[300] = (12, 2, 0, 0, 0)
-    assert not neg.prefix_agreed(words_for(heads), p, 11, 2)
+    assert not codec.all_hold(words_for(heads), p, 11, 2)
 
 
 def compact_exchange(vectors: list[list[int]]) -> list[int]:
@@ -66,39 +67,39 @@ def compact_exchange(vectors: list[list[int]]) -> list[int]:
 
 @pytest.mark.parametrize("p", [17, 256, 1024])
 def test_compact_exchange_decides_like_the_gathered_one(p: int) -> None:
-    assert neg.compact(p) and not neg.compact(neg.COMPACT_FROM - 1)
-    same = compact_exchange([neg.compact_vector(77, 3, False, False)] * p)
-    assert neg.decide_compact(same, 77, 3) == neg.Verdict("run", all_stop=False)
-    vectors = [neg.compact_vector(5, 2, False, False)] * p
-    vectors[p - 1] = neg.compact_vector(9, 4, False, False)
+    assert codec.compact(p) and not codec.compact(codec.COMPACT_FROM - 1)
+    same = compact_exchange([codec.compact_vector(77, 3, False, False)] * p)
+    assert codec.decide_compact(same, 77, 3) == codec.Verdict("run", all_stop=False)
+    vectors = [codec.compact_vector(5, 2, False, False)] * p
+    vectors[p - 1] = codec.compact_vector(9, 4, False, False)
     v = compact_exchange(vectors)
-    assert neg.decide_compact(v, 5, 2) == neg.decide_compact(v, 9, 4) == neg.Verdict("prefix", False, prefix=2)
-    vectors[0] = neg.compact_vector(0, 0, False, False)
-    assert neg.decide_compact(compact_exchange(vectors), 5, 2).action == "idle"
-    vectors[1] = neg.compact_vector(5, 2, False, True)
-    assert neg.decide_compact(compact_exchange(vectors), 5, 2).action == "match"
-    stops = [neg.compact_vector(0, 0, True, False)] * p
-    assert neg.decide_compact(compact_exchange(stops), 0, 0).all_stop
-    stops[3] = neg.compact_vector(0, 0, False, False)
-    verdict = neg.decide_compact(compact_exchange(stops), 0, 0)
+    assert codec.decide_compact(v, 5, 2) == codec.decide_compact(v, 9, 4) == codec.Verdict("prefix", False, prefix=2)
+    vectors[0] = codec.compact_vector(0, 0, False, False)
+    assert codec.decide_compact(compact_exchange(vectors), 5, 2).action == "idle"
+    vectors[1] = codec.compact_vector(5, 2, False, True)
+    assert codec.decide_compact(compact_exchange(vectors), 5, 2).action == "match"
+    stops = [codec.compact_vector(0, 0, True, False)] * p
+    assert codec.decide_compact(compact_exchange(stops), 0, 0).all_stop
+    stops[3] = codec.compact_vector(0, 0, False, False)
+    verdict = codec.decide_compact(compact_exchange(stops), 0, 0)
     assert not verdict.all_stop and verdict.waiting_to_stop == "some ranks"
     # The prefix round: all-or-nothing, as with gathered records.
-    assert neg.compact_prefix_agreed(compact_exchange([neg.compact_vector(11, 2, False, False)] * p), 11, 2)
-    mixed = [neg.compact_vector(11, 2, False, False)] * p
-    mixed[p // 2] = neg.compact_vector(12, 2, False, False)
-    assert not neg.compact_prefix_agreed(compact_exchange(mixed), 11, 2)
+    assert codec.compact_all_hold(compact_exchange([codec.compact_vector(11, 2, False, False)] * p), 11, 2)
+    mixed = [codec.compact_vector(11, 2, False, False)] * p
+    mixed[p // 2] = codec.compact_vector(12, 2, False, False)
+    assert not codec.compact_all_hold(compact_exchange(mixed), 11, 2)
 
 
-def desc(name: str, shape: tuple[int, ...] = (3,), kind: str = "allreduce") -> tuple[object, ...]:
-    return (kind, name, shape, "float32", "SUM", "auto", "none")
+def desc(name: str, shape: tuple[int, ...] = (3,), kind: str = "allreduce") -> neg.Descriptor:
+    return neg.Descriptor(kind, name, (shape, "float32", "SUM"), "auto", "none")
 
 
 def test_match_pairs_by_name_in_one_order_at_300_ranks() -> None:
     p = 300
     everyone = [[desc("b"), desc("a")] if q % 2 else [desc("a"), desc("b")] for q in range(p)]
     everyone[17].append(desc("late"))
-    everyone[250][0] = desc("a", (4,)) if everyone[250][0][1] == "a" else everyone[250][0]
-    everyone[123] = [d if d[1] != "b" else neg.error_descriptor("b", "allreduce", TypeError("complex64"))
+    everyone[250][0] = desc("a", (4,)) if everyone[250][0].name == "a" else everyone[250][0]
+    everyone[123] = [d if d.name != "b" else neg.error_descriptor("b", "allreduce", TypeError("complex64"))
                      for d in everyone[123]]
     result = neg.match(everyone)
     assert result.ready == []
@@ -117,7 +118,7 @@ def test_match_orders_ready_names_identically_for_every_rank() -> None:
     everyone = [[desc(n) for n in rng.permutation(names)] for _ in range(p)]
     result = neg.match(everyone)
     assert sorted(result.ready) == sorted(names) and not result.failed and not result.missing
-    assert result.ready == [d[1] for d in everyone[0]]  # first rank's order, seen alike by all
+    assert result.ready == [d.name for d in everyone[0]]  # first rank's order, seen alike by all
 
 
 def test_settings_that_change_the_call_sequence_are_compared() -> None:

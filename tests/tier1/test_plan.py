@@ -9,8 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from ddl import calibration, cost, plan
-from ddl.plan_models import ModelSpecError, gradient_sizes, onnx_sizes, parse_sizes, resnet50_sizes
+from ddl.reduction import calibration, cost
+from ddl.reduction.probes import DEFAULT_PLAN, Samples
+from ddl.tools import plan
+from ddl.tools.plan_models import (
+    ModelSpecError,
+    gradient_sizes,
+    onnx_sizes,
+    parse_sizes,
+    resnet50_sizes,
+)
 
 
 @pytest.mark.parametrize(("text", "rate"), [("1gbit", 125e6), ("100Gbit", 12.5e9), ("100Gb/s", 12.5e9),
@@ -98,7 +106,11 @@ def test_buckets_match_ddl_torch() -> None:
     for _ in range(20):
         nbytes = [rng.choice([4, 400, 40_000, 4_000_000]) for _ in range(rng.randint(1, 40))]
         want = torch_buckets.plan_buckets(nbytes, ["f32"] * len(nbytes), first_cap=1 << 20, cap=25 << 20)
-        assert plan.buckets(nbytes, first_cap=1 << 20, cap=25 << 20) == want
+        runs = plan.step_schedule([n // 4 for n in nbytes], 4, plan.plan_topology("2"),
+                                  cost.CostModel(links=(cost.SHARED_MEMORY,)), step=0.1, backward_fraction=0.5,
+                                  first_cap=1 << 20, cap=25 << 20)
+        assert [r.tensors for r in runs] == [len(b) for b in want]
+        assert [r.nbytes for r in runs] == [sum(nbytes[i] for i in b) for b in want]
 
 
 def args_for(*argv: str) -> object:
@@ -176,12 +188,10 @@ def test_unmeasured_mpi_is_priced_as_rabenseifner_for_auto_too() -> None:
 def test_calibration_fits_beta_on_the_messages_the_executor_sends() -> None:
     # 1 MiB messages at 0.15 GB/s, 4 MiB ones at 0.3 GB/s: with 1 MiB segments the
     # executor only ever sends the former, so that is the rate to price.
-    k = len(calibration.LINK_PROBES)
     rate = {8: 1e12, 64 << 10: 0.15e9, 1 << 20: 0.15e9, 4 << 20: 0.3e9}
-    dim = [2e-4 + n / rate[n] for n, _ in calibration.LINK_PROBES]
-    native = [1e-3] * len(calibration.NATIVE_PROBES)
-    assert k == len(dim)
-    seg = calibration.fit([*dim, 1e-10, 3e-4, *native], 1, segment_bytes=1 << 20)
-    whole = calibration.fit([*dim, 1e-10, 3e-4, *native], 1, segment_bytes=0)
+    dim = tuple(2e-4 + n / rate[n] for n, _ in DEFAULT_PLAN.link)
+    samples = Samples(links=(dim,), gamma=1e-10, step=3e-4, native=(1e-3,) * len(DEFAULT_PLAN.native))
+    seg = calibration.fit(samples, segment_bytes=1 << 20)
+    whole = calibration.fit(samples, segment_bytes=0)
     assert 1 / seg.links[0].beta == pytest.approx(0.15e9, rel=1e-3)
     assert 1 / whole.links[0].beta > 0.25e9  # the 4 MiB point pulls an unsegmented fit up

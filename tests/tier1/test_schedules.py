@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from ddl.algorithms import NAMES, SCHEDULED, check_name
-from ddl.schedule import NO_RANGE, Schedule, Step, chunks_of, partition
+from ddl.base.topology import Topology, build_topology, parse_spec
+from ddl.reduction.algorithms import NAMES, SCHEDULED, check_name
+from ddl.reduction.schedule import NO_RANGE, Schedule, Step, chunks_of, partition
 from ddl.testing import ScheduleError, check_algorithm, check_schedules
-from ddl.topology import Topology, build_topology, parse_spec
 
 ALGORITHMS = sorted(SCHEDULED)
 

@@ -9,14 +9,16 @@ import re
 import numpy as np
 import pytest
 
-from ddl import calibration, cost
-from ddl.algorithms import SCHEDULED, check_for
-from ddl.algorithms.shm import why_not_shared
-from ddl.config import Config
-from ddl.context import Context
-from ddl.executor import piece_elems, slot_bytes
-from ddl.ops import ReduceOp
-from ddl.schedule import GroupStep, Schedule, Step, chunks_of, partition
+from ddl.base.config import Config
+from ddl.base.ops import ReduceOp
+from ddl.base.topology import Topology, build_topology, parse_spec
+from ddl.engine.context import Context
+from ddl.reduction import calibration, cost
+from ddl.reduction.probes import DEFAULT_PLAN, ProbePlan, Samples
+from ddl.reduction.algorithms import SCHEDULED, check_for
+from ddl.reduction.algorithms.shm import why_not_shared
+from ddl.reduction.executor import piece_elems, slot_bytes
+from ddl.reduction.schedule import GroupStep, Schedule, Step, chunks_of, partition
 from ddl.testing import (
     FakeComm,
     ScheduleError,
@@ -25,7 +27,6 @@ from ddl.testing import (
     run_engines,
     run_ranks,
 )
-from ddl.topology import Topology, build_topology, parse_spec
 
 SHM = SCHEDULED["shm"]
 
@@ -280,11 +281,11 @@ def test_auto_picks_shm_for_large_messages_when_it_is_cheapest() -> None:
 
 def test_calibration_measures_shm_on_the_fake_and_files_keep_it(tmp_path: object) -> None:
     hosts = ["h"] * 2
-    probes = {"link_probes": ((8, 3), (4096, 3)), "native_probes": ((8, 3), (4096, 3))}
+    plan = ProbePlan(link=((8, 3), (4096, 3)), native=((8, 3), (4096, 3)))
 
     def body(comm: FakeComm) -> cost.CostModel:
         topo = build_topology(comm.rank, hosts)
-        return calibration.measure(comm, topo, segment_bytes=1 << 20, shm_bytes=1 << 16, **probes).model
+        return calibration.measure(comm, topo, segment_bytes=1 << 20, shm_bytes=1 << 16, plan=plan).model
 
     models = run_ranks(2, body, hostnames=hosts)
     assert models[0] == models[1] and models[0].shm_bytes == 1 << 16
@@ -297,12 +298,13 @@ def test_calibration_measures_shm_on_the_fake_and_files_keep_it(tmp_path: object
     assert loaded is not None and loaded.model == models[0]
 
 
-def test_fit_reads_the_shm_samples_at_the_end() -> None:
-    k = len(calibration.LINK_PROBES)
-    native = [1e-4] * len(calibration.NATIVE_PROBES)
-    vec = [1e-5] * k + [2e-10, 2e-5, *native, 7e-6, 3e-11, 1e-10]
-    model = calibration.fit(vec, 1, segment_bytes=4096, shm=True, shm_bytes=1 << 20)
+def test_fit_reads_the_shm_samples() -> None:
+    native = (1e-4,) * len(DEFAULT_PLAN.native)
+    samples = Samples(links=((1e-5,) * len(DEFAULT_PLAN.link),), gamma=2e-10, step=2e-5, native=native,
+                      shm=(7e-6, 3e-11, 1e-10))
+    assert samples.from_vector(samples.vector()) == samples
+    model = calibration.fit(samples, segment_bytes=4096, shm_bytes=1 << 20)
     assert (model.shm_alpha, model.shm_beta, model.shm_beta_large, model.shm_bytes) == (7e-6, 3e-11, 1e-10, 1 << 20)
-    assert [t for _, t in model.native_points] == native
-    plain = calibration.fit(vec[:-3], 1, segment_bytes=4096)
+    assert tuple(t for _, t in model.native_points) == native
+    plain = calibration.fit(dataclasses.replace(samples, shm=()), segment_bytes=4096)
     assert (plain.shm_alpha, plain.shm_beta) == (cost.SHM_ALPHA, cost.SHM_BETA)

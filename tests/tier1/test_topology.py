@@ -9,7 +9,7 @@ import math
 import pytest
 
 from ddl import TopologyError
-from ddl.topology import TopologySpec, build_topology, discover_dims, parse_spec
+from ddl.base.topology import TopologySpec, build_topology, discover_dims, parse_spec
 
 
 @pytest.mark.parametrize(

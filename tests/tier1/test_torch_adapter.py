@@ -106,8 +106,15 @@ def test_pickles_and_keeps_working() -> None:
     assert any(not torch.equal(p, q) for p, q in zip(params, before, strict=True))
     twin = copy.deepcopy(opt)
     assert twin._prefix == f"{opt._prefix}.copy2" and clone._prefix == f"{opt._prefix}.copy1"
+    # Names come from what the optimizer covers (alike on every rank), not a process
+    # counter: the next optimizer over the same model is that model's next one, copies
+    # take no number, and an optimizer over another model leaves this sequence alone.
+    base, _, n = opt._prefix.rpartition(".")
+    lin = torch.nn.Linear(3, 1)
+    other = dt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), named_parameters=lin.named_parameters())
+    assert not other._prefix.startswith(base)
     after = wrapped(model())
-    assert after._prefix == f"ddl.torch.opt{int(opt._prefix.rsplit('opt', 1)[1]) + 1}"  # copies take no number
+    assert after._prefix == f"{base}.{int(n) + 1}" if n.isdigit() else after._prefix == f"{opt._prefix}.1"
 
 
 def test_lr_schedulers_and_isinstance() -> None:
@@ -278,13 +285,18 @@ def test_allreduce_and_allgather_are_differentiable() -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cpu_tensors_reach_the_core_without_a_copy(monkeypatch, dtype) -> None:
     handed = []
-    real = ddl.allreduce_async
 
-    def spy(x, **kw):
-        handed.append(x)
-        return real(x, **kw)
+    def spy_on(name):
+        real = getattr(ddl, name)
 
-    monkeypatch.setattr(ddl, "allreduce_async", spy)
+        def spy(x, **kw):
+            handed.append(x)
+            return real(x, **kw)
+
+        monkeypatch.setattr(ddl, name, spy)
+
+    spy_on("allreduce_async")
+    spy_on("allreduce_")
     x = torch.ones(1000, dtype=dtype)
     dt.allreduce_(x, op=ddl.Sum)
     dt.allreduce_async_(x[10:20], op=ddl.Sum).wait()  # a contiguous view, at an offset

@@ -6,7 +6,7 @@ from typing import NoReturn
 
 import pytest
 
-from ddl.watchdog import StallWatch
+from ddl.engine.watchdog import StallWatch
 
 
 class Aborted(Exception):

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.mpi
 
 
 def ddl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ddl.cli", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "ddl.tools.cli", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def test_bench_allreduce_checks_every_contender_and_reports_fusion(tmp_path: Path) -> None:

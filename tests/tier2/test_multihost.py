@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ddl.testing.cluster import Cluster, ClusterUnavailable, unavailable_reason
+from emulation.cluster import Cluster, ClusterUnavailable, unavailable_reason
 
 WORKER = Path(__file__).parent / "workers" / "worker_hosts.py"
 pytestmark = [pytest.mark.mpi, pytest.mark.multihost]

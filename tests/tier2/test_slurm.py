@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ddl.testing.slurm_cluster import SlurmCluster, missing_tools
+from emulation.slurm_cluster import SlurmCluster, missing_tools
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = Path(__file__).parent / "workers"

@@ -8,6 +8,8 @@ Example:
 
 from __future__ import annotations
 
+from ddl.runtime import process
+from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
 from ddl.tensorflow import (
     Average,
     Compression,
@@ -16,18 +18,13 @@ from ddl.tensorflow import (
     allreduce,
     broadcast,
     broadcast_variables,
-    init,
-    local_rank,
-    local_size,
-    rank,
-    shutdown,
-    size,
 )
 
 from . import callbacks
 from .optimizer import DistributedOptimizer
 
 __all__ = [
+    *process.__all__,
     "Average", "Compression", "DistributedOptimizer", "Sum", "allgather", "allreduce", "broadcast",
-    "broadcast_variables", "callbacks", "init", "local_rank", "local_size", "rank", "shutdown", "size",
+    "broadcast_variables", "callbacks",
 ]

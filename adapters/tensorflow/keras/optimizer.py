@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 import keras
 from keras.src.utils import tracking  # the decorator Keras's own LossScaleOptimizer uses in build()
 
 import tensorflow as tf
-from ddl.compression import as_compressor
-from ddl.ops import ReduceOp
+from ddl.base.ops import ReduceOp
+from ddl.engine.compression import as_compressor
+from ddl.engine.naming import manifest_name
 
 from ..gradients import check_gradient_op, name_for, reduce_gradients
-
-_ids = itertools.count()
 
 
 @keras.saving.register_keras_serializable(package="ddl")
@@ -71,12 +69,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self.sparse_as_dense = bool(sparse_as_dense)
         self._op = check_gradient_op(op)
         self._compression = as_compressor(compression)
-        self._index = next(_ids)
+        self._prefix = ""  # from the variables, at build
 
     @tracking.no_automatic_dependency_tracking  # type: ignore[misc,untyped-decorator]
     def build(self, var_list: list[Any]) -> None:
         """Build the wrapped optimizer (and gradient accumulators when passes > 1)."""
         k = self.backward_passes_per_step
+        self._prefix = manifest_name("ddl.keras", [(tuple(v.shape), str(v.dtype)) for v in var_list])
         self._accumulators = [self.add_variable_from_reference(v, name="ddl_accumulator") for v in var_list] if k > 1 else []
         self._passes = self.add_variable(shape=(), dtype="int", initializer="zeros", aggregation="none",
                                          name="ddl_passes") if k > 1 else None
@@ -109,7 +108,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self._accumulate(grads, tvs)
 
     def _reduce(self, grads: list[Any], tvs: list[Any]) -> list[Any]:
-        out: list[Any] = reduce_gradients(grads, name=name_for(tvs, f"ddl.keras.{self._index}"), op=self._op,
+        out: list[Any] = reduce_gradients(grads, name=name_for(tvs, self._prefix), op=self._op,
                                           compression=self._compression, sparse_as_dense=self.sparse_as_dense)
         return out
 

@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 
 import ddl
-from ddl import cost
-from ddl.algorithms import SCHEDULED
+from ddl.reduction import cost
+from ddl.reduction.algorithms import SCHEDULED
 
 ddl.init()
 ctx = ddl.context()

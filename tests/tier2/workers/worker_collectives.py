@@ -10,8 +10,8 @@ import sys
 import numpy as np
 
 import ddl
-from ddl.algorithms import SCHEDULED
-from ddl.dtypes import BFLOAT16
+from ddl.base.dtypes import BFLOAT16
+from ddl.reduction.algorithms import SCHEDULED
 
 ddl.init()
 r, p = ddl.rank(), ddl.size()

@@ -1,7 +1,7 @@
 """Tier-2 worker on emulated hosts: discovery, every algorithm across the links, or a loop.
 
 Run by tests/tier2/test_multihost.py under ``ddlrun -H``/``--hostfile`` in
-``ddl.testing.cluster``. ``check``: every algorithm, exact and bit-identical on every
+``emulation.cluster``. ``check``: every algorithm, exact and bit-identical on every
 rank, and prints the payload bytes reduced (the test compares them with the veth
 counters). ``small``: discovery and one 1 MiB allreduce. ``loop``: allreduces until
 killed. A failed check raises, and ddl's abort hook ends the whole job.

@@ -37,12 +37,12 @@ if mode == "settings":
     raise AssertionError("different settings were accepted")
 
 if mode == "init-fails":
-    import ddl.runtime
+    import ddl.runtime.lifecycle
 
     def broken(*args, **kwargs):
         raise RuntimeError("calibration probe failed")
 
-    ddl.runtime.calibrate = broken
+    ddl.runtime.lifecycle.calibrate = broken
     with contextlib.suppress(RuntimeError):
         ddl.init()
     start = time.monotonic()
@@ -94,8 +94,7 @@ if mode == "refuse":
 
 elif mode == "cycle-error":
     if r == 1:
-        from ddl import fusion
-
+        from ddl.engine import fusion
         real = fusion.execute
 
         def flaky(ctx, ready, *args):

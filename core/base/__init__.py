@@ -1,0 +1,1 @@
+"""base: the vocabulary every layer shares: errors, reduction ops, dtypes, topology, settings."""

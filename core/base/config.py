@@ -1,0 +1,211 @@
+"""Runtime configuration: the frozen :class:`Config`, read from ``DDL_*`` environment variables.
+
+This is the only module that reads ``os.environ``. :class:`Config`'s fields are the
+settings table (:mod:`ddl.base.settings`): each declares its variable, default, parser,
+``ddlrun`` flag and whether ranks must agree on it. What Slurm and MPI launchers tell a
+process about its job (``SLURM_*``, ``PMI_*``) is read here too, by :func:`job_from_env`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+
+from ddl.base.settings import (
+    Setting,
+    boolean,
+    on_off_or_path,
+    positive,
+    setting,
+    table,
+    text,
+    whole,
+)
+
+DEFAULT_SEGMENT_BYTES = 1 << 20
+DEFAULT_FUSION_BYTES = 64 << 20
+DEFAULT_SHM_BYTES = 8 << 20
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """Settings fixed at ``ddl.init()``; each field is a row of the settings table."""
+
+    topology: str | None = setting(
+        "DDL_TOPOLOGY", None, text, "multi-ring dims, innermost first, e.g. 4x16 (4 ranks per host x 16 hosts); "
+        "unset: discovered from the hosts", flag="--topology", agreed=True, metavar="DIMS")
+    algorithm: str = setting(
+        "DDL_ALGORITHM", "auto", text, "default allreduce algorithm: {algorithms}", flag="--algorithm",
+        agreed=True, metavar="NAME")
+    segment_bytes: int = setting(
+        "DDL_SEGMENT_BYTES", DEFAULT_SEGMENT_BYTES, whole(1, DEFAULT_SEGMENT_BYTES),
+        "largest single message of a scheduled algorithm (bounds each rank's scratch buffer)",
+        flag="--segment-bytes", agreed=True, metavar="BYTES", unit="bytes")
+    fusion_threshold: int = setting(
+        "DDL_FUSION_THRESHOLD", DEFAULT_FUSION_BYTES, whole(0, DEFAULT_FUSION_BYTES),
+        "largest fused allreduce buffer (0: no fusion)", flag="--fusion-threshold", agreed=True,
+        metavar="BYTES", unit="bytes")
+    shm_bytes: int = setting(
+        "DDL_SHM_BYTES", DEFAULT_SHM_BYTES, whole(4096, DEFAULT_SHM_BYTES),
+        "largest shared-memory slot per rank for the shm algorithm; longer buffers go through it in pieces",
+        flag="--shm-bytes", agreed=True, metavar="BYTES", unit="bytes")
+    calibration: str | None = setting(
+        "DDL_CALIBRATION", None, on_off_or_path,
+        "cost model behind auto: measured at init (unset or 'on'), 'off' for fixed constants, or a file "
+        "to reuse (written when missing or stale)", flag="--calibration", agreed=True,
+        agree_as=lambda v: "off" if v == "off" else "on", metavar="FILE|on|off")
+    stall_timeout: float = setting(
+        "DDL_STALL_TIMEOUT", 60.0, positive(60.0),
+        "seconds a tensor may be missing on some ranks before the job aborts (a warning at half of it)",
+        flag="--stall-timeout", metavar="SECONDS", unit="seconds")
+    cycle_time: float = setting(
+        "DDL_CYCLE_TIME_MS", 0.002, positive(2.0, 1e-3),
+        "milliseconds the engine waits to batch submissions before a cycle", flag="--cycle-time-ms",
+        metavar="MS", unit="ms")
+    timeline: str | None = setting(
+        "DDL_TIMELINE", None, text, "write a Chrome-trace JSON of every collective (rank 0)",
+        flag="--timeline", metavar="FILE")
+    verbose: bool = setting(
+        "DDL_VERBOSE", False, boolean, "print the topology, algorithms and cost model on rank 0",
+        flag="--verbose", metavar="", unit="bool")
+    abort_on_exception: bool = setting(
+        "DDL_ABORT_ON_EXCEPTION", True, boolean,
+        "an uncaught exception on one rank aborts the whole job (so no rank waits forever)", unit="bool")
+    hostname: str | None = setting(
+        "DDL_HOSTNAME", None, text, "the host name that groups ranks into hosts (containers that share one, tests)")
+    allow_singletons: bool = setting(
+        "DDL_ALLOW_SINGLETONS", False, boolean,
+        "let a Slurm step of several tasks run as independent one-rank worlds (srun --mpi=none sweeps)",
+        unit="bool")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Config:
+        """Read the configuration from ``env`` (default: the process environment).
+
+        Raises:
+            SettingError: a variable holds a value of the wrong form; the message names it.
+        """
+        env = os.environ if env is None else env
+        return cls(**{s.field: s.read(env) for s in SETTINGS})
+
+    def sequence_settings(self, *, topology: str | None, version: str) -> dict[str, str]:
+        """The settings that change which MPI calls a rank makes, and in what order.
+
+        Ranks must agree on every one of them (``init`` compares them): a rank that
+        fuses differently, cuts other segments, calibrates when another does not, or
+        runs another ddl version would wait forever in a call the others never make.
+        ``topology`` is the spec ``init`` uses (its argument wins over the variable).
+        """
+        out = {"ddl version": version}
+        for s in SETTINGS:
+            if s.agreed:
+                value = topology if s.field == "topology" else getattr(self, s.field)
+                out[s.env] = s.agreed_text(value)
+        return out
+
+
+#: The settings table, in declaration order.
+SETTINGS: tuple[Setting, ...] = table(Config)
+#: Rows by :class:`Config` field name.
+BY_FIELD: dict[str, Setting] = {s.field: s for s in SETTINGS}
+
+
+def settings_differences(per_rank: list[dict[str, str]]) -> list[str]:
+    """'DDL_FUSION_THRESHOLD: rank 0: 67108864; rank 1: 0' for each differing setting."""
+    out = []
+    for key in per_rank[0]:
+        groups: dict[str, list[int]] = {}
+        for rank, settings in enumerate(per_rank):
+            groups.setdefault(settings.get(key, "(missing)"), []).append(rank)
+        if len(groups) > 1:
+            parts = [f"rank{'s' if len(r) > 1 else ''} {','.join(map(str, r[:8]))}{'...' if len(r) > 8 else ''}: {v}"
+                     for v, r in groups.items()]
+            out.append(f"{key}: " + "; ".join(parts))
+    return out
+
+
+#: Variables an MPI launcher sets in each rank it starts (hydra and Slurm's PMI-1/2,
+#: Open MPI, PMIx): their presence means the process was started as an MPI rank.
+MPI_RANK_VARIABLES: tuple[str, ...] = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobEnv:
+    """What the scheduler and the MPI launcher tell this process about its job.
+
+    Attributes:
+        slurm_job_id: ``SLURM_JOB_ID``; None outside a Slurm allocation.
+        slurm_nodelist: ``SLURM_JOB_NODELIST`` in Slurm's compressed form (``h[1-2]``).
+        slurm_tasks_per_node: ``SLURM_TASKS_PER_NODE`` (``2(x2)``), or None when the
+            allocation was made without a task count.
+        slurm_ntasks: ``SLURM_NTASKS`` (the job's, or inside ``srun`` the step's).
+        slurm_step_tasks: ``SLURM_STEP_NUM_TASKS``, set only in tasks ``srun`` started.
+        slurm_procid: ``SLURM_PROCID`` (this task's index in its step).
+        mpi_launched: one of :data:`MPI_RANK_VARIABLES` is set.
+    """
+
+    slurm_job_id: str | None = None
+    slurm_nodelist: str | None = None
+    slurm_tasks_per_node: str | None = None
+    slurm_ntasks: int | None = None
+    slurm_step_tasks: int | None = None
+    slurm_procid: int | None = None
+    mpi_launched: bool = False
+
+    @property
+    def in_slurm(self) -> bool:
+        return self.slurm_job_id is not None
+
+
+def job_from_env(env: Mapping[str, str] | None = None) -> JobEnv:
+    """Read :class:`JobEnv` from ``env`` (default: the process environment).
+
+    Malformed counts read as unknown (None): they come from the scheduler, not the user,
+    and the checks that use them only refuse on a clear signal.
+
+    Example:
+        >>> job_from_env({"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4"}).slurm_ntasks
+        4
+    """
+    env = os.environ if env is None else env
+    return JobEnv(
+        slurm_job_id=_str(env, "SLURM_JOB_ID") or _str(env, "SLURM_JOBID"),
+        slurm_nodelist=_str(env, "SLURM_JOB_NODELIST") or _str(env, "SLURM_NODELIST"),
+        slurm_tasks_per_node=_str(env, "SLURM_TASKS_PER_NODE"),
+        slurm_ntasks=_count(env, "SLURM_NTASKS") or _count(env, "SLURM_NPROCS"),
+        slurm_step_tasks=_count(env, "SLURM_STEP_NUM_TASKS"),
+        slurm_procid=_count(env, "SLURM_PROCID", minimum=0),
+        mpi_launched=any(_str(env, name) is not None for name in MPI_RANK_VARIABLES),
+    )
+
+
+#: Prefixes of the variables that steer how MPI moves data (shown by ``ddl doctor``).
+TRANSPORT_PREFIXES: tuple[str, ...] = ("UCX_", "FI_", "OMPI_MCA_", "MPIR_CVAR_", "MPICH_", "I_MPI_")
+
+
+def transport_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The set variables that choose MPI's transports (``UCX_TLS``, ``FI_PROVIDER``, ...), sorted.
+
+    Example:
+        >>> transport_env({"UCX_TLS": "tcp", "HOME": "/root"})
+        {'UCX_TLS': 'tcp'}
+    """
+    env = os.environ if env is None else env
+    return {name: env[name] for name in sorted(env) if name.startswith(TRANSPORT_PREFIXES)}
+
+
+def search_path(env: Mapping[str, str] | None = None) -> list[str]:
+    """The folders of ``PATH``, where the launcher looks for mpiexec last."""
+    env = os.environ if env is None else env
+    return [entry for entry in env.get("PATH", "").split(os.pathsep) if entry]
+
+
+def _str(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(name, "").strip()
+    return value or None
+
+
+def _count(env: Mapping[str, str], name: str, *, minimum: int = 1) -> int | None:
+    raw = env.get(name, "").strip()
+    return int(raw) if raw.isdigit() and int(raw) >= minimum else None

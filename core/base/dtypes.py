@@ -1,0 +1,88 @@
+"""The element types ddl reduces, and checks that give clear errors for the rest.
+
+bfloat16 comes from the optional ``ml_dtypes`` package, loaded on first need (it costs
+most of ``import ddl`` otherwise): a bfloat16 array can only exist once something has
+imported it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ddl.base.ops import ReduceOp
+
+_BASE = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8))
+_FLOAT32 = np.dtype(np.float32)
+_UNSET: Any = object()
+_bfloat16: np.dtype | None = _UNSET
+
+
+def bfloat16() -> np.dtype | None:
+    """numpy's bfloat16 dtype from ml_dtypes, or None where that package is missing."""
+    global _bfloat16
+    if _bfloat16 is _UNSET:
+        try:
+            import ml_dtypes
+
+            _bfloat16 = np.dtype(ml_dtypes.bfloat16)
+        except ImportError:  # pragma: no cover - depends on the environment
+            _bfloat16 = None
+    return _bfloat16
+
+
+def supported() -> tuple[np.dtype, ...]:
+    """Every dtype ddl reduces (bfloat16 where ml_dtypes is installed)."""
+    bf16 = bfloat16()
+    return _BASE + ((bf16,) if bf16 is not None else ())
+
+
+def __getattr__(name: str) -> Any:
+    # BFLOAT16 as a module constant, resolved (and ml_dtypes loaded) on first use.
+    if name == "BFLOAT16":
+        return bfloat16()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _is_bfloat16(dtype: np.dtype) -> bool:
+    return dtype.name == "bfloat16" and dtype == bfloat16()
+
+
+def is_floating(dtype: np.dtype) -> bool:
+    """True for float16/32/64 and bfloat16."""
+    return dtype.kind == "f" or _is_bfloat16(dtype)
+
+
+def check_dtype(dtype: np.dtype, *, what: str = "array") -> np.dtype:
+    """Return ``dtype`` if ddl can reduce it.
+
+    Raises:
+        TypeError: the dtype is not one of :func:`supported`.
+    """
+    dtype = np.dtype(dtype)
+    if dtype in _BASE or _is_bfloat16(dtype):
+        return dtype
+    names = ", ".join(str(d) for d in supported())
+    hint = "" if bfloat16() is not None else " (bfloat16 needs the ml_dtypes package)"
+    raise TypeError(f"{what} has dtype {dtype}, which ddl does not reduce; use one of {names}{hint}")
+
+
+def check_op_for_dtype(op: ReduceOp, dtype: np.dtype) -> None:
+    """Refuse ``Average`` on integers, whose division would truncate silently.
+
+    Raises:
+        TypeError: ``op`` is Average and ``dtype`` is an integer type.
+    """
+    if op is ReduceOp.AVERAGE and not is_floating(dtype):
+        raise TypeError(
+            f"ddl.Average on an integer array ({dtype}) would truncate; "
+            "use op=ddl.Sum and divide yourself, or cast to a float type first"
+        )
+
+
+def accumulator(dtype: np.dtype) -> np.dtype:
+    """The dtype a reduction of ``dtype`` accumulates in: float32 for the half types
+    (float16, bfloat16), so sums neither lose bits with the tensor's size nor overflow
+    before an Average divides; ``dtype`` itself otherwise."""
+    return _FLOAT32 if dtype.itemsize == 2 and is_floating(dtype) else dtype

@@ -1,0 +1,106 @@
+"""Gradient compression as hook objects: what travels, how a bucket is packed into it and unpacked.
+
+Every allreduce bucket goes through one :class:`Compressor` (``Compression.none``
+included) in one place, :mod:`ddl.engine.fusion`, whichever algorithm then moves it:
+:meth:`Compressor.compress` packs the bucket's tensors into one buffer of the wire dtype
+(divided by the world size first for an Average, so a float16 sum of p gradients cannot overflow where the
+float32 one would not), the algorithm reduces that buffer, and
+:meth:`Compressor.decompress` gives each tensor back in its own dtype. The shape follows
+PyTorch DDP's communication hooks; :meth:`Compressor.wire_dtype` is the real wire size,
+which the cost model prices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import numpy as np
+
+from ddl.base.dtypes import accumulator, bfloat16, is_floating
+
+_WIRES = {"none": lambda: None, "fp16": lambda: np.dtype(np.float16), "bf16": bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class Compressor:
+    """Sends floating-point data as its ``wire`` dtype (None: uncompressed). Integers pass as they are."""
+
+    name: str
+
+    @property
+    def wire(self) -> np.dtype | None:
+        """The compressed dtype (bf16's comes from ml_dtypes, loaded on first use); None for ``none``."""
+        return _WIRES[self.name]()
+
+    def wire_dtype(self, dtype: np.dtype) -> np.dtype:
+        """The dtype a bucket of ``dtype`` is sent and reduced in.
+
+        Uncompressed, the engine's one numeric rule: half types accumulate in float32
+        (:func:`~ddl.base.dtypes.accumulator`). Compressed, floats wider than the wire
+        type travel as it (partial sums rounded to it at each hop, each addition done in
+        float32 by numpy); narrower floats and integers travel as they are.
+        """
+        wire = self.wire
+        if wire is None:
+            return accumulator(dtype)
+        if not is_floating(dtype) or dtype.itemsize <= wire.itemsize:
+            return dtype
+        return wire
+
+    def compresses(self, dtype: np.dtype) -> bool:
+        """Whether ``dtype`` travels narrower than it would uncompressed."""
+        return self.wire is not None and self.wire_dtype(dtype).itemsize < accumulator(dtype).itemsize
+
+    def compress(self, arrays: Sequence[np.ndarray], out: np.ndarray, *, divisor: int | None = None) -> None:
+        """Pack ``arrays`` (flattened, in order) into ``out`` (of the wire dtype), each
+        divided by ``divisor`` first where given (in its own precision, before the cast)."""
+        if divisor is None:  # one C loop over every tensor, not one numpy call each
+            np.concatenate([a.reshape(-1) for a in arrays], out=out, casting="unsafe")
+            return
+        offset = 0
+        for a in arrays:
+            n = a.size
+            np.divide(a.reshape(-1), divisor, out=out[offset : offset + n], casting="unsafe")
+            offset += n
+
+    def decompress(self, part: np.ndarray, dtype: np.dtype) -> np.ndarray:
+        """One tensor's reduced values back in its own ``dtype`` (a view when they match)."""
+        return part if part.dtype == dtype else part.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"ddl.Compression.{self.name}"
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        # Unpickle to the shared instance, so `is ddl.Compression.fp16` still holds.
+        return as_compressor, (self.name,)
+
+
+class Compression:
+    """The compressors: ``none``, ``fp16`` and (with ml_dtypes) ``bf16``.
+
+    With ``op=ddl.Average`` each rank divides by the world size *before* casting down,
+    so a float16 sum of p realistic gradients cannot overflow where the float32 one
+    would not.
+    """
+
+    none = Compressor("none")
+    fp16 = Compressor("fp16")
+    bf16 = Compressor("bf16")
+
+
+def as_compressor(value: object) -> Compressor:
+    """Accept a :class:`Compressor`, None, or a name such as ``"fp16"``.
+
+    Raises:
+        ValueError: unknown compression, or bf16 without ml_dtypes.
+    """
+    if value is None:
+        return Compression.none
+    if isinstance(value, str) and value in ("none", "fp16", "bf16"):
+        value = getattr(Compression, value)
+    if isinstance(value, Compressor):
+        if value.name == "bf16" and bfloat16() is None:
+            raise ValueError("bf16 compression needs the ml_dtypes package: pip install ml_dtypes")
+        return value
+    raise ValueError(f"unknown compression {value!r}; use ddl.Compression.none, .fp16 or .bf16")

@@ -1,0 +1,132 @@
+"""The data movement of each collective on numpy arrays, for one communicator and topology.
+
+The engine calls these after the ranks have agreed on the call (names, shapes, dtypes,
+ops matched in :mod:`ddl.engine.negotiation`), with inputs already checked by
+:mod:`ddl.engine.collectives`; they only move contiguous bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ddl.base import dtypes
+from ddl.base.config import Config
+from ddl.base.ops import ReduceOp
+from ddl.base.topology import Topology
+from ddl.reduction import algorithms, cost
+from ddl.reduction.calibration import Calibration
+from ddl.reduction.executor import run_schedule
+from ddl.reduction.schedule import Schedule
+from ddl.wire.comm import Comm
+
+
+@functools.lru_cache(maxsize=1024)
+def _compiled(algorithm: str, topology: Topology, count: int) -> Schedule:
+    return algorithms.SCHEDULED[algorithm].compile(topology, topology.rank, count)
+
+
+@functools.lru_cache(maxsize=256)
+def _reduce_scatter(topology: Topology, bounds: tuple[int, ...]) -> Schedule:
+    return algorithms.REDUCE_SCATTER.compile_reduce_scatter(topology, topology.rank, bounds)
+
+
+class Context:
+    """Collectives for one rank: ``comm`` + ``topology`` + ``config``."""
+
+    def __init__(
+        self, comm: Comm, topology: Topology, config: Config, model: cost.CostModel | None = None,
+    ) -> None:
+        self.comm = comm
+        self.topology = topology
+        self.config = config
+        self.model = model or dataclasses.replace(cost.default_model(topology), segment_bytes=config.segment_bytes,
+                                                  shm_bytes=config.shm_bytes)
+        #: How ``model`` was obtained (set by ``ddl.init``); None for a hand-built context.
+        self.calibration: Calibration | None = None
+        algorithms.check_for(config.algorithm, topology)
+
+    # -- allreduce -------------------------------------------------------------
+    def resolve_algorithm(self, algorithm: str | None, count: int, itemsize: int) -> str:
+        """The concrete algorithm for a message (``auto`` priced by the cost model)."""
+        name = algorithms.check_name(algorithm or self.config.algorithm)  # applicability: checked at submission
+        if name == "auto":
+            name = cost.choose(self.topology, count, itemsize, self.model)
+        return name
+
+    def allreduce_flat(
+        self, buf: np.ndarray, op: ReduceOp, algorithm: str,
+        on_phase: Callable[[tuple[str, float, float]], None] | None = None,
+    ) -> None:
+        """Allreduce the 1-D contiguous ``buf`` in place with a resolved algorithm."""
+        if self.topology.size > 1 and buf.size:
+            if algorithm == "mpi":
+                start = time.perf_counter()
+                self.comm.allreduce_native(buf, op)  # half types travel as themselves
+                if on_phase is not None:
+                    on_phase(("mpi allreduce", start, time.perf_counter()))
+            else:
+                seg = max(1, self.config.segment_bytes // buf.itemsize)
+                schedule = _compiled(algorithm, self.topology, buf.size)
+                run_schedule(self.comm, schedule, buf, op, segment_elems=seg, shm_bytes=self.config.shm_bytes,
+                             on_phase=on_phase)
+        if op is ReduceOp.AVERAGE and buf.size:
+            np.divide(buf, self.topology.size, out=buf)
+
+    # -- gather / scatter / broadcast --------------------------------------------
+    def allgather(self, arr: np.ndarray) -> np.ndarray:
+        """Concatenate every rank's ``arr`` along axis 0 (first dims may differ)."""
+        arr = np.ascontiguousarray(arr)
+        rows = [int(r) for r in self.comm.allgather_object(arr.shape[0])] if self.topology.size > 1 else [arr.shape[0]]
+        row_bytes = arr.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
+        out = np.empty((sum(rows), *arr.shape[1:]), dtype=arr.dtype)
+        if self.topology.size == 1:
+            out[...] = arr
+        else:
+            self.comm.allgatherv_buffer(arr, out, [r * row_bytes for r in rows])
+        return out
+
+    def broadcast(self, arr: np.ndarray, *, root_rank: int = 0, inplace: bool = False) -> np.ndarray:
+        """Every rank gets ``root_rank``'s ``arr`` (same shape and dtype everywhere)."""
+        target = arr if inplace and arr.flags.c_contiguous else np.array(arr, copy=True, order="C")
+        if self.topology.size > 1 and target.size:
+            self.comm.bcast_buffer(target, root_rank)
+        if inplace and target is not arr:
+            arr[...] = target
+            return arr
+        return target
+
+    def reducescatter(self, arr: np.ndarray, *, op: ReduceOp) -> np.ndarray:
+        """Reduce ``arr`` over ranks and give rank r its rows of axis 0 (first ranks get
+        extra rows); half types accumulate in float32 as allreduce does."""
+        p, n = self.topology.size, arr.shape[0]
+        rows = [n // p + (1 if r < n % p else 0) for r in range(p)]
+        row = int(np.prod(arr.shape[1:], dtype=np.int64))
+        bounds = tuple(int(b) * row for b in np.concatenate([[0], np.cumsum(rows)]))
+        flat = np.array(arr, dtype=dtypes.accumulator(arr.dtype), copy=True, order="C").reshape(-1)
+        if p > 1 and flat.size:
+            seg = max(1, self.config.segment_bytes // flat.itemsize)
+            schedule = _reduce_scatter(self.topology, bounds)
+            run_schedule(self.comm, schedule, flat, op, segment_elems=seg)
+        lo, hi = bounds[self.topology.rank], bounds[self.topology.rank + 1]
+        mine: np.ndarray = flat[lo:hi].reshape((rows[self.topology.rank], *arr.shape[1:]))
+        if op is ReduceOp.AVERAGE:
+            np.divide(mine, p, out=mine)
+        return mine.astype(arr.dtype)  # a copy: the rest of the buffer can go
+
+    def broadcast_bytes(self, data: bytes | None, *, root_rank: int = 0) -> bytes:
+        """Every rank gets ``root_rank``'s ``data`` (already pickled by the caller)."""
+        return data if self.topology.size == 1 else self.comm.bcast_object(data, root_rank)  # type: ignore[return-value]
+
+    def allgather_bytes(self, data: bytes) -> list[bytes]:
+        """Every rank's ``data``, by rank."""
+        return [data] if self.topology.size == 1 else self.comm.allgather_object(data)
+
+    def barrier(self) -> None:
+        """Return once every rank has called ``barrier``."""
+        if self.topology.size > 1:
+            self.comm.barrier()

@@ -1,0 +1,443 @@
+"""The engine: one lockstep sequence of *cycles* per rank owns every MPI call after ``init``.
+
+THE CONTRACT: every rank issues the same sequence of MPI calls, whichever thread runs
+a cycle. Everything here serves it:
+
+- *One baton*: cycles run under one lock, so a rank's MPI calls never interleave; a
+  caller that waits on a handle runs cycles itself when the baton is free (no thread
+  hand-off on the critical path), the background thread runs them otherwise.
+- *Agree before you act*: a cycle's work is decided from the exchanged words alone
+  (:mod:`ddl.engine.codec`, one codec for both exchange modes), so every rank decides alike. Argument errors travel as
+  requests too (see :mod:`ddl.engine.collectives`): a call one rank refused is cancelled on
+  every rank, with a :class:`~ddl.base.errors.RemoteError` naming that rank.
+- *Fail together*: an exception inside a cycle (after the ranks agreed to run
+  something) leaves the others inside a collective this rank will never finish, so it
+  aborts the job with its message instead of returning to a caller who might catch it.
+- *Names are per thread* (:mod:`ddl.engine.naming`); settings that change the call sequence
+  are compared at ``init`` (:mod:`ddl.base.config`).
+- *One cycle, whoever runs it*: a synchronous call with nothing pending runs, in its
+  caller, the very cycle the queue would run with it alone pending
+  (:meth:`Engine.run_alone`), and falls back to the queue's verdict when the others
+  hold something else; the timeline records it like any other.
+- *Shutdown* agrees with every rank to stop and returns only when this engine's
+  thread has ended, so the communicator is never freed under it.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import NoReturn
+
+import numpy as np
+
+from ddl.base.dtypes import accumulator
+from ddl.base.errors import DDLError, MismatchError, RemoteError
+from ddl.engine import fusion, negotiation
+from ddl.engine.codec import Exchange, Verdict
+from ddl.engine.context import Context
+from ddl.engine.fusion import Request
+from ddl.engine.handle import Handle
+from ddl.engine.naming import ThreadNamer
+from ddl.engine.negotiation import Descriptor
+from ddl.engine.timeline import Timeline
+from ddl.engine.watchdog import StallWatch
+
+__all__ = ["Engine", "Request"]
+
+_IDLE_MAX = 0.02  # seconds between idle cycles once nothing has been pending for a while
+
+
+class Engine:
+    """Cycles of negotiation and execution of collectives for one :class:`Context`."""
+
+    def __init__(
+        self, ctx: Context, *, fusion_threshold: int, stall_timeout: float,
+        cycle_time: float = 0.002, timeline: Timeline | None = None, start: bool = True,
+    ) -> None:
+        """``start=False``: the thread waits for :meth:`start_cycles` (init probes first)."""
+        self.ctx = ctx
+        self.fusion_threshold = fusion_threshold
+        self.cycle_time = cycle_time
+        self.timeline = timeline
+        self.names = ThreadNamer()
+        p = ctx.topology.size
+        self.watch = StallWatch(ctx.topology.rank, p, stall_timeout, self._abort_job)
+        self._pending: list[Request] = []
+        self._in_flight: set[str] = set()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._baton = threading.Lock()
+        self._digests: dict[Descriptor, int] = {}
+        self._lean_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, list[np.ndarray]]] = {}
+        self._stop = False
+        self._finished = False
+        self._last_submit = 0.0
+        self._long_sleep = False
+        self._last_cycle = 0.0
+        self._failure: BaseException | None = None
+        self.exchange = Exchange(ctx.comm)
+        self.cycles = 0
+        self.slow_cycles = 0
+        self.inline_cycles = 0
+        self._started = threading.Event()
+        if start:
+            self._started.set()
+        self._thread: threading.Thread | None = None
+        if p > 1:
+            self._thread = threading.Thread(target=self._loop, name="ddl-engine", daemon=True)
+            self._thread.start()
+
+    # -- submission (any thread) ---------------------------------------------------
+    def submit(self, req: Request, *, wake: bool = True) -> Handle:
+        """Queue ``req``; at world size 1 it runs at once in the caller.
+
+        ``wake=False``: the caller waits on the handle at once (and so runs the cycle).
+
+        Raises:
+            DDLError: the engine stopped after an error, or is shutting down.
+            ValueError: a request of the same name is still in flight on this rank.
+        """
+        if self._failure is not None:
+            raise DDLError(f"the ddl engine has stopped after an error: {self._failure}")
+        req.submitted = now = time.perf_counter()
+        req.digest = self._digest(req.descriptor)
+        if self._thread is None:
+            self._execute([req])
+            return req.handle
+        req.handle._waiter = self
+        with self._lock:
+            if self._stop:
+                raise DDLError("ddl is shutting down; no new collectives are accepted")
+            if req.name in self._in_flight:
+                raise ValueError(
+                    f"a collective named {req.name!r} is already in flight; wait for it or use another name"
+                )
+            self._in_flight.add(req.name)
+            self._pending.append(req)
+            self._last_submit = now
+            if wake and self._long_sleep:
+                self._wake.notify()  # only then: waking it for every submission costs the caller
+        return req.handle
+
+    def _digest(self, descriptor: Descriptor) -> int:
+        # Training repeats the same descriptors every step: hash each one once.
+        d = self._digests.get(descriptor)
+        if d is None:
+            d = negotiation.digest(descriptor)
+            if descriptor.name[0] != "#":  # unnamed ones never repeat
+                if len(self._digests) > 65536:
+                    self._digests.clear()
+                self._digests[descriptor] = d
+        return d
+
+    def wait_for(self, handle: Handle, timeout: float | None) -> bool:
+        """Block until ``handle`` is done, running cycles here while nobody else does.
+
+        Waiting on the baton itself (not on a notification) picks up the result the
+        moment the cycle holding it ends.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not handle._done:
+            if self._failure is not None:
+                raise DDLError(f"the ddl engine has stopped after an error: {self._failure}")
+            if self._finished:
+                raise DDLError(f"ddl has shut down with collective {handle.name!r} unfinished")
+            wait = 0.05 if deadline is None else max(0.0, min(0.05, deadline - time.monotonic()))
+            if self._baton.acquire(timeout=wait):
+                try:
+                    if not handle._done and not self._finished:
+                        self._cycle()
+                finally:
+                    self._baton.release()
+            if deadline is not None and not handle._done and time.monotonic() >= deadline:
+                return False
+        return True
+
+    def cycle_bytes(self) -> int:
+        """Bytes one rank sends plus receives in a steady-state cycle."""
+        return self.exchange.bytes_per_cycle()
+
+    def time_cycle(self, reps: int = 50) -> float:
+        """Median seconds of one negotiation cycle with nothing pending: what the checks
+        cost per step. Collective: every rank calls it at the same point."""
+        times = []
+        with self._baton:
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                self._cycle()
+                times.append(time.perf_counter() - t0)
+        return sorted(times)[len(times) // 2]
+
+    # -- lifecycle -----------------------------------------------------------------
+    def start_cycles(self) -> None:
+        """Let the thread begin cycling (every rank at the same point, after init's probes)."""
+        self._started.set()
+
+    def stop(self) -> None:
+        """Finish pending work, agree with all ranks to stop, and return once the thread
+        has ended (however long other ranks take to reach their own shutdown)."""
+        if self._thread is None:
+            self._finished = True
+            return
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        self._thread.join()
+        with self._baton:  # a caller's cycle in progress ends before the comm may go
+            self._finished = True
+
+    def discard(self) -> None:
+        """End an engine that never started cycling (``init`` failed): no collective."""
+        self._finished = True
+        self._started.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _loop(self) -> None:
+        idle = self.cycle_time / 8
+        self._started.wait()
+        try:
+            while not self._finished:
+                with self._wake:
+                    if not self._stop:
+                        # Nothing pending here: nothing can become ready anywhere until this
+                        # rank submits (which wakes the thread), so sleep long and give the
+                        # core to the training loop; idle cycles only serve stop and stall reports.
+                        self._long_sleep = not self._pending
+                        self._wake.wait(min(idle, self.cycle_time / 4) if self._pending else _IDLE_MAX)
+                        self._long_sleep = False
+                    pending, stopping = bool(self._pending), self._stop
+                now = time.perf_counter()
+                if not stopping and (self._deferred(now) if pending else now - self._last_cycle < _IDLE_MAX):
+                    # Submissions still coming, or callers are cycling: an idle cycle here
+                    # would only cost every rank a collective. Look again later.
+                    idle = min(idle * 2, self.cycle_time)
+                    continue
+                seen = self._last_cycle
+                with self._baton:
+                    if self._finished:
+                        return
+                    if self._last_cycle != seen and not stopping:
+                        continue  # a caller cycled while this thread waited for the baton
+                    busy = self._cycle()
+                idle = self.cycle_time / 8 if busy else min(idle * 2, self.cycle_time)
+        except BaseException as exc:  # noqa: BLE001 - _cycle has failed the job already
+            self._failure = self._failure or exc
+
+    def _deferred(self, now: float) -> bool:
+        """While submissions keep coming (a backward pass), wait to batch them, but at
+        most a cycle time after the oldest."""
+        with self._lock:
+            oldest = self._pending[0].submitted if self._pending else now
+        return now - self._last_submit < self.cycle_time / 4 and now - oldest < self.cycle_time
+
+    # -- one cycle (baton held) ----------------------------------------------------
+    def _cycle(self) -> bool:
+        """Negotiate and run what is ready everywhere; True if anything ran."""
+        with self._lock:
+            batch = list(self._pending)
+            stopping = self._stop
+        try:
+            ran, all_stop = self._negotiate(batch, stopping)
+            self.cycles += 1
+            if all_stop and not batch and not ran:
+                self._finished = True
+        except BaseException as exc:
+            self._fail(exc, batch)
+        self._last_cycle = time.perf_counter()
+        return ran
+
+    def _fail(self, exc: BaseException, batch: list[Request]) -> NoReturn:
+        """A cycle raised after the ranks agreed on it: fail every waiter here, and end
+        the job, because the other ranks wait in a collective this rank left."""
+        self._failure = exc
+        with self._lock:
+            for req in self._pending:
+                req.handle.set_error(DDLError(f"ddl engine failed: {exc!r}"))
+            self._pending.clear()
+        names = ", ".join(repr(r.name) for r in batch[:5]) or "(none pending)"
+        sys.stderr.write(f"ddl: rank {self.ctx.topology.rank}: the engine failed during a collective "
+                         f"({names}): {type(exc).__name__}: {exc}; the other ranks cannot finish it, "
+                         "so the job is aborted\n")
+        sys.stderr.flush()
+        self._abort_job(1)
+
+    def _abort_job(self, code: int) -> NoReturn:
+        self.ctx.comm.abort(code)
+
+    def _negotiate(self, batch: list[Request], stopping: bool) -> tuple[bool, bool]:
+        """(whether anything ran or failed, whether all ranks stop)."""
+        n = len(batch)
+        h = negotiation.combine([r.digest for r in batch])
+        # Whether to gather the full lists must be decided alike everywhere (they are
+        # collectives), so each rank's "my stall check is due" travels in the exchange.
+        due = bool(n) and self.watch.due(time.monotonic())
+        inline = 0 if self.exchange.compact else fusion.inline_bytes(batch)
+        if inline:
+            fusion.pack_inline(batch, self.exchange.payload_out)
+        start = time.perf_counter()
+        self.exchange.run(h, n, stop=stopping, inline=inline, due=due)
+        return self._act(self.exchange.verdict(h, n), batch, stopping, inline, start)
+
+    def _act(self, verdict: Verdict, batch: list[Request], stopping: bool, inline: int,
+             start: float) -> tuple[bool, bool]:
+        """Carry out this cycle's ``verdict`` on ``batch`` (what this rank exchanged)."""
+        n = len(batch)
+        if stopping:
+            self.watch.waiting_to_stop(verdict.waiting_to_stop)
+        if verdict.action == "run":
+            self._take(batch)
+            if verdict.inline:
+                self.inline_cycles += 1
+                fusion.finish_inline(self.ctx, batch, self.exchange.payloads, inline, self.timeline,
+                                     (start, time.perf_counter()))
+            else:
+                self._execute(batch)
+            return n > 0, verdict.all_stop
+        if verdict.action == "prefix":
+            ready = self._common_prefix(batch, verdict.prefix)
+            if ready:
+                self._execute(ready)
+                return True, verdict.all_stop
+        if verdict.action in ("prefix", "match"):
+            self.watch.checked(time.monotonic())
+            return self._match(batch), verdict.all_stop
+        return False, verdict.all_stop
+
+    def _common_prefix(self, batch: list[Request], m: int) -> list[Request]:
+        """Ranks caught at different points of the same submission order (a backward pass
+        seen mid-way): one more small round checks their first ``m`` requests agree."""
+        h = negotiation.combine([r.digest for r in batch[:m]])
+        self.exchange.run(h, m)
+        if self.exchange.all_hold(h, m):
+            self._take(batch[:m])
+            return batch[:m]
+        return []
+
+    # -- the lean path: one request run by its caller (baton free, nothing pending) ----
+    def run_alone(self, req: Request) -> bool:
+        """Run ``req`` in the caller as the one cycle :meth:`_cycle` would run with it
+        alone pending; False (nothing done) when the engine is busy here or stopping,
+        and the caller then submits it as usual. True: ``req.handle`` is done, or
+        queued after a cycle whose verdict was carried out (wait on it).
+
+        Other ranks, on this path or not, see the same calls: when every rank holds just
+        this request, a small one is reduced from the exchanged records (inline) and a
+        larger one runs at once as a bucket of its own; when they hold something else,
+        the request joins the queue and this cycle's verdict is carried out as usual.
+        """
+        if self._thread is None or not self._baton.acquire(blocking=False):
+            return False
+        try:
+            if self._pending or self._stop or self._finished or self._failure is not None:
+                return False
+            req.submitted = start = time.perf_counter()
+            d = req.digest = self._digests.get(req.descriptor) or self._digest(req.descriptor)
+            req.handle._waiter = self
+            arr = req.array
+            inline = 0 if self.exchange.compact else fusion.inline_bytes([req])
+            due = time.monotonic() >= self.watch.next_check
+            try:
+                # Own-accumulator dtypes go through typed views cached per shape; the
+                # rest (half types, which sum in float32) through the queued path's packing.
+                views = self._inline_views(arr) if inline and arr is not None and accumulator(arr.dtype) == arr.dtype \
+                    else None
+                if views is not None:
+                    views[0][...] = arr
+                elif inline:
+                    fusion.pack_inline([req], self.exchange.payload_out)
+                self.exchange.run(d, 1, inline=inline, due=due)
+                self.cycles += 1
+                if self.exchange.all_hold(d, 1):
+                    if views is not None:
+                        self.inline_cycles += 1
+                        req.handle.set_result(fusion.reduce_payloads(views[1], req.op, arr if req.inplace else None))
+                        if self.timeline is not None:
+                            fusion.trace_inline(self.timeline, [req], inline, (start, time.perf_counter()))
+                    elif inline:
+                        self.inline_cycles += 1
+                        fusion.finish_inline(self.ctx, [req], self.exchange.payloads, inline, self.timeline,
+                                             (start, time.perf_counter()))
+                    else:
+                        fusion.execute(self.ctx, [req], self.fusion_threshold, self.timeline)
+                    self.watch.done((req.name,))
+                    return True
+                # Other ranks hold something else: go on as the queued request would.
+                with self._lock:
+                    self._in_flight.add(req.name)
+                    self._pending.append(req)
+                self._act(self.exchange.verdict(d, 1), [req], False, inline, start)
+            except BaseException as exc:  # the failure report names this collective
+                self._fail(exc, [req])
+            finally:
+                self._last_cycle = time.perf_counter()
+        finally:
+            self._baton.release()
+        return True
+
+    def _inline_views(self, arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Typed, shaped views of this rank's outgoing payload and of every rank's incoming one."""
+        key = (arr.dtype, arr.shape)
+        views = self._lean_views.get(key)
+        if views is None:
+            n = arr.nbytes
+            staged = self.exchange.payload_out[:n].view(arr.dtype).reshape(arr.shape)
+            parts = [payload[:n].view(arr.dtype).reshape(arr.shape) for payload in self.exchange.payloads]
+            if len(self._lean_views) > 256:
+                self._lean_views.clear()
+            views = self._lean_views[key] = (staged, parts)
+        return views
+
+    def _match(self, batch: list[Request]) -> bool:
+        """The slow path: gather every rank's descriptors and pair them by name."""
+        self.slow_cycles += 1
+        everyone = self.ctx.comm.allgather_object([r.descriptor for r in batch])
+        result = negotiation.match(everyone)
+        now = time.monotonic()
+        for name, have in result.missing.items():
+            self.watch.missing(name, have, now)
+        mine = {r.name: r for r in batch}
+        ready = [mine[name] for name in result.ready]
+        failed = [(mine[name], why) for name, why in result.failed.items()]
+        self._take(ready + [r for r, _ in failed])
+        for req, (failing, message) in failed:
+            req.handle.set_error(_failure_for(req, failing, message, self.ctx.topology.rank))
+        self._execute(ready)
+        return bool(ready or failed)
+
+    def _execute(self, ready: list[Request]) -> None:
+        """Run agreed requests in the agreed order; refused calls end with their error."""
+        if any(r.kind == "error" for r in ready):
+            for r in ready:
+                if r.kind == "error":
+                    assert r.error is not None
+                    r.handle.set_error(r.error)
+            ready = [r for r in ready if r.kind != "error"]
+        if ready:
+            fusion.execute(self.ctx, ready, self.fusion_threshold, self.timeline)
+
+    def _take(self, done: list[Request]) -> None:
+        if not done:
+            return
+        with self._lock:
+            if len(done) == len(self._pending):
+                self._pending = []
+            else:
+                ids = {id(r) for r in done}
+                self._pending = [r for r in self._pending if id(r) not in ids]
+            self._in_flight.difference_update(r.name for r in done)
+        # Names are reused every step; one seen missing once and then run on the fast
+        # path must not keep its old clock, or a later brief skew reads as a long stall.
+        self.watch.done(r.name for r in done)
+
+
+def _failure_for(req: Request, failing: tuple[int, ...], message: str, rank: int) -> BaseException:
+    """This rank's error for a request the ranks could not run together."""
+    if rank in failing and req.error is not None:
+        return req.error  # the rank whose arguments were refused raises its own error
+    if failing:
+        return RemoteError(f"collective {req.name!r}: {message}")
+    return MismatchError(f"tensor {req.name!r}: {message}")
+

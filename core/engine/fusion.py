@@ -1,0 +1,230 @@
+"""Runs what a cycle matched: fused allreduce buckets, inline small ones, other collectives.
+
+Ready allreduces are fused into buffers of one (dtype, wire dtype, op, algorithm) up to
+the fusion threshold, in the order the cycle agreed (identical on every rank), and the
+results are split back as views of the fused buffer (no copy). A batch small enough to
+travel inside the cycle's own negotiation record (:data:`INLINE_BYTES`) is reduced from
+that record locally, in rank order, so every rank gets the same bits.
+
+One numeric rule for half types (float16, bfloat16) on every path: they are
+*accumulated in float32* — the fused buffer (or the inline sum) is float32, reduced by
+whichever algorithm, divided for Average, and rounded to the half type once at the
+end. So precision does not depend on a tensor's size or the algorithm, and an Average
+of large half values cannot overflow. Compression (fp16/bf16 *on the wire*, also on
+half-type tensors) is the stated exception: partial sums then travel, and are rounded,
+in the wire type at each hop (each addition itself done in float32 by numpy); Average
+divides before casting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ddl.base.dtypes import accumulator
+from ddl.base.ops import ReduceOp, ufunc
+from ddl.engine.codec import INLINE_BYTES
+from ddl.engine.compression import Compression, Compressor
+from ddl.engine.context import Context
+from ddl.engine.handle import Handle
+from ddl.engine.negotiation import Descriptor
+from ddl.engine.timeline import Timeline
+
+#: An in-place, contiguous allreduce at least this large runs on its own, in its own
+#: memory: fusing it would copy it in and out to save one latency it does not notice.
+SOLO_BYTES = 1 << 20
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Request:
+    """One submitted collective. ``run`` executes a non-allreduce request in the engine;
+    ``error`` is set on a request of kind ``"error"``: a call whose arguments this rank
+    refused, which still takes part in the negotiation so the other ranks end it too."""
+
+    kind: str
+    name: str
+    descriptor: Descriptor
+    handle: Handle
+    run: Callable[[], Any] | None = None
+    array: np.ndarray | None = None
+    op: ReduceOp = ReduceOp.SUM
+    algorithm: str = "auto"
+    compression: Compressor = Compression.none
+    inplace: bool = False
+    submitted: float = 0.0
+    digest: int = 0
+    error: BaseException | None = None
+
+
+def inline_bytes(batch: list[Request]) -> int:
+    """Payload size if ``batch`` can ride in the negotiation record, else 0.
+
+    Depends only on the descriptors, so ranks that agree on them agree on this.
+    """
+    if not batch or batch[0].array is None:
+        return 0
+    first = batch[0]
+    dtype, op, total = first.array.dtype, first.op, 0  # type: ignore[union-attr]
+    for r in batch:
+        a, comp = r.array, r.compression
+        if a is None or r.algorithm != "auto" or comp is not Compression.none or r.op is not op:
+            return 0
+        if a.dtype != dtype:
+            return 0
+        total += a.nbytes
+        if total > INLINE_BYTES:
+            return 0
+    return total
+
+
+def pack_inline(batch: list[Request], payload: np.ndarray) -> None:
+    """Copy the batch's arrays, in order, into the uint8 ``payload``."""
+    offset = 0
+    for r in batch:
+        a = r.array
+        assert a is not None
+        n = a.size * a.itemsize
+        if a.flags.c_contiguous:
+            payload[offset : offset + n] = a.reshape(-1).view(np.uint8)
+        else:
+            payload[offset : offset + n].view(a.dtype).reshape(a.shape)[...] = a
+        offset += n
+
+
+def finish_inline(ctx: Context, batch: list[Request], payloads: list[np.ndarray], nbytes: int,
+                  timeline: Timeline | None, span: tuple[float, float]) -> None:
+    """Reduce every rank's payload (uint8, in rank order) and deliver the results."""
+    first = batch[0]
+    assert first.array is not None
+    dtype, op = first.array.dtype, first.op
+    first_part = payloads[0][:nbytes].view(dtype).astype(accumulator(dtype))
+    out = reduce_payloads([first_part, *(q[:nbytes].view(dtype) for q in payloads[1:])], op, first_part)
+    if len(batch) == 1 and not first.inplace and out.dtype == dtype:
+        first.handle.set_result(out.reshape(first.array.shape))
+    else:
+        _deliver(batch, out, dtype)
+    if timeline is not None:
+        trace_inline(timeline, batch, nbytes, span)
+
+
+def trace_inline(timeline: Timeline, batch: list[Request], nbytes: int, span: tuple[float, float]) -> None:
+    """Record a batch reduced from the exchanged records: queued, then the exchange."""
+    first = batch[0]
+    assert first.array is not None
+    info = {"bytes": nbytes, "algorithm": "inline", "tensors": len(batch), "dtype": str(first.array.dtype)}
+    for r in batch:
+        timeline.tensor(r.name, r.submitted, span[0], span[0], [("inline allgather", *span)], span[1], info)
+
+
+def reduce_payloads(parts: list[np.ndarray], op: ReduceOp, into: np.ndarray | None) -> np.ndarray:
+    """Every rank's part (two or more) reduced in rank order, into ``into`` or a new array,
+    divided for Average: the one order both the inline and the lean path use, so every
+    rank gets the same bits on either."""
+    combine = ufunc(op)
+    if into is None:  # an array even for 0-d parts (a ufunc would return a scalar)
+        into = np.empty(parts[0].shape, np.result_type(parts[0].dtype, parts[1].dtype))
+    out = combine(parts[0], parts[1], out=into)
+    for part in parts[2:]:
+        combine(out, part, out=out)
+    if op is ReduceOp.AVERAGE:
+        np.divide(out, len(parts), out=out)
+    return out  # type: ignore[no-any-return]
+
+
+def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline: Timeline | None) -> None:
+    """Run ``ready`` in order: allreduces fused into buckets, the rest one by one."""
+    buckets: dict[tuple[Any, ...], tuple[list[Request], list[int]]] = {}  # open bucket, its bytes
+    order: list[list[Request] | Request] = []
+    for req in ready:
+        if req.kind != "allreduce":
+            order.append(req)
+            continue
+        a, comp = req.array, req.compression
+        assert a is not None
+        wire = comp.wire_dtype(a.dtype)
+        nbytes = a.size * wire.itemsize
+        if req.inplace and nbytes >= SOLO_BYTES and wire == a.dtype and a.flags.c_contiguous:
+            order.append([req])  # already a bucket (a framework's): reduced where it lies, no copies
+            continue
+        key = (a.dtype, wire, req.op, req.algorithm)
+        lane = buckets.get(key)
+        if lane is not None and lane[1][0] + nbytes <= fusion_threshold:
+            lane[0].append(req)
+            lane[1][0] += nbytes
+        else:
+            lane = buckets[key] = ([req], [nbytes])
+            order.append(lane[0])
+    for item in order:
+        if isinstance(item, Request):
+            _run_single(item, timeline)
+        else:
+            _run_bucket(ctx, item, timeline)
+
+
+def _run_single(req: Request, timeline: Timeline | None) -> None:
+    # No try here: a failure after the ranks agreed to run this leaves the others in
+    # the collective; the engine turns it into a job abort (see its contract).
+    assert req.run is not None
+    start = time.perf_counter()
+    req.handle.set_result(req.run())
+    if timeline is not None:
+        timeline.span(req.name, req.kind, req.submitted, start, time.perf_counter(), {})
+
+
+def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) -> None:
+    """Pack the bucket through its compressor, reduce it with its algorithm, unpack it."""
+    first = bucket[0]
+    assert first.array is not None
+    dtype, comp = first.array.dtype, first.compression
+    wire = comp.wire_dtype(dtype)
+    total = _elements(bucket)
+    start = time.perf_counter()
+    # Compressed: each rank divides before the cast down, so the half sum cannot overflow.
+    prescale = first.op is ReduceOp.AVERAGE and comp.compresses(dtype)
+    op = ReduceOp.SUM if prescale else first.op
+    single = len(bucket) == 1 and wire == dtype and not prescale
+    if single:
+        src = first.array
+        fused = src.reshape(-1) if first.inplace and src.flags.c_contiguous else np.array(src, order="C").reshape(-1)
+    else:
+        fused = np.empty(total, dtype=wire)
+        comp.compress([r.array for r in bucket if r.array is not None], fused,
+                      divisor=ctx.topology.size if prescale else None)
+    algorithm = ctx.resolve_algorithm(first.algorithm, total, wire.itemsize)
+    fused_at = time.perf_counter()
+    phases: list[tuple[str, float, float]] = []
+    ctx.allreduce_flat(fused, op, algorithm, on_phase=phases.append if timeline is not None else None)
+    _deliver(bucket, fused, dtype, comp, single=single)
+    if timeline is not None:
+        end = time.perf_counter()
+        info = {"bytes": int(total * wire.itemsize), "algorithm": algorithm, "tensors": len(bucket), "dtype": str(wire)}
+        for r in bucket:
+            timeline.tensor(r.name, r.submitted, start, fused_at, phases, end, info)
+
+
+def _deliver(bucket: list[Request], fused: np.ndarray, dtype: np.dtype, comp: Compressor = Compression.none, *,
+             single: bool = False) -> None:
+    """Split ``fused`` back into each request's result (views; copies only in place or to cast)."""
+    offset = 0
+    for r in bucket:
+        arr = r.array
+        assert arr is not None
+        n = arr.size
+        out = fused[offset : offset + n]
+        if arr.ndim != 1:
+            out = out.reshape(arr.shape)
+        offset += n
+        out = comp.decompress(out, dtype)
+        if r.inplace:
+            if not (single and arr.flags.c_contiguous):
+                arr[...] = out
+            out = arr
+        r.handle.set_result(out)
+
+
+def _elements(requests: list[Request]) -> int:
+    return sum(0 if r.array is None else int(r.array.size) for r in requests)

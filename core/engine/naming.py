@@ -1,0 +1,81 @@
+"""Names for unnamed collectives: one counter per submitting thread, matched across ranks.
+
+Ranks match unnamed requests by name, so a name must mean "the k-th unnamed call of
+this thread" on every rank. One shared counter would interleave the threads of a
+rank in whatever order the scheduler ran them, and ranks would pair one thread's
+tensor with another's (silently wrong sums). So each thread counts on its own and
+its name (``threading.current_thread().name``, alike on every rank for threads the
+program creates in the same order) is part of the request's name.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+
+
+class ThreadNamer:
+    """Hands out ``#<n>`` (main thread) or ``#<thread name>.<n>`` names, per thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        # thread name -> (the live thread that counts under it, its counter cell)
+        self._counters: dict[str, tuple[weakref.ref[threading.Thread], list[int]]] = {}
+        self._local = threading.local()  # this thread's (label, prefix, cell) once checked
+
+    def next(self) -> str:
+        """The next name for the calling thread.
+
+        Raises:
+            ValueError: another live thread of this process has the same name and
+                also submits unnamed collectives, so their requests cannot be told apart.
+        """
+        mine = getattr(self._local, "mine", None)
+        thread = threading.current_thread()
+        if mine is None or mine[0] != thread.name:  # first call here, or the thread was renamed
+            mine = self._local.mine = self._claim(thread)
+        cell = mine[2]
+        cell[0] += 1  # only the owning thread writes its cell
+        return f"{mine[1]}{cell[0]}"
+
+    def _claim(self, thread: threading.Thread) -> tuple[str, str, list[int]]:
+        """Register ``thread`` under its name; a later thread of the same name, once this
+        one has ended, continues the same count (as the other ranks' would)."""
+        label = thread.name
+        with self._lock:
+            owner_ref, cell = self._counters.get(label, (None, [0]))
+            owner = owner_ref() if owner_ref is not None else None
+            if owner is not None and owner is not thread and owner.is_alive():
+                raise ValueError(
+                    f"two live threads are both named {label!r} and both submit unnamed collectives; "
+                    "ranks match unnamed requests per thread name, so give the threads distinct "
+                    "names (threading.Thread(name=...)) or pass name= to each collective"
+                )
+            self._counters[label] = (weakref.ref(thread), cell)
+        return label, "#" if label == "MainThread" else f"#{label}.", cell
+
+
+_manifests: dict[str, int] = {}
+_manifests_lock = threading.Lock()
+
+
+def manifest_name(prefix: str, manifest: object) -> str:
+    """A request-name prefix for an object (an optimizer) from what every rank sees alike.
+
+    ``manifest`` is what the object covers, equal on every rank that builds the same model
+    (its parameters' names, shapes and dtypes): the name is ``prefix`` + a digest of it +
+    how many objects over that same manifest this process made before. Two ranks that
+    wrap the same models in the same order get the same names, even if one of them also
+    wraps something else in between (a process-wide counter would then drift).
+
+    Example:
+        >>> manifest_name("ddl.torch.opt", [("w", (3,), "float32")])  # doctest: +ELLIPSIS
+        'ddl.torch.opt.b...'
+    """
+    import hashlib
+
+    digest = hashlib.blake2b(repr(manifest).encode(), digest_size=5).hexdigest()
+    key = f"{prefix}.{digest}"
+    with _manifests_lock:
+        n = _manifests[key] = _manifests.get(key, -1) + 1
+    return key if n == 0 else f"{key}.{n}"

@@ -1,0 +1,1 @@
+"""runtime: the process-wide state (init, shutdown) and the public functions."""

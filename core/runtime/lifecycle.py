@@ -1,0 +1,182 @@
+"""Process-wide state: ``init`` builds the communicator, topology and context once; ``shutdown`` undoes it.
+
+Without ``mpiexec`` (or without a loadable MPI) the world is one process and every
+collective still works. With more than one rank, an uncaught exception on any rank
+prints its traceback and aborts the whole job, so no rank is left waiting.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import sys
+import threading
+
+from ddl import __version__
+from ddl.base.config import Config, settings_differences
+from ddl.base.cpus import available_cpus
+from ddl.base.errors import NotInitializedError, SettingsMismatchError
+from ddl.base.topology import Topology, build_topology
+from ddl.engine.collectives import Collectives
+from ddl.engine.context import Context
+from ddl.engine.engine import Engine
+from ddl.engine.timeline import Timeline
+from ddl.reduction.calibration import calibrate
+from ddl.runtime.abort_hooks import AbortHooks
+from ddl.runtime.world_check import check_world
+from ddl.wire.comm import MPIComm, world_comm
+
+VERSION = __version__  # one place for the version: the package
+
+_lock = threading.Lock()
+_context: Context | None = None
+_engine: Engine | None = None
+_collectives: Collectives | None = None
+_hooks = AbortHooks()
+
+
+def init(*, topology: str | None = None, algorithm: str | None = None) -> Context:
+    """Start ddl (idempotent): world communicator, topology, default algorithm.
+
+    Args:
+        topology: multi-ring dims, innermost first (``"4x16"``); overrides ``DDL_TOPOLOGY``.
+        algorithm: default allreduce algorithm; overrides ``DDL_ALGORITHM``.
+
+    Raises:
+        TopologyError: the topology is malformed or does not multiply to the world size.
+        ValueError: unknown algorithm, or a second ``init`` asks for another topology.
+        SettingsMismatchError: ranks were started with different settings that change
+            the sequence of MPI calls (raised on every rank, naming them).
+
+    Example:
+        >>> import ddl
+        >>> _ = ddl.init()
+        >>> ddl.size() >= 1
+        True
+    """
+    global _context, _engine, _collectives
+    with _lock:
+        config = Config.from_env()
+        source = "topology argument" if topology else "DDL_TOPOLOGY"
+        spec = topology or config.topology
+        if algorithm:
+            config = dataclasses.replace(config, algorithm=algorithm)
+        if _context is not None:
+            _check_same(_context, spec, algorithm)
+            return _context
+        comm = world_comm()
+        check_world(comm.size, config)  # srun tasks that MPI left as singletons: refuse
+        # One gather carries the host names and the settings every rank must share.
+        mine = config.sequence_settings(topology=spec, version=VERSION)
+        gathered = comm.allgather_object((config.hostname or comm.hostname(), mine))
+        hostnames = [h for h, _ in gathered]
+        differences = settings_differences([s for _, s in gathered])
+        if differences:
+            comm.free()
+            raise SettingsMismatchError(
+                "ranks were started with different settings, which would make them issue different "
+                "MPI calls and hang: " + " | ".join(differences)
+                + ". Start every rank with the same DDL_* environment (ddlrun passes its own to all ranks)."
+            )
+        topo = build_topology(comm.rank, hostnames, spec, source=source)
+        if isinstance(comm, MPIComm):
+            # Measured on 2 cores: sleeping waits free a core for the training loop at 2
+            # ranks, but at 4 they wake late and a cycle costs 5x MPI's yielding wait.
+            comm.polite = topo.local_size <= available_cpus()
+        ctx = Context(comm, topo, config)
+        timeline = Timeline(config.timeline, rank=comm.rank) if config.timeline and comm.rank == 0 else None
+        engine = Engine(ctx, fusion_threshold=config.fusion_threshold, stall_timeout=config.stall_timeout,
+                        cycle_time=config.cycle_time, timeline=timeline, start=False)
+        try:
+            # Probed with the engine thread alive but parked, as collectives later run (a
+            # ddl process runs MPI ~20 % slower than a bare one); it starts cycling after.
+            calib = calibrate(comm, topo, hostnames, config.calibration, segment_bytes=config.segment_bytes,
+                              shm_bytes=config.shm_bytes)
+        except BaseException:
+            engine.discard()  # its thread never cycled: nothing to agree on, no wait
+            comm.free()
+            raise
+        ctx.model, ctx.calibration = calib.model, calib
+        engine.start_cycles()
+        _context, _engine, _collectives = ctx, engine, Collectives(engine)
+        if comm.size > 1 and config.abort_on_exception:
+            _hooks.install(comm)
+        if config.verbose and comm.rank == 0:
+            print(f"ddl: {comm.size} ranks on {topo.cross_size} host(s), topology {topo}, "
+                  f"algorithm {config.algorithm}; {calib.describe()}", file=sys.stderr, flush=True)
+        return _context
+
+
+def shutdown() -> None:
+    """Release ddl's communicator; ``init`` may be called again afterwards."""
+    global _context, _engine, _collectives
+    with _lock:
+        if _engine is not None:
+            _engine.stop()  # returns once every rank agreed to stop and the thread ended
+            if _engine.timeline is not None:
+                _engine.timeline.write()
+        if _context is not None:
+            _context.comm.free()
+        _hooks.uninstall()
+        _context, _engine, _collectives = None, None, None
+
+
+def context() -> Context:
+    """The running context.
+
+    Raises:
+        NotInitializedError: ``ddl.init()`` has not been called.
+    """
+    if _context is None:
+        raise NotInitializedError("ddl is not initialized; call ddl.init() first")
+    return _context
+
+
+def engine() -> Engine:
+    """The running engine.
+
+    Raises:
+        NotInitializedError: ``ddl.init()`` has not been called.
+    """
+    if _engine is None:
+        raise NotInitializedError("ddl is not initialized; call ddl.init() first")
+    return _engine
+
+
+def collectives() -> Collectives:
+    """The running collectives (the public API's target).
+
+    Raises:
+        NotInitializedError: ``ddl.init()`` has not been called.
+    """
+    if _collectives is None:
+        raise NotInitializedError("ddl is not initialized; call ddl.init() first")
+    return _collectives
+
+
+def is_initialized() -> bool:
+    return _context is not None
+
+
+def topology() -> Topology:
+    """This job's :class:`~ddl.base.topology.Topology`."""
+    return context().topology
+
+
+def _check_same(ctx: Context, spec: str | None, algorithm: str | None) -> None:
+    if spec is not None:
+        from ddl.base.topology import parse_spec
+
+        if parse_spec(spec).dims != ctx.topology.dims:
+            raise ValueError(
+                f"ddl is already initialized with topology {ctx.topology}; call ddl.shutdown() "
+                f"before init(topology={spec!r})"
+            )
+    if algorithm is not None and algorithm != ctx.config.algorithm:
+        raise ValueError(
+            f"ddl is already initialized with algorithm {ctx.config.algorithm!r}; pass "
+            f"algorithm={algorithm!r} per call, or shutdown() first"
+        )
+
+
+atexit.register(shutdown)

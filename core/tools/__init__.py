@@ -1,0 +1,1 @@
+"""tools: the ddl commands: plan, doctor, bench, conformance."""

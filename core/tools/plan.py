@@ -1,0 +1,280 @@
+"""``ddl plan``: predicted allreduce, bucket schedule, step time and scaling for any cluster.
+
+It prices the same schedules with the same cost model that ``auto`` uses
+(:mod:`ddl.reduction.cost`), on a topology given as a spec (``4x64``: 4 ranks per host x 64
+hosts), with link figures per dimension or a calibration file written by ``init``
+(``DDL_CALIBRATION=FILE``). The step model is ddl.torch's: gradients land in reverse
+parameter order during backward (spread in proportion to their size), fill buckets
+(a small first one, then ``--bucket-mb``), and each bucket's allreduce starts when its
+last gradient lands and the previous bucket's is done (one engine thread).
+
+Example:
+    ddl plan --topology 4x64 --link 20GB/s:5us --link 100gbit:3us --reduce-rate 50GB/s \\
+        --model resnet50 --step-ms 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from ddl.base.config import DEFAULT_SEGMENT_BYTES
+from ddl.base.errors import TopologyError
+from ddl.base.topology import Topology, build_topology, parse_spec
+from ddl.reduction import calibration, cost
+from ddl.reduction.algorithms import SCHEDULED
+from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB, plan_buckets
+from ddl.tools.plan_models import ModelSpecError, gradient_sizes
+
+ALGORITHMS = ("mpi", *SCHEDULED)
+_BANDWIDTH = re.compile(r"^([0-9.eE+-]+)\s*([kKmMgGtT]?)(bit|Bit|bps|Bps|b|B)?(/s)?$")
+_LATENCY = re.compile(r"^([0-9.eE+-]+)\s*(s|ms|us|µs|ns)?$")
+_SCALE = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+
+
+class PlanError(ValueError):
+    """Bad ``ddl plan`` input; the message says what was given and what is accepted."""
+
+
+def parse_bandwidth(text: str) -> float:
+    """Bytes per second from ``100gbit``, ``12.5GB/s``, ``800MB/s`` or a plain number of bytes/s."""
+    m = _BANDWIDTH.match(text.strip())
+    if not m:
+        raise PlanError(f"bandwidth {text!r}: write e.g. 100gbit, 12.5GB/s or 1.2e9 (bytes/s)")
+    value = float(m[1]) * _SCALE[m[2].lower()]
+    rate = value / 8 if m[3] in ("bit", "Bit", "bps", "b") else value  # a lower-case b is a bit
+    if not rate > 0:
+        raise PlanError(f"bandwidth {text!r} must be positive")
+    return rate
+
+
+def parse_latency(text: str) -> float:
+    """Seconds from ``3us``, ``0.5ms``, ``2e-6`` (plain numbers are seconds)."""
+    m = _LATENCY.match(text.strip())
+    if not m:
+        raise PlanError(f"latency {text!r}: write e.g. 3us, 0.5ms or 2e-6 (seconds)")
+    scale = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}[m[2] or ""]
+    value = float(m[1]) * scale
+    if value < 0:
+        raise PlanError(f"latency {text!r} must not be negative")
+    return value
+
+
+def parse_link(text: str) -> cost.Link:
+    """``BANDWIDTH:LATENCY`` (``100gbit:3us``) into a :class:`~ddl.reduction.cost.Link`."""
+    bandwidth, colon, latency = text.rpartition(":")
+    if not colon:
+        raise PlanError(f"--link {text!r}: write BANDWIDTH:LATENCY, e.g. 100gbit:3us")
+    return cost.Link(alpha=parse_latency(latency), beta=1.0 / parse_bandwidth(bandwidth))
+
+
+def plan_topology(spec: str) -> Topology:
+    """Rank 0's view of a cluster of ``spec`` (``4x64``): hosts hold ``dims[0]`` ranks each."""
+    try:
+        dims = parse_spec(spec).dims
+    except TopologyError as exc:
+        raise PlanError(str(exc)) from None
+    size = 1
+    for d in dims:
+        size *= d
+    names = [f"host{r // dims[0]}" for r in range(size)]
+    return build_topology(0, names, spec)
+
+
+def model_from_calibration(path: str | Path, topology: Topology, *, segment_bytes: int) -> tuple[cost.CostModel, list[str]]:
+    """The cost model in a calibration file (the one ``auto`` used: links, corrections, shm
+    figures); MPI's measured points only when the file is for this very job shape."""
+    try:
+        model, who = calibration.read_model(path, segment_bytes=segment_bytes)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise PlanError(f"cannot read calibration file {path} ({exc}); give one written by DDL_CALIBRATION=FILE") from None
+    notes = [f"cost model from {path} (measured at {who.get('world_size')} ranks, dims "
+             f"{'x'.join(map(str, who.get('dims') or []))})"]
+    if who.get("world_size") != topology.size or who.get("dims") != list(topology.dims):
+        model = dataclasses.replace(model, native_points=())
+        notes.append("its MPI allreduce points are for another job size: dropped")
+    return model, notes
+
+
+@functools.lru_cache(maxsize=65536)
+def price(algorithm: str, topology: Topology, count: int, itemsize: int, model: cost.CostModel) -> float:
+    """Seconds for one allreduce of ``count`` elements (``auto``: the model's own choice)."""
+    if algorithm == "auto":
+        algorithm = cost.choose(topology, count, itemsize, model)
+    return cost.predict(algorithm, topology, count, itemsize, model)
+
+
+def link_bound(topology: Topology, nbytes: int, model: cost.CostModel) -> float:
+    """The least time any allreduce needs: 2(H-1)/H x N bytes through each host's port."""
+    hosts = topology.size // topology.dims[0] if len(topology.dims) > 1 else 1
+    if hosts <= 1:
+        return 0.0
+    return 2 * (hosts - 1) / hosts * nbytes * model.link(1).beta
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketRun:
+    tensors: int
+    nbytes: int
+    ready: float
+    algorithm: str
+    start: float
+    end: float
+
+
+def step_schedule(sizes: list[int], itemsize: int, topology: Topology, model: cost.CostModel, *, step: float,
+                  backward_fraction: float, first_cap: int, cap: int) -> list[BucketRun]:
+    """When each bucket is ready, which algorithm ``auto`` picks, and when it starts and ends."""
+    nbytes = [n * itemsize for n in sizes]
+    total = sum(nbytes)
+    backward_start = step * (1 - backward_fraction)
+    ready_at, done = [0.0] * len(sizes), 0
+    for i in reversed(range(len(sizes))):
+        done += nbytes[i]
+        ready_at[i] = backward_start + step * backward_fraction * done / total
+    runs, free = [], 0.0
+    for members in plan_buckets(nbytes, [itemsize] * len(nbytes), first_cap=first_cap, cap=cap):
+        count = sum(sizes[i] for i in members)
+        ready = max(ready_at[i] for i in members)
+        alg = cost.choose(topology, count, itemsize, model)
+        start = max(ready, free)
+        free = start + price(alg, topology, count, itemsize, model)
+        runs.append(BucketRun(len(members), count * itemsize, ready, alg, start, free))
+    return runs
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
+            return f"{n:.4g}{unit}"
+        n /= 1024
+    return f"{n:.4g}TiB"
+
+
+def with_native_estimate(model: cost.CostModel, topology: Topology) -> cost.CostModel:
+    """``model`` with MPI's allreduce priced at 8 B - 4 GiB (x4 apart) where nobody measured it.
+
+    MPICH and Open MPI reduce large messages with Rabenseifner's algorithm over ranks in
+    host order: ddl's ``halving_doubling`` schedule, run without ddl's Python cost per
+    message or its segments. ``auto`` reads the points as it reads measured ones.
+    """
+    bare = dataclasses.replace(model, step_overhead=0.0, segment_bytes=0, native_points=())
+    points = tuple((n, cost.predict("halving_doubling", topology, max(1, n // 4), 4, bare))
+                   for n in (8 << (2 * k) for k in range(15)))
+    return dataclasses.replace(model, native_points=points)
+
+
+def build_cost_model(args: argparse.Namespace, topology: Topology) -> tuple[cost.CostModel, list[str]]:
+    if args.calibration and args.link:
+        raise PlanError("give --link figures or --calibration, not both")
+    if args.calibration:
+        model, notes = model_from_calibration(args.calibration, topology, segment_bytes=args.segment_bytes)
+    elif args.link:
+        model = cost.CostModel(links=tuple(parse_link(t) for t in args.link), gamma=cost.REDUCE_GAMMA,
+                               segment_bytes=args.segment_bytes)
+        notes = ["links given: " + "; ".join(f"dim{i} {1e-9 / lk.beta:.3g} GB/s, alpha {lk.alpha * 1e6:.3g} us"
+                                              for i, lk in enumerate(model.links))]
+    else:
+        raise PlanError("give link figures per dim (--link 20GB/s:5us --link 100gbit:3us) or --calibration FILE")
+    if args.reduce_rate:
+        model = dataclasses.replace(model, gamma=1.0 / parse_bandwidth(args.reduce_rate))
+    if args.step_overhead_us is not None:
+        model = dataclasses.replace(model, step_overhead=args.step_overhead_us * 1e-6)
+    if not model.native_points:
+        model = with_native_estimate(model, topology)
+        notes.append("mpi: MPI's allreduce is not measured here; priced as its large-message algorithm "
+                     "(Rabenseifner: halving_doubling's schedule without ddl's per-message cost)")
+    notes.append(f"reduce {1e-9 / model.gamma:.3g} GB/s, executor overhead {model.step_overhead * 1e6:.3g} us "
+                 f"a message, segments of {human(model.segment_bytes)}; outer links shared by a host's ranks")
+    return model, notes
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ddl plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--topology", required=True, help="dims innermost first, e.g. 4x64 (4 ranks per host x 64 hosts)")
+    p.add_argument("--link", action="append", metavar="BW:LAT",
+                   help="one per dim, innermost first (the last repeats outward), e.g. 20GB/s:5us; outer "
+                        "dims: a host's port, shared by its ranks")
+    p.add_argument("--calibration", metavar="FILE", help="a cost model written by init (DDL_CALIBRATION=FILE)")
+    p.add_argument("--model", help="resnet50, FILE.onnx, package.module:factory (torch), @FILE or sizes 1000,2048x1000")
+    p.add_argument("--step-ms", type=float, help="measured single-rank step time (forward+backward+update), ms")
+    p.add_argument("--backward-fraction", type=float, default=2 / 3, help="share of the step in backward (2/3)")
+    p.add_argument("--itemsize", type=int, default=4, help="bytes per gradient element (4: float32)")
+    p.add_argument("--bucket-mb", type=float, default=BUCKET_BYTES / MiB)
+    p.add_argument("--first-bucket-mb", type=float, default=FIRST_BUCKET_BYTES / MiB)
+    p.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
+    p.add_argument("--reduce-rate", metavar="BW", help="local reduction speed, e.g. 50GB/s (default: model's)")
+    p.add_argument("--step-overhead-us", type=float, help="per-message software cost beyond alpha")
+    p.add_argument("--bytes", help="also price single allreduces of these sizes, e.g. 8192,1048576")
+    p.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
+    return p
+
+
+def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
+    """The printed lines and the JSON record of a plan (no I/O besides reading inputs)."""
+    topology = plan_topology(args.topology)
+    model, notes = build_cost_model(args, topology)
+    lines = [f"ddl plan: topology {topology} ({topology.size} ranks, {topology.cross_size} hosts)", *notes]
+    record: dict[str, Any] = {"topology": str(topology), "ranks": topology.size, "notes": notes}
+    per_size = [int(b) for b in args.bytes.split(",")] if args.bytes else []
+    sizes: list[int] = []
+    if args.model:
+        sizes, source = gradient_sizes(args.model)
+        total = sum(sizes) * args.itemsize
+        lines.append(f"model: {source}: {len(sizes)} tensors, {sum(sizes) / 1e6:.2f} M parameters, {human(total)}")
+        per_size.append(total)
+    record["allreduce"] = []
+    for nbytes in per_size:
+        count = max(1, nbytes // args.itemsize)
+        times = {a: price(a, topology, count, args.itemsize, model) for a in ALGORITHMS
+                 if a not in SCHEDULED or SCHEDULED[a].unavailable(topology) is None}
+        picked = cost.choose(topology, count, args.itemsize, model)
+        bound = link_bound(topology, nbytes, model)
+        cells = "  ".join(f"{a} {t * 1e3:.3f}" for a, t in times.items())
+        lines.append(f"allreduce {human(nbytes)} (ms): {cells}  auto -> {picked}; link bound {bound * 1e3:.3f}")
+        record["allreduce"].append({"bytes": nbytes, "seconds": times, "auto": picked, "link_bound_s": bound})
+    if sizes and args.step_ms:
+        step = args.step_ms / 1e3
+        runs = step_schedule(sizes, args.itemsize, topology, model, step=step, backward_fraction=args.backward_fraction,
+                             first_cap=int(args.first_bucket_mb * 2**20), cap=int(args.bucket_mb * 2**20))
+        lines.append(f"buckets (reverse parameter order, first {args.first_bucket_mb:g} MiB then {args.bucket_mb:g} MiB; "
+                     f"backward is the last {args.backward_fraction:.0%} of the step):")
+        lines.append(f"{'#':>4} {'tensors':>8} {'size':>10} {'ready ms':>9} {'algorithm':>17} {'start ms':>9} {'end ms':>9}")
+        for i, r in enumerate(runs):
+            lines.append(f"{i:>4} {r.tensors:>8} {human(r.nbytes):>10} {r.ready * 1e3:9.2f} {r.algorithm:>17} "
+                         f"{r.start * 1e3:9.2f} {r.end * 1e3:9.2f}")
+        comm = sum(r.end - r.start for r in runs)
+        predicted = max(step, runs[-1].end)
+        lines.append(f"step: compute {step * 1e3:.1f} ms, allreduce {comm * 1e3:.1f} ms in {len(runs)} buckets, "
+                     f"last done at {runs[-1].end * 1e3:.1f} ms -> step {predicted * 1e3:.1f} ms")
+        lines.append(f"scaling efficiency {step / predicted:.1%} (no overlap: {step / (step + comm):.1%}); "
+                     f"{topology.size} ranks run {topology.size * step / predicted:.1f}x one rank")
+        record["step"] = {"compute_s": step, "allreduce_s": comm, "step_s": predicted, "efficiency": step / predicted,
+                          "efficiency_no_overlap": step / (step + comm),
+                          "buckets": [dataclasses.asdict(r) for r in runs]}
+    elif args.step_ms and not sizes:
+        raise PlanError("--step-ms needs --model (the gradients to reduce)")
+    return lines, record
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        lines, record = make_plan(args)
+    except (PlanError, ModelSpecError, ValueError) as exc:
+        print(f"ddl plan: error: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""wire: MPI itself: the communicator interface, shared-memory windows, communicator splits."""

@@ -1,0 +1,294 @@
+"""The small communicator interface the core needs, and its mpi4py implementation.
+
+Everything above this module speaks :class:`Comm`; the thread-backed fake in
+:mod:`ddl.testing.fake_comm` implements the same interface so every algorithm runs in
+plain pytest. Point-to-point traffic moves raw bytes, so any dtype travels.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NoReturn, Protocol
+
+import numpy as np
+
+from ddl.base.ops import ReduceOp, ufunc
+from ddl.wire.shared_memory import MPISharedWindow, SharedSlots
+from ddl.wire.splits import split_shared_group
+
+#: dtypes the MPI library reduces with its predefined datatypes and ops. The 2-byte floats
+#: (float16, bfloat16) have no portable MPI type: :class:`MPIComm` reduces them with a
+#: user-defined op on a 2-byte datatype, so they still travel as 2 bytes an element.
+NATIVE_REDUCE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.uint8))
+
+
+class Comm(Protocol):
+    """What the core needs from a communicator."""
+
+    @property
+    def rank(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def sendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> None:
+        """Send ``send`` to ``dest`` while receiving into ``recv`` from ``source`` (None: absent)."""
+
+    def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
+        """The library's own allreduce, in place: a dtype in :data:`NATIVE_REDUCE_DTYPES`,
+        or a 2-byte float, which travels as itself (each addition done in float32 by numpy)."""
+
+    def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
+        """Broadcast a contiguous array's bytes from ``root`` in place."""
+
+    def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        """Gather every rank's bytes (``counts[r]`` from rank r) into ``recv`` in rank order."""
+
+    def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
+        """Gather every rank's equally sized contiguous ``send`` into ``recv`` in rank order."""
+
+    def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
+        """This rank's view of the shared memory of ``members`` (its host's dim-0 ring).
+
+        Every member calls it at the same step with the same ``nbytes``; the slots are
+        made, or grown to at least ``nbytes`` each, collectively over the group (the
+        first call may be collective over the world: all ranks reach it together).
+        """
+
+    def bcast_object(self, obj: Any, root: int) -> Any: ...
+
+    def allgather_object(self, obj: Any) -> list[Any]: ...
+
+    def barrier(self) -> None: ...
+
+    def abort(self, code: int = 1) -> NoReturn: ...
+
+    def hostname(self) -> str: ...
+
+    def free(self) -> None:
+        """Release what this communicator holds (a collective over its ranks)."""
+
+
+def as_bytes(a: np.ndarray) -> np.ndarray:
+    """A uint8 view of a contiguous array (no copy)."""
+    return a.reshape(-1).view(np.uint8)
+
+
+def polite_wait(request: Any, spin: float = 250e-6, longest: float = 200e-6) -> None:
+    """Complete an MPI request, spinning briefly then sleeping in growing steps.
+
+    A short wait (all ranks arrive together) costs what a blocking call would; a long
+    one (another rank still in backward) sleeps instead of polling, so that rank's
+    compute keeps the core. mpi4py drops the GIL inside ``Test``.
+    """
+    if request.Test():
+        return
+    start = time.perf_counter()
+    while time.perf_counter() - start < spin:
+        if request.Test():
+            return
+    pause = 20e-6
+    while not request.Test():
+        time.sleep(pause)
+        pause = min(pause * 2, longest)
+
+
+class MPIComm:
+    """:class:`Comm` over an mpi4py communicator (a private duplicate of the world's)."""
+
+    def __init__(self, comm: Any) -> None:
+        from mpi4py import MPI
+
+        self._MPI = MPI
+        self._comm = comm
+        #: Wait for the negotiation by sleeping rather than MPI's busy poll; set at init
+        #: from whether this host has a core per rank.
+        self.polite = True
+        self._null = MPI.PROC_NULL
+        self._empty = np.empty(0, np.uint8)
+        self._ops = {
+            ReduceOp.SUM: MPI.SUM, ReduceOp.AVERAGE: MPI.SUM,
+            ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX, ReduceOp.PRODUCT: MPI.PROD,
+        }
+        self._windows: dict[tuple[int, ...], MPISharedWindow] = {}
+        self._user_ops: dict[tuple[np.dtype, ReduceOp], tuple[Any, Any]] = {}
+
+    @property
+    def rank(self) -> int:
+        return int(self._comm.Get_rank())
+
+    @property
+    def size(self) -> int:
+        return int(self._comm.Get_size())
+
+    @property
+    def mpi_comm(self) -> Any:
+        return self._comm
+
+    def sendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> None:
+        # Contiguous uint8 arrays go as they are: mpi4py maps them to MPI_BYTE-sized items.
+        empty, null = self._empty, self._null
+        if send is None or dest is None:
+            sbuf, dest = empty, null
+        else:
+            sbuf = send if send.dtype == np.uint8 else as_bytes(send)
+        if recv is None or source is None:
+            rbuf, source = empty, null
+        else:
+            rbuf = recv if recv.dtype == np.uint8 else as_bytes(recv)
+        self._comm.Sendrecv(sbuf, dest, 0, rbuf, source, 0)
+
+    def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
+        if buf.dtype in NATIVE_REDUCE_DTYPES:
+            self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._ops[op])
+            return
+        datatype, mpi_op = self._half_op(buf.dtype, op)
+        self._comm.Allreduce(self._MPI.IN_PLACE, [as_bytes(buf), buf.size, datatype], op=mpi_op)
+
+    def _half_op(self, dtype: np.dtype, op: ReduceOp) -> tuple[Any, Any]:
+        """A 2-byte MPI datatype and a user-defined op that combines ``dtype`` values with numpy."""
+        key = (dtype, op)
+        found = self._user_ops.get(key)
+        if found is None:
+            if dtype.itemsize != 2:
+                raise TypeError(f"MPI cannot reduce {dtype} here; reduce it in a type MPI knows")
+            combine = ufunc(op)
+
+            def reduce(inbuf: Any, outbuf: Any, datatype: Any) -> None:
+                a = np.frombuffer(inbuf, dtype=dtype)
+                b = np.frombuffer(outbuf, dtype=dtype)
+                combine(b, a, out=b)
+
+            found = self._user_ops[key] = (self._MPI.UINT16_T, self._MPI.Op.Create(reduce, commute=True))
+        return found
+
+    def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
+        self._comm.Bcast([as_bytes(buf), self._MPI.BYTE], root=root)
+
+    def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        displs = np.concatenate([[0], np.cumsum(counts[:-1])]).astype(int).tolist()
+        self._comm.Allgatherv([as_bytes(send), self._MPI.BYTE], [as_bytes(recv), (counts, displs), self._MPI.BYTE])
+
+    def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
+        # The engine's negotiation: often the first rank in waits for the others to
+        # finish computing. A blocking Allgather would busy-poll a core they need.
+        if self.polite:
+            polite_wait(self._comm.Iallgather(send, recv))
+        else:  # more ranks than cores: MPI's own (yielding) wait hands the core over sooner
+            self._comm.Allgather(send, recv)
+
+    def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
+        window = self._windows.get(members)
+        if window is None:
+            # Each rank has one dim-0 group, and every rank runs its first group step
+            # in the same cycle (at init, when calibration measures it): a world collective.
+            window = self._windows[members] = MPISharedWindow(split_shared_group(self._comm, members, self.rank))
+        return window.ensure(nbytes)
+
+    def bcast_object(self, obj: Any, root: int) -> Any:
+        return self._comm.bcast(obj, root=root)
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return list(self._comm.allgather(obj))
+
+    def barrier(self) -> None:
+        self._comm.Barrier()
+
+    def abort(self, code: int = 1) -> NoReturn:
+        import sys
+        import time
+
+        # The launcher forwards output asynchronously; give it a moment before the kill.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        time.sleep(0.3)
+        self._MPI.COMM_WORLD.Abort(code)
+        raise SystemExit(code)  # not reached: Abort does not return
+
+    def hostname(self) -> str:
+        return str(self._MPI.Get_processor_name())
+
+    def free(self) -> None:
+        for window in self._windows.values():  # shared windows and group comms go first
+            window.free()
+        self._windows.clear()
+        for _, user_op in self._user_ops.values():
+            user_op.Free()
+        self._user_ops.clear()
+        if self._comm != self._MPI.COMM_WORLD and self._comm != self._MPI.COMM_SELF:
+            self._comm.Free()
+
+
+class SelfComm:
+    """A world of one process, for ``ddl.init()`` without ``mpiexec`` or without MPI.
+
+    The collectives never reach it with a peer (size 1 short-cuts them), so the data
+    movement methods only check that they are not asked for another rank.
+    """
+
+    rank = 0
+    size = 1
+
+    def sendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> None:
+        if dest not in (None, 0) or source not in (None, 0):
+            raise ValueError("a world of one process has no other rank")
+        if recv is not None and send is not None and source == 0:
+            as_bytes(recv)[...] = as_bytes(send)
+
+    def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
+        return None
+
+    def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
+        return None
+
+    def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
+        as_bytes(recv)[...] = as_bytes(send)
+
+    def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
+        as_bytes(recv)[...] = as_bytes(send)
+
+    def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
+        if members != (0,):
+            raise ValueError(f"a world of one process has no group {members}")
+        return SharedSlots(0, [np.zeros(nbytes, np.uint8)], lambda: None)
+
+    def bcast_object(self, obj: Any, root: int) -> Any:
+        return obj
+
+    def allgather_object(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def barrier(self) -> None:
+        return None
+
+    def abort(self, code: int = 1) -> NoReturn:
+        raise SystemExit(code)
+
+    def hostname(self) -> str:
+        import socket
+
+        return socket.gethostname()
+
+    def free(self) -> None:
+        return None
+
+
+def world_comm() -> Comm:
+    """This process's world: a private duplicate of ``MPI_COMM_WORLD``, or a world of one
+    (no ``mpiexec``, a singleton, or no loadable MPI library: ddl still works alone)."""
+    import sys
+
+    try:
+        from mpi4py import MPI
+    except Exception as exc:  # no MPI library loadable: a world of one is still useful
+        print(f"ddl: MPI unavailable ({exc}); running as a single process", file=sys.stderr)
+        return SelfComm()
+    if MPI.COMM_WORLD.Get_size() == 1:
+        return SelfComm()
+    return MPIComm(MPI.COMM_WORLD.Dup())
