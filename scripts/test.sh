@@ -1,8 +1,14 @@
 #!/usr/bin/env bash
-# The test command: sets up .venv itself, then lint, type check and the whole suite.
+# The test command: sets up .venv itself, then lint, type check, the docs site and the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
 .venv/bin/ruff check core adapters tests examples
 .venv/bin/mypy -p ddl
+# The documentation site, strict: a broken link or anchor, or a page missing from the nav, fails.
+# No --quiet: it hides the warnings that strict mode counts, and the build passes. NO_MKDOCS_2_WARNING:
+# Material prints a banner about its own future on every build.
+site=$(mktemp -d)
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict --site-dir "$site" || { rm -rf "$site"; exit 1; }
+rm -rf "$site"
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

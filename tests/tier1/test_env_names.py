@@ -1,4 +1,4 @@
-"""Every ``DDL_*`` variable the tests, examples and README set is one that ddl reads."""
+"""Every ``DDL_*`` variable the tests, examples, README and docs name is one that ddl reads."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_only_variables_that_ddl_reads_are_set() -> None:
     Config.from_env(env)
     known = env.asked | {s.env for s in SETTINGS} | SCRIPT_ONLY
     assert "DDL_CALIBRATION" in known and "DDL_TOPOLOGY" in known
-    files = [*ROOT.glob("tests/**/*.py"), *ROOT.glob("examples/**/*.py"), ROOT / "README.md"]
+    files = [*ROOT.glob("tests/**/*.py"), *ROOT.glob("examples/**/*.py"), ROOT / "README.md", *ROOT.glob("docs/**/*.md")]
     used = {(m, f.relative_to(ROOT).as_posix()) for f in files for m in re.findall(r"\bDDL_[A-Z0-9_]+", f.read_text())}
     unknown = sorted(u for u in used if u[0] not in known)
     assert not unknown, f"variables ddl never reads (misspelt?): {unknown}"

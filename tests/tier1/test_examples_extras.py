@@ -1,4 +1,4 @@
-"""Every example's imports come with ddl's base requirements plus the extra the README names for it."""
+"""Every example's imports come with ddl's base requirements plus the extra the install page names for it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Example -> the extra the README tells people to install for it (None: plain `pip install ddl`).
+INSTALL_PAGE = ROOT / "docs" / "install.md"
+#: Example -> the extra docs/install.md tells people to install for it (None: the core alone).
 EXAMPLE_EXTRAS: dict[str, str | None] = {
     "allreduce.py": None,
     "torch_digits.py": "torch",
@@ -44,7 +45,7 @@ def provided(extra: str | None) -> set[str]:
 
 def test_every_example_has_a_named_extra() -> None:
     examples = sorted(p.name for p in (ROOT / "examples").rglob("*.py"))
-    assert examples == sorted(EXAMPLE_EXTRAS), "add the new example to EXAMPLE_EXTRAS and the README"
+    assert examples == sorted(EXAMPLE_EXTRAS), "add the new example to EXAMPLE_EXTRAS and docs/install.md"
 
 
 @pytest.mark.parametrize(("name", "extra"), sorted(EXAMPLE_EXTRAS.items()))
@@ -57,7 +58,7 @@ def test_example_imports_come_with_its_extra(name: str, extra: str | None) -> No
         assert dists, f"{name} imports {module}, which is not installed here at all"
         assert dists & have, f"{name} imports {module} ({', '.join(sorted(dists))}) but ddl[{extra}] does not bring it"
     if extra:
-        assert f"pip install 'ddl[{extra}]'" in (ROOT / "README.md").read_text(), f"README names no extra for {name}"
+        assert f'pip install "./ddl[{extra}]"' in INSTALL_PAGE.read_text(), f"docs/install.md names no extra for {name}"
 
 
 def test_the_check_catches_a_missing_module() -> None:

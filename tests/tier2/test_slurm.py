@@ -90,9 +90,10 @@ def test_srun_without_pmi_is_refused_not_trained_four_times(cluster: SlurmCluste
     assert "--mpi=pmi2" in done.stderr
 
 
-def test_readme_sbatch_script_runs(cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_documented_sbatch_script_runs(cluster: SlurmCluster, tmp_path: Path) -> None:
     script = ROOT / "examples" / "slurm" / "digits.sbatch"
-    assert script.read_text().strip() in (ROOT / "README.md").read_text(), "README's sbatch script differs"
+    guide = ROOT / "docs" / "guides" / "clusters.md"
+    assert script.read_text().strip() in guide.read_text(), "the sbatch script in docs/guides/clusters.md differs"
     out = cluster.workdir / "sbatch.out"
     done = cluster.on_node("h1", ["sbatch", "--wait", f"--output={out}", str(script), "--epochs", "2"],
                            env=TCP, timeout=600, cwd=str(ROOT))
