@@ -325,7 +325,9 @@ def _check_same_model(prefix: str, manifest: list[tuple[str, tuple[int, ...], st
     """Every rank must wrap the same parameters, or buckets would not line up: say which differ."""
     if not ddl.is_initialized() or ddl.size() == 1:
         return
-    everyone = ddl.allgather_object(manifest, name=f"{prefix}.manifest")
+    # Unnamed (matched by call order, like any collective): a name from the manifest
+    # would differ exactly where this check must catch it.
+    everyone = ddl.allgather_object(manifest)
     for r, other in enumerate(everyone):
         if other != manifest:
             diff = next(((a, b) for a, b in zip(manifest, other, strict=False) if a != b), None)

@@ -63,5 +63,5 @@ def parse_rank_counts(text: str, what: str = "-np") -> list[int]:
     except ValueError:
         counts = []
     if not counts or any(c < 1 for c in counts):
-        raise ValueError(f"{what} takes world sizes like 1,2,4, got {text!r}")
+        raise ValueError(f"{what} takes world sizes as whole numbers, like 1,2,4; got {text!r}")
     return counts

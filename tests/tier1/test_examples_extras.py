@@ -36,7 +36,7 @@ def example_imports(path: Path) -> set[str]:
 def provided(extra: str | None) -> set[str]:
     """Distribution names that `pip install ddl[extra]` brings directly."""
     names = set()
-    for text in importlib.metadata.requires("ddl") or []:
+    for text in importlib.metadata.requires("ddl-runtime") or []:
         req = Requirement(text)
         if req.marker is None or req.marker.evaluate({"extra": extra or ""}):
             names.add(canonicalize_name(req.name))

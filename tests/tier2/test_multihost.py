@@ -77,6 +77,24 @@ def test_every_algorithm_across_hosts_with_H(cluster: Cluster) -> None:
     run_job(cluster, ["-H", cluster.host_list()], "check")
 
 
+def test_fp16_compression_halves_the_link_bytes_on_every_algorithm(cluster: Cluster) -> None:
+    """Three 8 MiB allreduces per algorithm, with and without fp16: the bytes each host's
+    link sent (its own interface counters), compressed at most 0.6x uncompressed, mpi too."""
+    out, _ = run_job(cluster, ["-H", cluster.host_list()], "compression", "--calibration", "off")
+    sent: dict[tuple[str, str, str], int] = {}
+    for alg, comp, host, nbytes in re.findall(r"BYTES (\S+) (\S+) (h\d) (\d+)", out):
+        sent[(alg, comp, host)] = int(nbytes)
+    algorithms = sorted({a for a, _, _ in sent})
+    assert set(algorithms) == {"mpi", "ring", "multiring", "halving_doubling", "shm", "auto"}, out
+    print("\nbytes sent over each host's link, 3 x 8 MiB float32 allreduces (2 hosts x 2 ranks):")
+    print(f"{'algorithm':>17} {'host':>4} {'none MiB':>9} {'fp16 MiB':>9} {'ratio':>6}")
+    for alg in algorithms:
+        for host in ("h1", "h2"):
+            plain, half = sent[(alg, "none", host)], sent[(alg, "fp16", host)]
+            print(f"{alg:>17} {host:>4} {plain / 2**20:9.2f} {half / 2**20:9.2f} {half / plain:6.2f}")
+            assert half <= 0.6 * plain, f"{alg} on {host}: {half} bytes with fp16 vs {plain} without"
+
+
 def test_hostfile_across_hosts(cluster: Cluster, tmp_path: Path) -> None:
     hostfile = cluster.hostfile(tmp_path / "hosts.txt")
     run_job(cluster, ["--hostfile", str(hostfile)], "small", "--calibration", "off")

@@ -14,7 +14,7 @@ from .metrics import max_rel_diff
 
 RTOL_RANKS = 1e-5  # N ranks vs one rank on the global batch
 RTOL_ONNX = 1e-5   # onnxruntime vs the framework's own outputs
-# Frameworks vs each other at one rank, after 20 steps (measured figures in the README).
+# Frameworks vs each other at one rank, after 20 steps (measured figures in docs/guides/conformance.md).
 # torch/TF: different kernels (oneDNN vs Eigen) sum in different orders, ~1e-7 per op,
 # grown by training. Adam divides each gradient by its own running magnitude, so a
 # gradient that nearly cancels (the bias of a conv feeding a BatchNorm: a sum over batch

@@ -3,8 +3,10 @@
 Run by tests/tier2/test_multihost.py under ``ddlrun -H``/``--hostfile`` in
 ``emulation.cluster``. ``check``: every algorithm, exact and bit-identical on every
 rank, and prints the payload bytes reduced (the test compares them with the veth
-counters). ``small``: discovery and one 1 MiB allreduce. ``loop``: allreduces until
-killed. A failed check raises, and ddl's abort hook ends the whole job.
+counters). ``compression``: per algorithm, the bytes this host's link sent for three
+8 MiB allreduces with and without fp16 compression (read from the namespace's own
+interface counters between barriers). ``small``: discovery and one 1 MiB allreduce.
+``loop``: allreduces until killed. A failed check raises, and ddl's abort hook ends the whole job.
 """
 
 import hashlib
@@ -48,6 +50,28 @@ if mode == "check":
         assert np.array_equal(z, np.full(1 << 18, p * (p + 1) / 2, np.float32)), alg
         payload += z.nbytes
     print(f"PASS rank {r} payload {payload}", flush=True)
+elif mode == "compression":
+    from pathlib import Path
+
+    def sent() -> int:  # bytes out of this emulated host, all its ranks together
+        return sum(int((d / "statistics" / "tx_bytes").read_text()) for d in Path("/sys/class/net").iterdir()
+                   if d.name != "lo")
+
+    n = 2 << 20  # 8 MiB of float32; small integers, exact in float16, so every sum is exact
+    x = (np.arange(n, dtype=np.float32) % 97) + r
+    want = sum((np.arange(n, dtype=np.float32) % 97) + q for q in range(p))
+    for alg in [*ALGS[:-1], "shm", "auto"]:
+        for comp in ("none", "fp16"):
+            ddl.allreduce(x, op=ddl.Sum, algorithm=alg, compression=comp, name=f"w.{alg}.{comp}")  # warm-up
+            ddl.barrier()
+            before = sent()
+            for i in range(3):
+                y = ddl.allreduce(x, op=ddl.Sum, algorithm=alg, compression=comp, name=f"c.{alg}.{comp}.{i}")
+                assert np.array_equal(y, want), (alg, comp)
+            ddl.barrier()
+            if ddl.local_rank() == 0:
+                print(f"BYTES {alg} {comp} h{ddl.cross_rank() + 1} {sent() - before}", flush=True)
+    print(f"PASS rank {r} payload {3 * x.nbytes}", flush=True)
 elif mode == "small":
     y = ddl.allreduce(np.full(1 << 18, r, np.float32), op=ddl.Sum, algorithm="multiring")
     assert np.all(y == sum(range(p)))
