@@ -14,10 +14,10 @@ from ddl.base.ops import ReduceOp
 from ddl.base.topology import Topology, build_topology, parse_spec
 from ddl.engine.context import Context
 from ddl.reduction import calibration, cost
-from ddl.reduction.probes import DEFAULT_PLAN, ProbePlan, Samples
 from ddl.reduction.algorithms import SCHEDULED, check_for
 from ddl.reduction.algorithms.shm import why_not_shared
 from ddl.reduction.executor import piece_elems, slot_bytes
+from ddl.reduction.probes import DEFAULT_PLAN, ProbePlan, Samples
 from ddl.reduction.schedule import GroupStep, Schedule, Step, chunks_of, partition
 from ddl.testing import (
     FakeComm,
