@@ -57,7 +57,7 @@ def test_native_probes_predicted_too_slow_are_extrapolated() -> None:
             real(buf, op)  # type: ignore[arg-type]
 
         comm.allreduce_native = spy  # type: ignore[method-assign]
-        return probes._native_samples(comm, ProbePlan(native=((8, 3), (4096, 3), (1 << 20, 2)), skip_beyond=1e-9))
+        return probes._native_samples(comm, ProbePlan(native=((8, 3), (4096, 3), (1 << 20, 2)), skip_beyond=1e-9, budget=60.0))
 
     results = run_ranks(2, fn)
     assert sizes == [[8] * 4, [8] * 4]  # warm-up + 3 repeats of the first probe, nothing larger
