@@ -53,9 +53,13 @@ def gradients(la: Layer, bottoms: Sequence[Any], top_diffs: Sequence[Any], wrt: 
     tops = la.forward(ins)
     pairs = [(t, _tensor(d)) for t, d in zip(tops, top_diffs, strict=False) if t.requires_grad]
     torch.autograd.backward([t for t, _ in pairs], [d.reshape(t.shape) for t, d in pairs])
-    gb = [ins[i].grad.numpy() if ins[i].grad is not None else np.zeros(ins[i].shape) for i in wrt]
-    gp = [b.grad.numpy() if b.grad is not None else np.zeros(tuple(b.shape)) for b in la.blobs]
+    gb = [_numpy(ins[i].grad, tuple(ins[i].shape)) for i in wrt]
+    gp = [_numpy(b.grad, tuple(b.shape)) for b in la.blobs]
     return gb, gp
+
+
+def _numpy(grad: torch.Tensor | None, shape: tuple[int, ...]) -> np.ndarray:
+    return grad.detach().numpy() if grad is not None else np.zeros(shape)
 
 
 def numeric_check(la: Layer, bottoms: Sequence[Any], wrt: Sequence[int] = (0,), *, params: bool = True,

@@ -71,8 +71,8 @@ def test_resize_matches_opencv_linear_rule() -> None:
 def test_window_data_warps_windows_and_mixes_fg_and_bg(tmp_path: Path) -> None:
     arrays = _images(tmp_path, 2, size=(20, 24))
     wf = tmp_path / "windows.txt"
-    wf.write_text(f"# 0\n0.png\n3\n20\n24\n3\n2 0.9 2 3 13 14\n1 0.2 0 0 9 9\n3 0.3 5 5 20 15\n"
-                  f"# 1\n1.png\n3\n20\n24\n1\n0 0.1 1 1 22 18\n")
+    wf.write_text("# 0\n0.png\n3\n20\n24\n3\n2 0.9 2 3 13 14\n1 0.2 0 0 9 9\n3 0.3 5 5 20 15\n"
+                  "# 1\n1.png\n3\n20\n24\n1\n0 0.1 1 1 22 18\n")
     body = (f'name: "w" type: "WindowData" top: "data" top: "label" window_data_param {{ source: "{wf}" root_folder: "{tmp_path / "img"}/" '
             f'batch_size: 8 fg_fraction: 0.25 fg_threshold: 0.5 bg_threshold: 0.5 }} transform_param {{ crop_size: 6 mean_value: 100 }}')
     la = single_layer(body, [], phase=schema.TRAIN)
