@@ -145,7 +145,7 @@ class Net:
             layer.setup(shapes)
             self._place(layer)
             self._share(layer, owners)
-            tops = layer.top_shapes() if layer.is_data else (layer.infer_top_shapes() or self._probe(layer, shapes))
+            tops = layer.top_shapes() if layer.is_data else (layer.infer_top_shapes(shapes) or self._probe(layer, shapes))
             if not quiet:
                 log.info("Setting up %s", layer.name)
             for t, s in zip(layer.top, tops, strict=True):
@@ -238,6 +238,7 @@ class Net:
             self.params.append(Param(t, lr, decay, layer.name, i))
 
     def _probe(self, layer: Layer, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Top shapes from one forward on zeros (for the layers that cannot tell them from the bottom shapes)."""
         layer.update_stats = False
         try:
             with torch.no_grad():

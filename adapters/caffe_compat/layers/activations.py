@@ -15,6 +15,7 @@ class ReLU(Layer):
     """max(x, 0) + negative_slope * min(x, 0); the gradient at 0 is the negative side's, as in Caffe."""
 
     type = "ReLU"
+    same_shape = True
     params = ("relu_param",)
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -26,6 +27,7 @@ class ReLU6(Layer):
     """min(max(x, 0), 6) (MobileNet v2 forks; no parameters)."""
 
     type = "ReLU6"
+    same_shape = True
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         return [F.relu6(bottoms[0])]
@@ -35,6 +37,7 @@ class PReLU(Layer):
     """max(x, 0) + a_c * min(x, 0) with a learned slope per channel (axis 1) or one shared slope."""
 
     type = "PReLU"
+    same_shape = True
     params = ("prelu_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
@@ -56,6 +59,7 @@ class PReLU(Layer):
 
 class ELU(Layer):
     type = "ELU"
+    same_shape = True
     params = ("elu_param",)
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -64,6 +68,7 @@ class ELU(Layer):
 
 class Sigmoid(Layer):
     type = "Sigmoid"
+    same_shape = True
     params = ("sigmoid_param",)
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -72,6 +77,7 @@ class Sigmoid(Layer):
 
 class TanH(Layer):
     type = "TanH"
+    same_shape = True
     params = ("tanh_param",)
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -80,6 +86,7 @@ class TanH(Layer):
 
 class AbsVal(Layer):
     type = "AbsVal"
+    same_shape = True
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         return [bottoms[0].abs()]
@@ -89,6 +96,7 @@ class BNLL(Layer):
     """log(1 + exp(x)), computed stably (Caffe: x + log(1 + exp(-x)) for x > 0)."""
 
     type = "BNLL"
+    same_shape = True
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         return [F.softplus(bottoms[0], beta=1.0, threshold=50.0)]
@@ -98,6 +106,7 @@ class Exp(Layer):
     """base^(shift + scale * x); base -1 means e."""
 
     type = "Exp"
+    same_shape = True
     params = ("exp_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
@@ -117,6 +126,7 @@ class Log(Layer):
     """log_base(shift + scale * x); base -1 means e."""
 
     type = "Log"
+    same_shape = True
     params = ("log_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
@@ -137,6 +147,7 @@ class Power(Layer):
     """(shift + scale * x)^power."""
 
     type = "Power"
+    same_shape = True
     params = ("power_param",)
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -153,6 +164,7 @@ class Swish(Layer):
     """x * sigmoid(beta * x)."""
 
     type = "Swish"
+    same_shape = True
     params = ("swish_param",)
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -164,6 +176,7 @@ class Threshold(Layer):
     """1 where x > threshold, else 0 (Caffe gives it no backward)."""
 
     type = "Threshold"
+    same_shape = True
     params = ("threshold_param",)
 
     def allow_force_backward(self, i: int) -> bool:
@@ -178,6 +191,7 @@ class Clip(Layer):
     """min(max(x, min), max); the gradient passes where min <= x <= max."""
 
     type = "Clip"
+    same_shape = True
     params = ("clip_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:

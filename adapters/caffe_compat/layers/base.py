@@ -24,6 +24,7 @@ class Layer:
     params: tuple[str, ...] = ()   # the LayerParameter fields ``*_param`` this type reads
     is_loss = False          # top 0 gets loss weight 1 unless the prototxt says otherwise
     is_data = False          # no bottoms; knows its top shapes without running
+    same_shape = False       # every top has the first bottom's shape
     min_bottoms, max_bottoms = 1, 1
     min_tops, max_tops = 1, 1
 
@@ -57,9 +58,10 @@ class Layer:
         """Data layers only: the shapes of their tops."""
         raise NotImplementedError
 
-    def infer_top_shapes(self) -> list[tuple[int, ...]] | None:
-        """Top shapes known after ``setup`` without running forward (None: the net probes with zeros)."""
-        return None
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        """Top shapes for bottoms of ``shapes`` after ``setup``, without running forward (None: the net
+        probes with zeros). Element-wise layers (``same_shape``) give the first bottom's shape."""
+        return [shapes[0]] * len(self.top) if self.same_shape else None
 
     def loss_weight(self, i: int) -> float:
         if i < len(self.lp.loss_weight):

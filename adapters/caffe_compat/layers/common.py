@@ -29,6 +29,9 @@ class InnerProduct(Layer):
         if p.bias_term:
             self.blobs.append(self.make_blob((p.num_output,), p.bias_filler, what="bias"))
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        return [(*shapes[0][: self.axis], self.lp.inner_product_param.num_output)]
+
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         x = bottoms[0]
         lead = x.shape[: self.axis]
@@ -40,6 +43,7 @@ class InnerProduct(Layer):
 
 class Dropout(Layer):
     type = "Dropout"
+    same_shape = True
     params = ("dropout_param",)
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -55,6 +59,7 @@ class BatchNorm(Layer):
     """Caffe's BatchNorm: blobs are mean*f, variance*f and the factor f (all lr_mult 0)."""
 
     type = "BatchNorm"
+    same_shape = True
     params = ("batch_norm_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
@@ -114,6 +119,7 @@ class Scale(Layer):
     """x * gamma (a learned blob, or the second bottom) broadcast from ``axis``; optional learned bias."""
 
     type = "Scale"
+    same_shape = True
     params = ("scale_param",)
     max_bottoms = 2
 
@@ -139,6 +145,7 @@ class Bias(Layer):
     """x + b (a learned blob, filler default 0, or the second bottom) broadcast from ``axis``."""
 
     type = "Bias"
+    same_shape = True
     params = ("bias_param",)
     max_bottoms = 2
 
@@ -183,6 +190,7 @@ class Embed(Layer):
 
 class Eltwise(Layer):
     type = "Eltwise"
+    same_shape = True
     params = ("eltwise_param",)
     min_bottoms, max_bottoms = 2, 1 << 16
 
@@ -219,6 +227,7 @@ class Eltwise(Layer):
 
 class Softmax(Layer):
     type = "Softmax"
+    same_shape = True
     params = ("softmax_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:

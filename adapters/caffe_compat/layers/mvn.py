@@ -32,6 +32,7 @@ class MVN(Layer):
     """(x - mean) / (sqrt(variance) + eps) over (H, W) per channel, or over (C, H, W) with across_channels."""
 
     type = "MVN"
+    same_shape = True
     params = ("mvn_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:

@@ -141,6 +141,9 @@ class Pooling(Layer):
             raise self.error(f"the {h}x{w} bottom is smaller than the kernel {list(kernel)}")
         self.window = Window(kernel, stride, pad, (out[0], out[1]), ceil)
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        return [(*shapes[0][:2], *self.window.out)] * len(self.top)
+
     # Convenience views for the exporter.
     @property
     def kernel(self) -> tuple[int, int]:

@@ -79,7 +79,7 @@ class PythonLayer(Layer):
         except Exception as e:                                  # noqa: BLE001 - the user's code failed
             raise self.error(f"{type(self.obj).__name__}.{what} raised {type(e).__name__}: {e}") from e
 
-    def infer_top_shapes(self) -> list[tuple[int, ...]] | None:
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
         return list(self.shapes)
 
     def run_forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:

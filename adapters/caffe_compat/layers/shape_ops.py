@@ -31,6 +31,11 @@ class Concat(Layer):
             if len(s) != len(shapes[0]) or any(a != b for i, (a, b) in enumerate(zip(s, shapes[0], strict=True)) if i != self.axis):
                 raise self.error(f"bottoms must match except on axis {self.axis}, got {[list(x) for x in shapes]}")
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        out = list(shapes[0])
+        out[self.axis] = sum(s[self.axis] for s in shapes)
+        return [tuple(out)]
+
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         return [torch.cat(bottoms, self.axis) if len(bottoms) > 1 else bottoms[0]]
 
@@ -59,6 +64,9 @@ class Slice(Layer):
                 raise self.error(f"axis {self.axis} of size {size} does not split into {n} equal tops; give slice_point")
             self.sizes = [size // n] * n
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        return [tuple(n if i == self.axis else d for i, d in enumerate(shapes[0])) for n in self.sizes]
+
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         return list(torch.split(bottoms[0], self.sizes, self.axis))
 
@@ -68,6 +76,7 @@ class Split(Layer):
 
     type = "Split"
     max_tops = MANY
+    same_shape = True
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         return [bottoms[0]] * len(self.top)
@@ -116,6 +125,10 @@ class Flatten(Layer):
         p, n = self.lp.flatten_param, len(shapes[0])
         self.first, self.last = axis_index(p.axis, n, self), axis_index(p.end_axis, n, self)
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        s = shapes[0]
+        return [(*s[: self.first], math.prod(s[self.first:self.last + 1]), *s[self.last + 1:])]
+
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         return [bottoms[0].flatten(self.first, self.last) if self.last > self.first else bottoms[0]]
 
@@ -127,6 +140,9 @@ class Reshape(Layer):
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
         self.in_shape = shapes[0]
         self.shape = _reshape_target(self, shapes[0])
+
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        return [self.shape]
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         x = bottoms[0]
@@ -162,6 +178,9 @@ class Crop(Layer):
             if a[i] - off < b[i]:
                 raise self.error(f"axis {i}: offset {off} + size {b[i]} exceeds bottom 0's {a[i]}")
             self.slices.append(slice(off, off + b[i]))
+
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        return [tuple(d if sl.start is None else sl.stop - sl.start for d, sl in zip(shapes[0], self.slices, strict=True))]
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         return [bottoms[0][tuple(self.slices)]]

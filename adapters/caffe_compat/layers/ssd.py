@@ -27,6 +27,9 @@ class Permute(Layer):
             raise self.error(f"order {given} must name distinct axes of the {n}-D bottom")
         self.order = given + [a for a in range(n) if a not in given]
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        return [tuple(shapes[0][a] for a in self.order)]
+
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         return [bottoms[0].permute(*self.order).contiguous()]
 
@@ -35,6 +38,7 @@ class Normalize(Layer):
     """x / sqrt(sum x^2 + eps) over (C, H, W) (across_spatial) or over C at each position, times a learned scale."""
 
     type = "Normalize"
+    same_shape = True
     params = ("norm_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:

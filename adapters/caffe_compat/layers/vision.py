@@ -73,6 +73,11 @@ class Convolution(_ConvBase):
             self.blobs.append(self.make_blob((p.num_output,), p.bias_filler, what="bias"))
         self.conv = (F.conv1d, F.conv2d, F.conv3d)[self.nd - 1]
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        out = [(s + 2 * p - (d * (k - 1) + 1)) // st + 1 for s, p, d, k, st in
+               zip(shapes[0][2:], self.pad, self.dilation, self.kernel, self.stride, strict=True)]
+        return [(shapes[0][0], self.blobs[0].shape[0], *out)]
+
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         b = self.blobs[1] if len(self.blobs) > 1 else None
         x = bottoms[0]
@@ -104,6 +109,11 @@ class Deconvolution(_ConvBase):
             self.blobs.append(self.make_blob((p.num_output,), p.bias_filler, what="bias"))
         self.deconv = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[self.nd - 1]
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        out = [st * (s - 1) + d * (k - 1) + 1 - 2 * p for s, p, d, k, st in
+               zip(shapes[0][2:], self.pad, self.dilation, self.kernel, self.stride, strict=True)]
+        return [(shapes[0][0], self.lp.convolution_param.num_output, *out)]
+
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         b = self.blobs[1] if len(self.blobs) > 1 else None
         return [self.deconv(bottoms[0], self.blobs[0], b, self.stride, self.pad, 0, self.group, self.dilation)]
@@ -121,6 +131,10 @@ class Im2col(_ConvBase):
         self.out_hw = tuple((s + 2 * p - (d * (k - 1) + 1)) // st + 1 for s, p, d, k, st in
                             zip(shapes[0][2:], self.pad, self.dilation, self.kernel, self.stride, strict=True))
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        s = shapes[0]
+        return [(s[0], s[1] * self.kernel[0] * self.kernel[1], *self.out_hw)]
+
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         x = bottoms[0]
         cols = F.unfold(x, self.kernel, self.dilation, self.pad, self.stride)
@@ -129,6 +143,7 @@ class Im2col(_ConvBase):
 
 class LRN(Layer):
     type = "LRN"
+    same_shape = True
     params = ("lrn_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
