@@ -18,9 +18,9 @@ class CaffeModule(torch.nn.Module):
     """A Net whose blobs are the module's parameters (``<layer>.weight``, ``<layer>.bias``, ...) and buffers
     (BatchNorm's ``mean``, ``variance``, ``scale_factor``, as Caffe keeps them).
 
-    ``forward(*inputs)`` takes the Input tops in order (or ``forward(name=tensor, ...)``) and returns the
-    net's output blob when there is one, else a dict of them; a net with data layers reads its own data
-    when called without inputs. ``train()`` and ``eval()`` switch Dropout and BatchNorm between Caffe's
+    ``forward(*inputs)`` takes the Input tops in order (or any data tops by name, ``forward(data=x)``) and
+    returns the net's output blob when there is one, else a dict of them; data layers whose tops are not
+    given read their own data. ``loss(...)`` returns the net's weighted loss. ``train()`` and ``eval()`` switch Dropout and BatchNorm between Caffe's
     TRAIN and TEST behaviour. Parameters with ``lr_mult: 0`` have ``requires_grad=False``.
     """
 
@@ -54,20 +54,32 @@ class CaffeModule(torch.nn.Module):
                 la.global_stats = not mode                                     # type: ignore[attr-defined]
         return self
 
-    def forward(self, *inputs: torch.Tensor, **named: torch.Tensor) -> Any:
+    def _run(self, inputs: tuple[torch.Tensor, ...], named: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if len(inputs) > len(self.input_names):
             raise ValueError(f"the net takes {len(self.input_names)} inputs ({', '.join(self.input_names)}), got {len(inputs)}")
         feeds = dict(zip(self.input_names, inputs, strict=False))
-        unknown = set(named) - set(self.input_names)
+        data_tops = {t for la in self.net.layers if la.is_data for t in la.top}
+        unknown = set(named) - data_tops
         if unknown:
-            raise ValueError(f"no Input top named {sorted(unknown)}; the inputs are {self.input_names}")
+            raise ValueError(f"no data top named {sorted(unknown)}; the net's data tops are {sorted(data_tops)}")
         feeds.update(named)
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ValueError(f"missing input(s) {missing}")
-        _, blobs = self.net.forward(feeds=feeds or None)
+        return self.net.forward(feeds=feeds or None)
+
+    def forward(self, *inputs: torch.Tensor, **named: torch.Tensor) -> Any:
+        _, blobs = self._run(inputs, named)
         outs = {o: blobs[o] for o in self.net.outputs}
         return next(iter(outs.values())) if len(outs) == 1 else outs
+
+    def loss(self, *inputs: torch.Tensor, **named: torch.Tensor) -> torch.Tensor:
+        """The net's own objective: its loss tops weighted by their loss_weight (e.g. GoogLeNet's three heads).
+
+        Data tops may be given by name (``model.loss(data=x, label=y)``) in place of the net's data layers.
+        """
+        total, _ = self._run(inputs, named)
+        return total
 
 
 def load(prototxt: str | Path, caffemodel: str | Path | None = None, *, phase: str = "test",

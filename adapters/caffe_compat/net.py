@@ -136,7 +136,12 @@ class Net:
         chosen = filter_layers(param, self.state)
         _check_types(param, chosen)
         for lp in chosen:
-            layer = LAYERS[lp.type](lp, phase, self.gen)
+            cls = LAYERS[lp.type]
+            if cls.is_loss and not len(lp.top):
+                # Caffe gives a loss layer without tops an anonymous one (AutoTopBlobs).
+                lp = copy.deepcopy(lp)
+                lp.top.append("(automatic)")
+            layer = cls(lp, phase, self.gen)
             layer.rank, layer.size = rank, size          # type: ignore[attr-defined]
             for b in layer.bottom:
                 if b not in self.shapes:
