@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from . import schema
 from .blobs import from_array
 from .data import array_datum, write_lmdb
 from .textio import write_binary
