@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -13,59 +14,108 @@ log = logging.getLogger("ddl.caffe")
 
 
 class LayerRunner:
-    """Runs a net one layer at a time, forward then backward in reverse order, as Caffe's Net does.
+    """Runs a net forward layer by layer (each timed) and backward as Caffe's Net does, with per-layer times.
 
-    Each layer reads detached copies of its bottoms, so its backward is one ``torch.autograd.backward``
-    call that is timed on its own; the bottoms' diffs are then handed to the layers that produced them.
-    A bottom gets a diff exactly where Caffe's net analysis says it does (so on a deploy net only the
-    parameter gradients are computed, as in Caffe), and a top nobody differentiates gets zeros.
+    A net with a loss runs one autograd pass: each layer reads its own view of every bottom that needs a
+    diff, so a hook on that view marks the end of that layer's backward, and a hook on each top the
+    start (its diff complete: every consumer done). CPU autograd runs the nodes one at a time, later
+    layers first, so the per-layer spans add up to the pass. A net without a loss (a deploy net) runs,
+    as Caffe's ``time`` does there, every layer's backward on its own with zero top diffs: parameter
+    gradients only, no bottom diffs (Caffe's net analysis gives none).
     """
 
     def __init__(self, net: Net) -> None:
         self.net = net
         self.need = net.bottom_need_backward()
+        self.has_loss = any(la.loss_weight(j) for la in net.layers for j in range(len(la.top)))
+        self.stamps: dict[int, float] = {}
+        self.param_layer: dict[int, int] = {}
+        for i, la in enumerate(net.layers):
+            if any(self.need[i]):
+                continue                        # its bottoms' views mark the end of its backward
+            for t in la.blobs:
+                if t.requires_grad and id(t) not in self.param_layer:
+                    self.param_layer[id(t)] = i
+                    t.register_post_accumulate_grad_hook(self._param_done)  # type: ignore[no-untyped-call]
+
+    def _param_done(self, t: torch.Tensor) -> None:
+        i = self.param_layer[id(t)]
+        self.stamps[-1 - i] = max(self.stamps.get(-1 - i, 0.0), time.perf_counter())
+
+    def _stamp(self, key: int) -> Any:
+        def hook(g: torch.Tensor) -> None:
+            self.stamps[key] = max(self.stamps.get(key, 0.0), time.perf_counter())
+        return hook
 
     def iteration(self, fwd: list[float], bwd: list[float]) -> float:
-        net = self.net
+        return self._one_pass(fwd, bwd) if self.has_loss else self._per_layer(fwd, bwd)
+
+    def _one_pass(self, fwd: list[float], bwd: list[float]) -> float:
+        net, n = self.net, len(self.net.layers)
         blobs: dict[str, torch.Tensor] = {}
-        leaves: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        tops_of: list[list[torch.Tensor]] = []
-        diffs: dict[int, torch.Tensor] = {}
+        producer: dict[str, int] = {}
+        consumers: list[list[int]] = [[] for _ in range(n)]
+        self.stamps.clear()
+        roots: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
         loss = 0.0
+        tops_of: list[list[torch.Tensor]] = []
         for i, la in enumerate(net.layers):
-            ins, pairs = [], []
+            ins = []
             for j, b in enumerate(la.bottom):
-                src = blobs[b]
-                x = src.detach()
-                if self.need[i][j] and x.is_floating_point():
-                    x.requires_grad_(True)
-                    pairs.append((x, src))
+                x = blobs[b]
+                if self.need[i][j] and x.requires_grad:
+                    # This layer's own handle on the bottom: its gradient marks the end of this layer's
+                    # backward, and (over all readers) the start of the producer's.
+                    x = x.view_as(x)
+                    x.register_hook(self._stamp(n + i))                # type: ignore[no-untyped-call]
+                    consumers[producer[b]].append(i)
+                elif x.requires_grad:
+                    x = x.detach()
                 ins.append(x)
             t0 = time.perf_counter()
             tops = net.run_layer(i, ins)
             fwd[i] += time.perf_counter() - t0
             for j, (name, t) in enumerate(zip(la.top, tops, strict=True)):
                 blobs[name] = t
+                producer[name] = i
                 w = la.loss_weight(j)
                 if w:
                     loss += w * float(t.detach().sum())
                     if t.requires_grad:
-                        diffs[id(t)] = torch.full_like(t, w)           # Caffe's loss top diff: the loss weight
-            leaves.append(pairs)
+                        roots.append(t)
+                        grads.append(torch.full_like(t, w))
+            tops_of.append(tops)
+        start = time.perf_counter()
+        if roots:
+            torch.autograd.backward(roots, grads)
+        done = time.perf_counter()
+        for i in range(n):
+            if not any(t.requires_grad for t in tops_of[i]):
+                continue
+            begin = max([self.stamps.get(n + c, start) for c in consumers[i]] or [start])
+            end = max(self.stamps.get(n + i, 0.0), self.stamps.get(-1 - i, 0.0)) or begin
+            bwd[i] += max(min(end, done) - begin, 0.0)
+        return loss
+
+    def _per_layer(self, fwd: list[float], bwd: list[float]) -> float:
+        net = self.net
+        blobs: dict[str, torch.Tensor] = {}
+        tops_of: list[list[torch.Tensor]] = []
+        for i, la in enumerate(net.layers):
+            ins = [blobs[b].detach() for b in la.bottom]
+            t0 = time.perf_counter()
+            tops = net.run_layer(i, ins)
+            fwd[i] += time.perf_counter() - t0
+            blobs.update(zip(la.top, tops, strict=True))
             tops_of.append(tops)
         for i in range(len(net.layers) - 1, -1, -1):
             outs = [t for t in tops_of[i] if t.requires_grad]
-            if not outs:
-                continue
-            grads = [diffs.pop(id(t), None) for t in outs]
-            t0 = time.perf_counter()
-            torch.autograd.backward(outs, [g if g is not None else torch.zeros_like(t) for g, t in zip(grads, outs, strict=True)])
-            bwd[i] += time.perf_counter() - t0
-            for x, src in leaves[i]:
-                if x.grad is not None and src.requires_grad:
-                    prev = diffs.get(id(src))
-                    diffs[id(src)] = x.grad if prev is None else prev + x.grad
-        return loss
+            if outs:
+                t0 = time.perf_counter()
+                torch.autograd.backward(outs, [torch.zeros_like(t) for t in outs])
+                bwd[i] += time.perf_counter() - t0
+        return 0.0
 
 
 def time_net(net: Net, iterations: int) -> dict[str, float]:

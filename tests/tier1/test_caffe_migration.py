@@ -137,6 +137,15 @@ def test_state_dict_converter_and_load_as_a_torch_module(tmp_path: Path) -> None
     assert set(model.state_dict()) == set(sd)
     assert cli.main(["state-dict", str(weights), str(tmp_path / "w.pt")]) == 0
     assert set(torch.load(tmp_path / "w.pt")) == set(sd)
+    tv = tmp_path / "tv.prototxt"
+    tv.write_text(_train_val())
+    trainer = ddl.caffe.load(tv, weights, phase="train")
+    y = torch.tensor([1.0, 3.0])
+    trainer.eval()                                             # TEST behaviour: BatchNorm's stored statistics
+    loss = trainer.loss(data=x, label=y)                       # the net's own SoftmaxWithLoss, fed by name
+    with torch.no_grad():
+        ref = torch.nn.functional.cross_entropy(torch.log(model(x)), y.long())
+    assert loss.requires_grad and float(loss.detach()) == pytest.approx(float(ref), rel=1e-4)
 
 
 def test_fine_tuning_under_ddl_torch_distributed_optimizer(tmp_path: Path) -> None:
@@ -161,14 +170,18 @@ def test_fine_tuning_under_ddl_torch_distributed_optimizer(tmp_path: Path) -> No
     assert losses[-1] < losses[0]
 
 
+def _train_val() -> str:
+    return (DEPLOY.replace('input: "data"\ninput_shape { dim: 2 dim: 3 dim: 12 dim: 12 }',
+                           'layer { name: "d" type: "DummyData" top: "data" top: "label" dummy_data_param { shape { dim: 2 dim: 3 dim: 12 dim: 12 } shape { dim: 2 } } }')
+            .replace('layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }',
+                     'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }\n'
+                     'layer { name: "acc" type: "Accuracy" bottom: "fc" bottom: "label" top: "acc" include { phase: TEST } }'))
+
+
 def test_export_of_a_train_val_net_exits_0_and_failures_leave_no_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     net, _, weights = _trained(tmp_path)
     tv = tmp_path / "train_val.prototxt"
-    tv.write_text(DEPLOY.replace('input: "data"\ninput_shape { dim: 2 dim: 3 dim: 12 dim: 12 }',
-                                 'layer { name: "d" type: "DummyData" top: "data" top: "label" dummy_data_param { shape { dim: 2 dim: 3 dim: 12 dim: 12 } shape { dim: 2 } } }')
-                  .replace('layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }',
-                           'layer { name: "loss" type: "SoftmaxWithLoss" bottom: "fc" bottom: "label" top: "loss" }\n'
-                           'layer { name: "acc" type: "Accuracy" bottom: "fc" bottom: "label" top: "acc" include { phase: TEST } }'))
+    tv.write_text(_train_val())
     out = tmp_path / "tv.onnx"
     assert cli.main(["export", "--model", str(tv), "--weights", str(weights), "-o", str(out)]) == 0
     err = capsys.readouterr().err
