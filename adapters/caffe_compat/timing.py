@@ -29,6 +29,7 @@ class LayerRunner:
         self.need = net.bottom_need_backward()
         self.has_loss = any(la.loss_weight(j) for la in net.layers for j in range(len(la.top)))
         self.stamps: dict[int, float] = {}
+        self.backward_seconds = 0.0          # wall time of the last one-pass backward
         self.param_layer: dict[int, int] = {}
         for i, la in enumerate(net.layers):
             if any(self.need[i]):
@@ -90,12 +91,20 @@ class LayerRunner:
         if roots:
             torch.autograd.backward(roots, grads)
         done = time.perf_counter()
+        self.backward_seconds = done - start
+        # A layer's span starts when its top diffs are complete and the layer before it in the run has
+        # finished: parallel branches become ready together but run one after another.
+        spans = []
         for i in range(n):
-            if not any(t.requires_grad for t in tops_of[i]):
-                continue
-            begin = max([self.stamps.get(n + c, start) for c in consumers[i]] or [start])
-            end = max(self.stamps.get(n + i, 0.0), self.stamps.get(-1 - i, 0.0)) or begin
-            bwd[i] += max(min(end, done) - begin, 0.0)
+            if any(t.requires_grad for t in tops_of[i]):
+                ready = max([self.stamps.get(n + c, start) for c in consumers[i]] or [start])
+                end = max(self.stamps.get(n + i, 0.0), self.stamps.get(-1 - i, 0.0)) or ready
+                spans.append((min(end, done), ready, i))
+        prev = start
+        for end, ready, i in sorted(spans):
+            begin = max(ready, prev)
+            bwd[i] += max(end - begin, 0.0)
+            prev = max(prev, end)
         return loss
 
     def _per_layer(self, fwd: list[float], bwd: list[float]) -> float:

@@ -48,11 +48,22 @@ def _short(e: BaseException) -> str:
     return text if len(text) < 160 else text[:157] + "..."
 
 
+def trained_statistics(net: Net) -> None:
+    """Give fresh BatchNorm layers (no statistics yet) unit variance, as a trained model has: with Caffe's zero
+    sums their TEST-phase output is x / sqrt(eps), which overflows a deep random net."""
+    with torch.no_grad():
+        for la in net.layers:
+            if la.type == "BatchNorm" and float(la.blobs[2].reshape(-1)[0]) == 0:
+                la.blobs[1].fill_(1.0)
+                la.blobs[2].fill_(1.0)
+
+
 def _fwd_bwd(param: Any, phase: int, scratch: Path) -> str:
     from .cli import generate_inputs
     p = copy.deepcopy(param)
     point_at_synthetic_data(p, scratch / "data")
     net = Net(p, phase, quiet=True)
+    trained_statistics(net)
     generate_inputs(net, torch.Generator().manual_seed(0))
     runner = LayerRunner(net)
     n = len(net.layers)
@@ -91,6 +102,7 @@ def _train(sp: Any, scratch: Path, iters: int) -> str:
 
 def _onnx(param: Any, scratch: Path, name: str) -> str:
     net = Net(copy.deepcopy(param), schema.TEST, quiet=True)
+    trained_statistics(net)
     rel = export(net, scratch / f"{name}.onnx")
     logits = set(logits_of(net))
     keys = [k for k in rel if k in logits] or list(rel)

@@ -17,7 +17,7 @@ from ddl.caffe.layers.base import LayerError  # noqa: E402
 from ddl.caffe.lr_policy import LrPolicyError  # noqa: E402
 from ddl.caffe.net import Net  # noqa: E402
 from ddl.caffe.solver import Solver  # noqa: E402
-from ddl.caffe.timing import time_net  # noqa: E402
+from ddl.caffe.timing import LayerRunner, time_net  # noqa: E402
 
 BRANCHY = """
 name: "branchy"
@@ -172,6 +172,32 @@ def test_time_adds_up_in_branching_nets_and_runs_backward_on_deploy_nets(caplog:
     assert d["backward_ms"] > 0                               # Caffe runs every layer's backward here too
     back = {m.group(1): float(m.group(2)) for m in re.finditer(r"^\s*(\w+)\tbackward: ([\d.e+-]+) ms", "\n".join(r.getMessage() for r in caplog.records), re.M)}
     assert back["c1"] > 0 and back["ip"] > 0
+
+
+INCEPTION = """
+name: "inception"
+layer { name: "in" type: "Input" top: "x" top: "label" input_param { shape { dim: 8 dim: 8 dim: 16 dim: 16 } shape { dim: 8 } } }
+BRANCHES
+layer { name: "cat" type: "Concat" bottom: "b0" bottom: "b1" bottom: "b2" bottom: "b3" top: "cat" }
+layer { name: "ip" type: "InnerProduct" bottom: "cat" top: "ip" inner_product_param { num_output: 3 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "loss" }
+""".replace("BRANCHES", "\n".join(
+    f'layer {{ name: "c{i}" type: "Convolution" bottom: "x" top: "c{i}" convolution_param {{ num_output: 16 kernel_size: {2 * i + 1} pad: {i} weight_filler {{ type: "xavier" }} }} }}\n'
+    f'layer {{ name: "r{i}" type: "ReLU" bottom: "c{i}" top: "b{i}" }}' for i in range(4)))
+
+
+def test_time_spans_of_parallel_branches_do_not_overlap() -> None:
+    net = _net(INCEPTION.replace('name: "inception"', 'name: "inception" force_backward: true'))
+    runner = LayerRunner(net)
+    n = len(net.layers)
+    for _ in range(3):
+        bwd = [0.0] * n
+        runner.iteration([0.0] * n, bwd)
+        # Four branches become ready together; counted from "ready", their spans would add up to
+        # several times the pass.
+        assert sum(bwd) <= runner.backward_seconds * 1.0001
+        assert sum(bwd) >= runner.backward_seconds * 0.5
+    assert all(bwd[i] > 0 for i, la in enumerate(net.layers) if la.type == "Convolution")
 
 
 def test_gpu_flag_is_accepted(caplog: pytest.LogCaptureFixture) -> None:
