@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from . import schema
-from .cli import _generate_inputs
+from .cli import generate_inputs
 from .net import Net
 from .textio import read_net
 from .timing import LayerRunner, time_net
@@ -72,7 +72,7 @@ def _ms(fn: Callable[[], None], iters: int) -> float:
 
 def measure(model: Path, kind: str, *, rounds: int, iters: int) -> dict[str, float]:
     net = Net(read_net(model), schema.TRAIN, gen=torch.Generator().manual_seed(1), quiet=True)
-    _generate_inputs(net, torch.Generator().manual_seed(2))
+    generate_inputs(net, torch.Generator().manual_seed(2))
     peer = _peer(net, kind)
     ours, theirs = [], []
     peer()

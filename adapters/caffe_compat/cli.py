@@ -102,7 +102,6 @@ def generate_inputs(net: Net, gen: torch.Generator) -> None:
             la.set_input_arrays(x, y)                                              # type: ignore[attr-defined]
 
 
-_generate_inputs = generate_inputs        # the name bench.py and older scripts use
 
 
 def _train(a: argparse.Namespace) -> int:

@@ -401,3 +401,81 @@ def _upsample(g: Graph, la: Layer, ins: list[str], shapes: list[tuple[int, ...]]
     sizes = g.ints(la.name + "_sizes", [shapes[0][0], shapes[0][1], *a(la, "out")])
     return [g.node("Resize", [ins[0], "", "", sizes], la.name, mode="nearest", coordinate_transformation_mode="asymmetric",
                    nearest_mode="floor")]
+
+
+def _lstm_step(g: Graph, n: str, c: str, gates: str, cont: str) -> tuple[str, str]:
+    """One LSTMUnit on (N, 4H) gate inputs (i, f, o, g): c = cont f c + i g, h = o tanh(c)."""
+    i, f, o, gg = g.multi("Split", [gates], n + "_gates", 4, axis=-1)      # opset 17: equal parts
+    i, f, o = (g.node("Sigmoid", [v], n + "_sig") for v in (i, f, o))
+    c = g.node("Add", [g.node("Mul", [g.node("Mul", [cont, f], n + "_cf"), c], n + "_fc"),
+                      g.node("Mul", [i, g.node("Tanh", [gg], n + "_g")], n + "_ig")], n + "_c")
+    return c, g.node("Mul", [o, g.node("Tanh", [c], n + "_tc")], n + "_h")
+
+
+@emits("LSTMUnit")
+def _lstm_unit(g: Graph, la: Layer, ins: list[str], shapes: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> list[str]:
+    n, (_, nn, h) = la.name, shapes[0]
+    c0 = g.node("Reshape", [ins[0], g.ints(n + "_c2", [nn, h])], n + "_c0")
+    gates = g.node("Reshape", [ins[1], g.ints(n + "_g2", [nn, 4 * h])], n + "_g0")
+    cont = g.node("Reshape", [ins[2], g.ints(n + "_k2", [nn, 1])], n + "_k")
+    c, hh = _lstm_step(g, n, c0, gates, cont)
+    shape = g.ints(n + "_out", [1, nn, h])
+    return [g.node("Reshape", [c, shape], n + "_C"), g.node("Reshape", [hh, shape], n + "_H")]
+
+
+def _recurrent_inputs(g: Graph, la: Layer, ins: list[str], shapes: list[tuple[int, ...]], width: int) -> tuple[str, str | None, list[str]]:
+    """(x W^T + b as (T, N, width), the static input's term or None, initial states (N, H)); zeros when not exposed."""
+    n, (t_len, nn) = la.name, shapes[0][:2]
+    x = g.node("Reshape", [ins[0], g.ints(n + "_x3", [t_len, nn, -1])], n + "_x")
+    pre = g.node("Add", [g.node("MatMul", [x, g.const(n + "_wx", blob(la, 0).T.copy())], n + "_mx"), g.const(n + "_bx", blob(la, 1))], n + "_px")
+    static = None
+    if a(la, "static"):
+        xs = g.node("Reshape", [ins[2], g.ints(n + "_xs2", [nn, -1])], n + "_xs")
+        static = g.node("MatMul", [xs, g.const(n + "_ws", blob(la, 2).T.copy())], n + "_ms")
+    hidden = a(la, "hidden")
+    if a(la, "expose"):
+        states = [g.node("Reshape", [s, g.ints(n + "_st", [nn, hidden])], n + "_s0") for s in ins[len(ins) - a(la, "states"):]]
+    else:
+        states = [g.const(n + "_zero", np.zeros((nn, hidden), np.float32)) for _ in range(a(la, "states"))]
+    return pre, static, states
+
+
+@emits("LSTM")
+def _lstm(g: Graph, la: Layer, ins: list[str], shapes: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> list[str]:
+    n, (t_len, nn) = la.name, shapes[0][:2]
+    pre, static, (h, c) = _recurrent_inputs(g, la, ins, shapes, 4 * a(la, "hidden"))
+    w_hc = g.const(n + "_whc", blob(la, len(la.blobs) - 1).T.copy())
+    hs = []
+    for t in range(t_len):
+        ct = g.node("Reshape", [g.node("Gather", [ins[1], g.ints(n + "_t", [t])], n + "_ct", axis=0), g.ints(n + "_k2", [nn, 1])], n + "_k")
+        gx = g.node("Reshape", [g.node("Gather", [pre, g.ints(n + "_t", [t])], n + "_gt", axis=0), g.ints(n + "_g2", [nn, -1])], n + "_gx")
+        gates = g.node("Add", [gx, g.node("MatMul", [g.node("Mul", [h, ct], n + "_hc"), w_hc], n + "_mh")], n + "_gi")
+        if static is not None:
+            gates = g.node("Add", [gates, static], n + "_gs")
+        c, h = _lstm_step(g, f"{n}_t{t}", c, gates, ct)
+        hs.append(g.node("Unsqueeze", [h, g.ints(n + "_u", [0])], n + "_uh"))
+    out = g.node("Concat", hs, n + "_h", axis=0) if len(hs) > 1 else hs[0]
+    if not a(la, "expose"):
+        return [out]
+    return [out, g.node("Unsqueeze", [h, g.ints(n + "_u", [0])], n + "_hT"), g.node("Unsqueeze", [c, g.ints(n + "_u", [0])], n + "_cT")]
+
+
+@emits("RNN")
+def _rnn(g: Graph, la: Layer, ins: list[str], shapes: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> list[str]:
+    n, (t_len, nn) = la.name, shapes[0][:2]
+    pre, static, (h,) = _recurrent_inputs(g, la, ins, shapes, a(la, "hidden"))
+    k = len(la.blobs)
+    w_hh, w_ho, b_o = (g.const(n + "_whh", blob(la, k - 3).T.copy()), g.const(n + "_who", blob(la, k - 2).T.copy()),
+                       g.const(n + "_bo", blob(la, k - 1)))
+    os_ = []
+    for t in range(t_len):
+        ct = g.node("Reshape", [g.node("Gather", [ins[1], g.ints(n + "_t", [t])], n + "_ct", axis=0), g.ints(n + "_k2", [nn, 1])], n + "_k")
+        gx = g.node("Reshape", [g.node("Gather", [pre, g.ints(n + "_t", [t])], n + "_gt", axis=0), g.ints(n + "_g2", [nn, -1])], n + "_gx")
+        z = g.node("Add", [gx, g.node("MatMul", [g.node("Mul", [h, ct], n + "_hc"), w_hh], n + "_mh")], n + "_z")
+        if static is not None:
+            z = g.node("Add", [z, static], n + "_zs")
+        h = g.node("Tanh", [z], n + "_h")
+        o = g.node("Tanh", [g.node("Add", [g.node("MatMul", [h, w_ho], n + "_mo"), b_o], n + "_po")], n + "_o")
+        os_.append(g.node("Unsqueeze", [o, g.ints(n + "_u", [0])], n + "_uo"))
+    out = g.node("Concat", os_, n + "_out", axis=0) if len(os_) > 1 else os_[0]
+    return [out, g.node("Unsqueeze", [h, g.ints(n + "_u", [0])], n + "_hT")] if a(la, "expose") else [out]
