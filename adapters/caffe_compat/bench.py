@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from . import schema
 from .cli import generate_inputs
+from .memory import reuse_freed_memory
 from .net import Net
 from .textio import read_net
 from .timing import LayerRunner, time_net
@@ -147,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--caffemodel", default="", help="only time writing and reading this zoo net's .caffemodel (e.g. vgg16)")
     ap.add_argument("--protobuf", action="store_true", help="with --caffemodel: also time the same file written by protobuf")
     a = ap.parse_args(argv)
+    reuse_freed_memory()               # as ddl-caffe's commands do; the peer runs in this process too
     if a.caffemodel:
         from .bench_files import measure as measure_files
         r = measure_files(a.caffemodel, rounds=a.rounds, protobuf=a.protobuf)

@@ -15,6 +15,7 @@ from . import schema
 from .blobs import load_weights
 from .layers.base import LayerError
 from .lr_policy import LrPolicyError
+from .memory import reuse_freed_memory
 from .net import Net
 from .textio import CaffeFormatError, read_net, read_solver
 
@@ -232,6 +233,8 @@ def _convert(a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``ddl-caffe``."""
     a = _parser().parse_args(argv)
+    if argv is None and a.command in ("train", "test", "time", "export"):
+        reuse_freed_memory()           # the command's own process (not a caller that imports main)
     run = {"train": _train, "test": _test, "time": _time, "export": _export, "convert": _convert,
            "upgrade": _upgrade, "state-dict": _state_dict}[a.command]
     if getattr(a, "threads", 0):

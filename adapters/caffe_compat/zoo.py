@@ -23,6 +23,7 @@ import torch
 from . import schema, zoo_nets
 from .export import export, logits_of
 from .layers.base import LayerError
+from .memory import reuse_freed_memory
 from .net import Net
 from .solver import Solver
 from .textio import CaffeFormatError, parse_text
@@ -222,6 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-onnx", action="store_true")
     ap.add_argument("--json", default="", help="write the rows as JSON here")
     a = ap.parse_args(argv)
+    reuse_freed_memory()
     if a.threads:
         torch.set_num_threads(a.threads)
     logging.getLogger("ddl.caffe").setLevel(logging.ERROR)
