@@ -1,4 +1,4 @@
-"""Opt-in: the zoo job on real zoo prototxt files fetched into $DDL_CAFFE_ZOO (default /tmp/caffe-zoo); skipped without them."""
+"""Opt-in: the zoo job on real zoo prototxt files fetched into $CAFFE_ZOO_DIR (default /tmp/caffe-zoo); skipped without them."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-ZOO = Path(os.environ.get("DDL_CAFFE_ZOO", "/tmp/caffe-zoo"))
+ZOO = Path(os.environ.get("CAFFE_ZOO_DIR", "/tmp/caffe-zoo"))
 
 
-@pytest.mark.skipif(not ZOO.is_dir(), reason=f"no zoo folder at {ZOO}: fetch the nets' prototxt files there (or set DDL_CAFFE_ZOO) "
+@pytest.mark.skipif(not ZOO.is_dir(), reason=f"no zoo folder at {ZOO}: fetch the nets' prototxt files there (or set CAFFE_ZOO_DIR) "
                     "and run: python -m ddl.caffe.zoo --dir <folder>")
 def test_every_zoo_net_loads_runs_trains_and_exports() -> None:
     proc = subprocess.run([sys.executable, "-m", "ddl.caffe.zoo", "--dir", str(ZOO), "--json", str(ZOO / "zoo_results.json")],
