@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from . import schema
-from .textio import CaffeFormatError, read_binary
+from .caffemodel import LayerBlobs
+from .textio import CaffeFormatError
 
 
 def blob_shape(b: Any) -> tuple[int, ...]:
@@ -57,49 +60,54 @@ def _fits(src: tuple[int, ...], dst: tuple[int, ...]) -> bool:
 
 
 def copy_trained_layers(net: Any, weights: Any, *, source: str) -> int:
-    """Copy blobs of same-named layers from a NetParameter into ``net`` (Caffe's CopyTrainedLayersFrom).
+    """Copy blobs of same-named layers from a NetParameter into ``net`` (Caffe's CopyTrainedLayersFrom)."""
+    layers = (LayerBlobs(lp.name, lp.type, [to_array(b, where=f"{source}: layer '{lp.name}' blob {i}")
+                                            for i, b in enumerate(lp.blobs)]) for lp in weights.layer)
+    return copy_layers(net, layers, source=source)
 
-    Layers of the model absent from the net are ignored, as in Caffe.
+
+def copy_layers(net: Any, layers: Iterable[LayerBlobs], *, source: str) -> int:
+    """Copy the blobs of same-named layers into ``net``; layers the net lacks are ignored, as in Caffe.
 
     Returns:
         The number of layers copied.
 
     Raises:
-        CaffeFormatError: a layer's blob count or a blob's shape differs (both named), or data
-            is missing.
+        CaffeFormatError: a layer's blob count or a blob's shape differs (both named).
     """
+    import torch
     copied = 0
-    for lp in weights.layer:
-        layer = net.layer_by_name(lp.name)
-        if layer is None or not len(lp.blobs):
+    for src in layers:
+        layer = net.layer_by_name(src.name)
+        if layer is None or not src.blobs:
             continue
         own = layer.blobs
-        if len(lp.blobs) != len(own):
+        if len(src.blobs) != len(own):
             raise CaffeFormatError(
-                f"{source}: layer '{lp.name}' has {len(lp.blobs)} blobs in the file but the net's "
+                f"{source}: layer '{src.name}' has {len(src.blobs)} blobs in the file but the net's "
                 f"{layer.type} layer has {len(own)} ({[list(t.shape) for t in own]}); the weights "
                 "belong to another net definition")
-        for i, (b, t) in enumerate(zip(lp.blobs, own, strict=True)):
-            where = f"{source}: layer '{lp.name}' blob {i}"
-            shape = blob_shape(b)
-            if not _fits(shape, tuple(t.shape)):
+        for i, (arr, t) in enumerate(zip(src.blobs, own, strict=True)):
+            if not _fits(tuple(arr.shape), tuple(t.shape)):
                 raise CaffeFormatError(
-                    f"{where}: shape {list(shape)} in the file, but the net expects {list(t.shape)}; "
-                    "the weights belong to another net definition (check num_output and kernel sizes)")
-            arr = to_array(b, where=where).reshape(tuple(t.shape))
-            with np.errstate(all="ignore"):
-                t.data.copy_(_torch().from_numpy(arr))
+                    f"{source}: layer '{src.name}' blob {i}: shape {list(arr.shape)} in the file, but the net expects "
+                    f"{list(t.shape)}; the weights belong to another net definition (check num_output and kernel sizes)")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)     # a read-only view of the file's memory map
+                src_t = torch.from_numpy(np.asarray(arr, dtype=np.float32))
+            with torch.no_grad():
+                t.copy_(src_t.reshape(t.shape))
         copied += 1
     return copied
 
 
 def load_weights(net: Any, paths: str | Path | list[str]) -> None:
-    """Load one or several (comma-separated) .caffemodel files into ``net`` in order."""
+    """Load one or several (comma-separated) .caffemodel (or .caffemodel.h5) files into ``net`` in order."""
+    from .caffemodel import CaffemodelReader, read_hdf5_weights
     items = paths.split(",") if isinstance(paths, str) else [str(p) for p in ([paths] if isinstance(paths, Path) else paths)]
     for p in items:
-        copy_trained_layers(net, read_binary(p, schema.NetParameter()), source=str(p))
-
-
-def _torch() -> Any:
-    import torch
-    return torch
+        if p.endswith(".h5"):
+            copy_layers(net, read_hdf5_weights(p), source=p)
+            continue
+        with CaffemodelReader(p) as r:
+            copy_layers(net, r.layers(), source=p)

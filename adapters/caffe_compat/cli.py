@@ -1,4 +1,4 @@
-"""The ``ddl-caffe`` command: train, test, time, export and convert, shaped like ``caffe``."""
+"""The ``ddl-caffe`` command: train, test, time, export, upgrade, convert and state-dict, shaped like ``caffe``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import sys
 import time
 from typing import Any
 
-import numpy as np
 import torch
 
 from . import log as caffelog
@@ -16,11 +15,13 @@ from . import schema
 from .blobs import load_weights
 from .layers.base import LayerError
 from .lr_policy import LrPolicyError
+from .memory import reuse_freed_memory
 from .net import Net
 from .textio import CaffeFormatError, read_net, read_solver
 
 log = logging.getLogger("ddl.caffe")
 ERRORS = (CaffeFormatError, LayerError, LrPolicyError, ValueError, FileNotFoundError)
+EXPORT_TOLERANCE = 1e-4          # largest relative difference from onnxruntime the export accepts
 
 
 def _flag(p: argparse.ArgumentParser, name: str, **kw: Any) -> None:
@@ -34,22 +35,32 @@ def _parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="train from a solver prototxt")
     _flag(tr, "solver", required=True, help="solver .prototxt")
     _flag(tr, "weights", help="comma-separated .caffemodel files to start from (finetuning)")
-    _flag(tr, "snapshot", help=".solverstate to resume from")
+    _flag(tr, "snapshot", help=".solverstate (or .solverstate.h5) to resume from")
     _flag(tr, "iterations", type=int, help="override the solver's max_iter")
     _flag(tr, "ddl", default="", help='IBM Caffe-DDL options, e.g. "-mode r:2x2"')
     te = sub.add_parser("test", help="score a model on its TEST-phase data")
     tm = sub.add_parser("time", help="benchmark per-layer forward/backward times")
-    ex = sub.add_parser("export", help="write a deploy net and its weights as ONNX")
+    ex = sub.add_parser("export", help="write a net and its weights as ONNX, checked in onnxruntime")
     for p, need_w, iters in ((te, True, 50), (tm, False, 50), (ex, True, None)):
         _flag(p, "model", required=True, help="net .prototxt")
         _flag(p, "weights", required=need_w, help=".caffemodel file(s), comma-separated")
         if iters:
             _flag(p, "iterations", type=int, default=iters, help=f"batches to run (default {iters})")
         _flag(p, "phase", choices=("TRAIN", "TEST"), default="TRAIN" if p is tm else "TEST")
+        _flag(p, "level", type=int, default=None, help="the net state's level")
+        _flag(p, "stage", default="", help="comma-separated net state stages")
     for p in (tr, te, tm, ex):
         _flag(p, "threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+        _flag(p, "gpu", default=None, help="CUDA device ids as in caffe ('0', '0,1' or 'all'); the CPU, with a warning, when there is no CUDA")
     ex.add_argument("-o", "--output", required=True, help="output .onnx file")
     ex.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
+    up = sub.add_parser("upgrade", help="upgrade a V0/V1 net (prototxt or .caffemodel) or an old solver, as Caffe's upgrade tools do")
+    up.add_argument("input", help="net or solver .prototxt, or .caffemodel")
+    up.add_argument("output", help="file to write (same kind as the input)")
+    sd = sub.add_parser("state-dict", help="write a .caffemodel's weights as a PyTorch state_dict (.pt)")
+    sd.add_argument("weights", help=".caffemodel or .caffemodel.h5")
+    sd.add_argument("output", help="output .pt file")
+    _flag(sd, "model", default=None, help="net .prototxt (names BatchNorm statistics as running_mean/running_var)")
     cv = sub.add_parser("convert", help="write an LMDB of Datum records from arrays or an image list")
     cv.add_argument("output", help="LMDB directory to create")
     src = cv.add_mutually_exclusive_group(required=True)
@@ -66,16 +77,32 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _generate_inputs(net: Net, gen: torch.Generator) -> None:
-    """Random inputs for Input tops; tops used as labels get integers within the class count."""
+def device_for(gpu: str | None, *, local_rank: int = 0) -> torch.device:
+    """The torch device a caffe ``-gpu`` value asks for: CUDA when present, else the CPU with one warning."""
+    if gpu is None or gpu.strip() in ("", "-1"):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        log.warning("-gpu %s: no CUDA device is available here; running on the CPU", gpu)
+        return torch.device("cpu")
+    ids = list(range(torch.cuda.device_count())) if gpu.strip() == "all" else [int(g) for g in gpu.split(",") if g.strip()]
+    if not ids or any(i < 0 or i >= torch.cuda.device_count() for i in ids):
+        raise ValueError(f"-gpu {gpu}: this machine has CUDA devices 0 to {torch.cuda.device_count() - 1}")
+    return torch.device("cuda", ids[local_rank % len(ids)])
+
+
+def generate_inputs(net: Net, gen: torch.Generator) -> None:
+    """Random inputs for Input and MemoryData tops; tops used as labels get integers within the class count."""
+    from .export import sample_inputs
+    values = sample_inputs(net, seed=int(torch.randint(1 << 30, (1,), generator=gen)))
     for la in net.layers:
-        if la.type != "Input":
-            continue
-        for i, t in enumerate(la.top):
-            classes = [net.shapes[c.bottom[0]][1] for c in net.layers if len(c.bottom) > 1 and c.bottom[1] == t and c.type in ("SoftmaxWithLoss", "Accuracy")]
-            s = la.shapes[i]  # type: ignore[attr-defined]
-            v = torch.randint(classes[0], s, generator=gen).float() if classes else torch.randn(s, generator=gen)
-            la.values[i] = v  # type: ignore[attr-defined]
+        if la.type == "Input":
+            la.values = [values[t].to(net.device) for t in la.top]                # type: ignore[attr-defined]
+        elif la.type == "MemoryData":
+            x = values[la.top[0]].numpy()
+            y = values[la.top[1]].numpy() if len(la.top) > 1 else torch.zeros(x.shape[0]).numpy()
+            la.set_input_arrays(x, y)                                              # type: ignore[attr-defined]
+
+
 
 
 def _train(a: argparse.Namespace) -> int:
@@ -93,11 +120,12 @@ def _train(a: argparse.Namespace) -> int:
     sp = read_solver(a.solver)
     if a.iterations is not None:
         sp.max_iter = a.iterations
-
+    device = device_for(a.gpu, local_rank=ddl.local_rank())
     if rank == 0:
-        log.info("Using %d rank(s) of ddl (topology %s, algorithm %s)", size, "x".join(map(str, ddl.topology().dims)), opts.algorithm or "default")
+        log.info("Using %d rank(s) of ddl (topology %s, algorithm %s) on %s", size, "x".join(map(str, ddl.topology().dims)),
+                 opts.algorithm or "default", device)
     reduce, bcast = solver_hooks()
-    solver = Solver(sp, rank=rank, size=size, reduce=reduce, broadcast=bcast)
+    solver = Solver(sp, rank=rank, size=size, reduce=reduce, broadcast=bcast, device=device)
     if a.weights:
         load_weights(solver.net, a.weights)
         solver.sync_params()
@@ -110,7 +138,7 @@ def _train(a: argparse.Namespace) -> int:
     if bar:
         bar.clear()
     done = sp.max_iter
-    batch = sum(la.batch for la in solver.net.layers if la.type in ("Data", "HDF5Data"))  # type: ignore[attr-defined]
+    batch = sum(getattr(la, "batch", 0) for la in solver.net.layers if la.is_data)
     if rank == 0 and secs > 0:
         per = solver.step_seconds / max(done, 1)
         imgs = f", {batch * sp.iter_size * size * done / solver.step_seconds:.0f} images/s" if batch and solver.step_seconds else ""
@@ -122,14 +150,15 @@ def _train(a: argparse.Namespace) -> int:
 def _load(a: argparse.Namespace, phase: int) -> Net:
     if a.threads:
         torch.set_num_threads(a.threads)
-    net = Net(read_net(a.model), phase, gen=torch.Generator().manual_seed(1701))
+    stages = tuple(s for s in a.stage.split(",") if s)
+    net = Net(read_net(a.model), phase, gen=torch.Generator().manual_seed(1701), level=a.level, stages=stages,
+              device=device_for(a.gpu))
     if a.weights:
         load_weights(net, a.weights)
     return net
 
 
 def _test(a: argparse.Namespace) -> int:
-    from .solver import test_net
     caffelog.setup(rank=0)
     net = _load(a, schema.TRAIN if a.phase == "TRAIN" else schema.TEST)
     log.info("Running for %d iterations.", a.iterations)
@@ -138,7 +167,7 @@ def _test(a: argparse.Namespace) -> int:
         for i in range(a.iterations):
             lv, blobs = net.forward()
             loss += float(lv)
-            vals = [blobs[o].reshape(-1).double().numpy() for o in net.outputs]
+            vals = [blobs[o].reshape(-1).double().cpu().numpy() for o in net.outputs]
             for o, v in zip(net.outputs, vals, strict=True):
                 for x in v:
                     log.info("Batch %d, %s = %g", i, o, x)
@@ -149,7 +178,6 @@ def _test(a: argparse.Namespace) -> int:
         for x in s / a.iterations:
             extra = f" (* {w:g} = {w * x:g} loss)" if w else ""
             log.info("%s = %g%s", o, x, extra)
-    del test_net
     return 0
 
 
@@ -157,41 +185,37 @@ def _time(a: argparse.Namespace) -> int:
     from .timing import time_net
     caffelog.setup(rank=0)
     net = _load(a, schema.TRAIN if a.phase == "TRAIN" else schema.TEST)
-    _generate_inputs(net, torch.Generator().manual_seed(7))
+    generate_inputs(net, torch.Generator().manual_seed(7))
     time_net(net, a.iterations)
     return 0
 
 
 def _export(a: argparse.Namespace) -> int:
-    import onnx
-
-    from .export import to_onnx
+    from .export import export
     caffelog.setup(rank=0)
-    net = _load(a, schema.TEST)
-    model = to_onnx(net)
-    onnx.save(model, a.output)
-    log.info("Wrote %s (%d nodes, opset %d)", a.output, len(model.graph.node), model.opset_import[0].version)
-    if not a.no_check:
-        diff = check_onnx(net, a.output)
-        log.info("onnxruntime vs ddl-caffe forward: max abs difference %.3g", diff)
+    net = _load(a, schema.TRAIN if a.phase == "TRAIN" else schema.TEST)
+    rel = export(net, a.output, check=not a.no_check, tolerance=EXPORT_TOLERANCE)
+    log.info("Wrote %s", a.output)
+    for name, r in rel.items():
+        log.info("onnxruntime vs ddl-caffe, output %s: max relative difference %.3g", name, r)
     return 0
 
 
-def check_onnx(net: Net, path: str) -> float:
-    """Run the ONNX file in onnxruntime on random inputs; max |difference| from the net's own outputs."""
-    import onnxruntime as ort
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    _generate_inputs(net, torch.Generator().manual_seed(11))
-    feeds = {}
-    for i in sess.get_inputs():
-        la = next(la for la in net.layers if i.name in la.top)
-        feeds[i.name] = la.values[la.top.index(i.name)].numpy() if la.type == "Input" else np.random.default_rng(0).standard_normal(net.shapes[i.name]).astype(np.float32)  # type: ignore[attr-defined]
-        if la.type != "Input":
-            raise LayerError(f"layer '{la.name}' ({la.type}) feeds the exported graph; export a deploy net with an Input layer")
-    with torch.no_grad():
-        _, blobs = net.forward()
-    outs = sess.run(None, feeds)
-    return max(float(np.abs(o - blobs[i.name].numpy()).max()) for o, i in zip(outs, sess.get_outputs(), strict=True))
+def _upgrade(a: argparse.Namespace) -> int:
+    from . import upgrade
+    caffelog.setup(rank=0)
+    kind = upgrade.upgrade_file(a.input, a.output)
+    log.info("Wrote %s (%s)", a.output, kind)
+    return 0
+
+
+def _state_dict(a: argparse.Namespace) -> int:
+    from .convert_weights import caffemodel_to_state_dict
+    caffelog.setup(rank=0)
+    sd = caffemodel_to_state_dict(a.weights, model=a.model)
+    torch.save(sd, a.output)
+    log.info("Wrote %s (%d tensors, %d values)", a.output, len(sd), sum(t.numel() for t in sd.values()))
+    return 0
 
 
 def _convert(a: argparse.Namespace) -> int:
@@ -209,7 +233,10 @@ def _convert(a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``ddl-caffe``."""
     a = _parser().parse_args(argv)
-    run = {"train": _train, "test": _test, "time": _time, "export": _export, "convert": _convert}[a.command]
+    if argv is None and a.command in ("train", "test", "time", "export"):
+        reuse_freed_memory()           # the command's own process (not a caller that imports main)
+    run = {"train": _train, "test": _test, "time": _time, "export": _export, "convert": _convert,
+           "upgrade": _upgrade, "state-dict": _state_dict}[a.command]
     if getattr(a, "threads", 0):
         torch.set_num_threads(a.threads)
     try:

@@ -90,6 +90,11 @@ class Transformer:
     """Caffe's DataTransformer: crop (random in TRAIN, centre in TEST), mirror, mean, scale."""
 
     def __init__(self, tp: Any, phase: int, gen: torch.Generator, *, where: str) -> None:
+        unsupported = [f for f in ("resize_param", "noise_param", "distort_param", "expand_param", "emit_constraint",
+                                   "crop_h", "crop_w") if tp.HasField(f)]
+        if unsupported:
+            raise CaffeFormatError(f"{where}: transform_param {', '.join(unsupported)} (SSD's augmentation) is not "
+                                   "supported by ddl-caffe; use crop_size, mirror, mean_file/mean_value and scale")
         self.scale, self.crop, self.mirror = tp.scale, tp.crop_size, tp.mirror
         self.phase, self.gen, self.where = phase, gen, where
         self.force_color, self.force_gray = tp.force_color, tp.force_gray

@@ -1,134 +1,45 @@
-"""ONNX export of a deploy (TEST-phase) net with its weights: one ONNX node group per Caffe layer."""
+"""ONNX export of a net (deploy or train_val) with its weights, and its check in onnxruntime down to the logits."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from .layers.base import Layer, LayerError
+from .export_ops import EMITTERS, Graph
+from .layers.base import LayerError
 from .net import Net
 
+log = logging.getLogger("ddl.caffe")
 OPSET = 17
-_SKIP = {"SoftmaxWithLoss", "Accuracy", "EuclideanLoss"}   # training-only heads are not exported
+# Heads and sinks that a deployed model does not compute.
+SKIPPED = {"Accuracy", "Silence", "HDF5Output"}
+STOPS = {"DetectionOutput"}        # no ONNX counterpart: the graph ends at their bottoms
 
 
-class _Graph:
-    def __init__(self) -> None:
-        from onnx import helper, numpy_helper
-        self.h, self.nh = helper, numpy_helper
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
-        self.names: dict[str, str] = {}       # caffe blob -> current onnx value name
-        self.n = 0
-
-    def fresh(self, base: str) -> str:
-        self.n += 1
-        return f"{base}__{self.n}"
-
-    def const(self, base: str, arr: np.ndarray) -> str:
-        name = self.fresh(base)
-        self.inits.append(self.nh.from_array(np.ascontiguousarray(arr), name))
-        return name
-
-    def node(self, op: str, ins: list[str], base: str, **attrs: Any) -> str:
-        out = self.fresh(base)
-        self.nodes.append(self.h.make_node(op, ins, [out], name=out, **attrs))
-        return out
+def _skipped(la: Any) -> bool:
+    return la.is_loss or la.type in SKIPPED or la.type in STOPS
 
 
-def _blob(la: Layer, i: int) -> np.ndarray:
-    return la.blobs[i].detach().numpy().astype(np.float32)
+def to_onnx(net: Net, *, extra_outputs: tuple[str, ...] = ()) -> Any:
+    """An ``onnx.ModelProto`` computing the net's outputs from its data tops (data layers become graph inputs).
 
-
-def _emit(g: _Graph, la: Layer, ins: list[str], shapes: list[tuple[int, ...]]) -> list[str]:
-    t, n = la.type, la.name
-    if t == "Convolution":
-        ops = [ins[0], g.const(f"{n}_w", _blob(la, 0))] + ([g.const(f"{n}_b", _blob(la, 1))] if len(la.blobs) > 1 else [])
-        ph, pw = la.pad  # type: ignore[attr-defined]
-        return [g.node("Conv", ops, n, kernel_shape=list(la.kernel), strides=list(la.stride), pads=[ph, pw, ph, pw],  # type: ignore[attr-defined]
-                       dilations=list(la.dilation), group=la.group)]  # type: ignore[attr-defined]
-    if t == "Pooling":
-        ph, pw = la.pad  # type: ignore[attr-defined]
-        kw = {"kernel_shape": list(la.kernel), "strides": list(la.stride), "pads": [ph, pw, ph, pw], "ceil_mode": int(la.ceil)}  # type: ignore[attr-defined]
-        if la.max:  # type: ignore[attr-defined]
-            return [g.node("MaxPool", ins, n, **kw)]
-        return [g.node("AveragePool", ins, n, count_include_pad=1, **kw)]
-    if t == "InnerProduct":
-        flat = g.node("Flatten", ins, n + "_flat", axis=la.axis)  # type: ignore[attr-defined]
-        w = _blob(la, 0)
-        ops = [flat, g.const(f"{n}_w", w.T.copy() if la.transpose else w)]  # type: ignore[attr-defined]
-        if len(la.blobs) > 1:
-            ops.append(g.const(f"{n}_b", _blob(la, 1)))
-        y = g.node("Gemm", ops, n, transB=1)
-        lead = list(shapes[0][: la.axis])  # type: ignore[attr-defined]
-        if len(lead) == 1:
-            return [y]
-        return [g.node("Reshape", [y, g.const(n + "_shape", np.array(lead + [w.shape[0]], np.int64))], n + "_r")]
-    if t == "ReLU":
-        s = la.lp.relu_param.negative_slope
-        return [g.node("LeakyRelu", ins, n, alpha=s) if s else g.node("Relu", ins, n)]
-    if t in ("Sigmoid", "TanH"):
-        return [g.node("Sigmoid" if t == "Sigmoid" else "Tanh", ins, n)]
-    if t == "Dropout":
-        return [g.node("Identity", ins, n)]
-    if t == "LRN":
-        if la.across:  # type: ignore[attr-defined]
-            return [g.node("LRN", ins, n, size=la.size, alpha=la.alpha, beta=la.beta, bias=la.k)]  # type: ignore[attr-defined]
-        pad = (la.size - 1) // 2  # type: ignore[attr-defined]
-        sq = g.node("Mul", [ins[0], ins[0]], n + "_sq")
-        avg = g.node("AveragePool", [sq], n + "_avg", kernel_shape=[la.size, la.size], strides=[1, 1],  # type: ignore[attr-defined]
-                     pads=[pad] * 4, count_include_pad=1, ceil_mode=1)
-        s = g.node("Add", [g.node("Mul", [avg, g.const(n + "_a", np.float32(la.alpha))], n + "_m"), g.const(n + "_one", np.float32(1))], n + "_s")  # type: ignore[attr-defined]
-        return [g.node("Mul", [ins[0], g.node("Pow", [s, g.const(n + "_p", np.float32(-la.beta))], n + "_pow")], n)]  # type: ignore[attr-defined]
-    if t == "BatchNorm":
-        c = shapes[0][1]
-        f = float(la.blobs[2][0])
-        scale = 0.0 if f == 0 else 1.0 / f
-        mean, var = _blob(la, 0) * scale, _blob(la, 1) * scale
-        return [g.node("BatchNormalization", [ins[0], g.const(n + "_g", np.ones(c, np.float32)), g.const(n + "_b", np.zeros(c, np.float32)),
-                                              g.const(n + "_mean", mean), g.const(n + "_var", var)], n, epsilon=la.eps)]  # type: ignore[attr-defined]
-    if t == "Scale":
-        view = list(la.view)  # type: ignore[attr-defined]
-        gamma = ins[1] if len(ins) == 2 else g.const(n + "_s", _blob(la, 0))
-        gamma = g.node("Reshape", [gamma, g.const(n + "_v", np.array(view, np.int64))], n + "_gv")
-        y = g.node("Mul", [ins[0], gamma], n + "_mul")
-        if la.bias_index >= 0:  # type: ignore[attr-defined]
-            y = g.node("Add", [y, g.const(n + "_bias", _blob(la, la.bias_index).reshape(view))], n)  # type: ignore[attr-defined]
-        return [y]
-    if t == "Eltwise":
-        op = la.op  # type: ignore[attr-defined]
-        if op == 1:
-            if la.coeff:  # type: ignore[attr-defined]
-                ins = [g.node("Mul", [x, g.const(n + "_c", np.float32(c))], n + "_k") for x, c in zip(ins, la.coeff, strict=True)]  # type: ignore[attr-defined]
-            return [g.node("Sum", ins, n)]
-        if op == 2:
-            return [g.node("Max", ins, n)]
-        return [_chain(g, "Mul", ins, n)]
-    if t == "Concat":
-        return [g.node("Concat", ins, n, axis=la.axis)]  # type: ignore[attr-defined]
-    if t in ("Flatten", "Reshape"):
-        return [g.node("Reshape", [ins[0], g.const(n + "_shape", np.array(la.shape, np.int64))], n)]  # type: ignore[attr-defined]
-    if t == "Softmax":
-        return [g.node("Softmax", ins, n, axis=la.axis)]  # type: ignore[attr-defined]
-    raise LayerError(f"layer '{n}' (type {t}) cannot be exported to ONNX")
-
-
-def _chain(g: _Graph, op: str, ins: list[str], n: str) -> str:
-    y = ins[0]
-    for x in ins[1:]:
-        y = g.node(op, [y, x], n)
-    return y
-
-
-def to_onnx(net: Net) -> Any:
-    """An ``onnx.ModelProto`` computing the net's outputs from its Input tops (data layers become inputs).
+    Loss layers, Accuracy, Silence and HDF5Output are left out; DetectionOutput (no ONNX counterpart)
+    is left out too and its bottoms become outputs. ``extra_outputs`` names further blobs to expose
+    (e.g. the logits under a final Softmax).
 
     Raises:
-        LayerError: a layer has no ONNX mapping.
+        LayerError: layers without an ONNX counterpart, all named in one message.
     """
     from onnx import TensorProto, checker, helper
-    g = _Graph()
+    missing = sorted({f"'{la.name}' ({la.type})" for la in net.layers
+                      if not la.is_data and not _skipped(la) and la.type not in EMITTERS})
+    if missing:
+        raise LayerError(f"net '{net.name}': these layers have no ONNX counterpart in ddl-caffe's exporter: {', '.join(missing)}")
+    g = Graph()
     inputs = []
     for la in net.layers:
         if la.is_data:
@@ -136,30 +47,107 @@ def to_onnx(net: Net) -> Any:
                 g.names[t] = t
                 inputs.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, list(net.shapes[t])))
             continue
-        if la.type in _SKIP:
+        if _skipped(la):
             continue
-        missing = [b for b in la.bottom if b not in g.names]
-        if missing:
-            raise LayerError(f"layer '{la.name}' needs {missing}, which the exported graph does not compute")
-        outs = _emit(g, la, [g.names[b] for b in la.bottom], [net.shapes[b] for b in la.bottom])
+        missing_in = [b for b in la.bottom if b not in g.names]
+        if missing_in:
+            raise LayerError(f"layer '{la.name}' needs {missing_in}, which the exported graph does not compute")
+        outs = EMITTERS[la.type](g, la, [g.names[b] for b in la.bottom], [net.shapes[b] for b in la.bottom],
+                                 [net.shapes[t] for t in la.top])
         for t, o in zip(la.top, outs, strict=True):
             g.names[t] = o
-    available: list[str] = []
-    for la in net.layers:
-        if la.type in _SKIP:
-            continue
-        kept = [x for x in available if x not in la.bottom]
-        available = kept + [t for t in la.top if t not in kept]
-    finals = [t for t in available if not any(la.is_data and t in la.top for la in net.layers)]
-    nodes_out = []
-    for t in finals:
-        nodes_out.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, list(net.shapes[t])))
+    finals = _graph_outputs(net) + [t for t in extra_outputs if t in g.names]
+    outputs = []
+    for t in dict.fromkeys(finals):
+        outputs.append(helper.make_tensor_value_info(t, TensorProto.FLOAT, list(net.shapes[t])))
         g.nodes.append(helper.make_node("Identity", [g.names[t]], [t], name=f"{t}__out"))
-    # Graph inputs consumed only by skipped heads (e.g. labels) are dropped.
     live = {i for nd in g.nodes for i in nd.input}
-    inputs = [i for i in inputs if i.name in live]
-    graph = helper.make_graph(g.nodes, net.name or "caffe_net", inputs, nodes_out, initializer=g.inits)
+    inputs = [i for i in inputs if i.name in live]         # labels read only by the left-out heads
+    graph = helper.make_graph(g.nodes, net.name or "caffe_net", inputs, outputs, initializer=g.inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="ddl-caffe")
     model.ir_version = 8
     checker.check_model(model)
     return model
+
+
+def _graph_outputs(net: Net) -> list[str]:
+    """Blobs still unread after the exported layers (the net's outputs without its heads); a stop layer's bottoms."""
+    available: list[str] = []
+    data_tops = {t for la in net.layers if la.is_data for t in la.top}
+    for la in net.layers:
+        if la.type in STOPS:
+            available += [b for b in la.bottom if b not in available]
+            continue
+        if _skipped(la):
+            continue
+        kept = [x for x in available if x not in la.bottom]
+        available = kept + [t for t in la.top if t not in kept]
+    return [t for t in available if t not in data_tops]
+
+
+def logits_of(net: Net) -> list[str]:
+    """The bottoms of Softmax layers whose tops the export outputs: what a saturated softmax would hide."""
+    outs = set(_graph_outputs(net))
+    return [la.bottom[0] for la in net.layers if la.type == "Softmax" and la.top[0] in outs]
+
+
+def sample_inputs(net: Net, seed: int = 11) -> dict[str, torch.Tensor]:
+    """Random values for every data top: integers within the class count for label tops, N(0, 1) otherwise."""
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for la in net.layers:
+        if not la.is_data:
+            continue
+        for t in la.top:
+            classes = [net.shapes[c.bottom[0]][1] for c in net.layers if len(c.bottom) > 1 and c.bottom[1] == t
+                       and c.type in ("SoftmaxWithLoss", "Accuracy", "InfogainLoss", "HingeLoss", "MultinomialLogisticLoss")]
+            shape = net.shapes[t]
+            out[t] = torch.randint(classes[0], shape, generator=gen).float() if classes else torch.randn(shape, generator=gen)
+    return out
+
+
+def check_onnx(net: Net, path: str | Path) -> dict[str, float]:
+    """Run the exported file in onnxruntime and the net itself on the same random inputs.
+
+    Returns:
+        For every output (and every logits blob exported beside it), the largest absolute
+        difference divided by the largest absolute value of the net's own result.
+    """
+    import onnxruntime as ort
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = sample_inputs(net)
+    with torch.no_grad():
+        _, blobs = net.forward(feeds=feeds)
+    got = sess.run(None, {i.name: feeds[i.name].numpy() for i in sess.get_inputs()})
+    rel = {}
+    for o, v in zip(sess.get_outputs(), got, strict=True):
+        ref = blobs[o.name].detach().cpu().double().numpy()
+        rel[o.name] = float(np.abs(v - ref).max() / max(float(np.abs(ref).max()), 1e-30)) if ref.size else 0.0
+    return rel
+
+
+def export(net: Net, path: str | Path, *, check: bool = True, tolerance: float | None = None) -> dict[str, float]:
+    """Write the net as ONNX to ``path`` (with its logits exposed), checked in onnxruntime unless ``check`` is False.
+
+    The file is written under a temporary name and renamed only when everything succeeded.
+
+    Raises:
+        LayerError: a layer without an ONNX counterpart, or (with ``tolerance``) an output of
+            onnxruntime further than that from the net's own, relatively.
+    """
+    import onnx
+    p = Path(path)
+    model = to_onnx(net, extra_outputs=tuple(logits_of(net)))
+    tmp = p.with_name(p.name + ".partial")
+    try:
+        onnx.save(model, str(tmp))
+        rel = check_onnx(net, tmp) if check else {}
+        bad = {k: v for k, v in rel.items() if tolerance is not None and not v <= tolerance}
+        if bad:
+            raise LayerError(f"the export differs from ddl-caffe's own forward in onnxruntime: "
+                             f"{', '.join(f'{k} {v:.3g}' for k, v in bad.items())} (relative; tolerance {tolerance:g}); "
+                             "nothing was written")
+        tmp.replace(p)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return rel

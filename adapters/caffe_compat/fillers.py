@@ -1,4 +1,4 @@
-"""Caffe's weight fillers (constant, uniform, gaussian, xavier, msra, bilinear) on torch tensors."""
+"""Caffe's weight fillers (constant, uniform, gaussian, positive_unitball, xavier, msra, bilinear) on torch tensors."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 FAN_IN, FAN_OUT, AVERAGE = 0, 1, 2
-SUPPORTED = ("constant", "uniform", "gaussian", "xavier", "msra", "bilinear")
+SUPPORTED = ("constant", "uniform", "gaussian", "positive_unitball", "xavier", "msra", "bilinear")
 
 
 def _fan(shape: tuple[int, ...], norm: int) -> float:
@@ -40,6 +40,11 @@ def fill(shape: tuple[int, ...], p: Any, gen: torch.Generator, *, where: str = "
             # Caffe keeps each weight with probability sparse / num_outputs (shape[0]).
             keep = p.sparse / shape[0]
             out *= (torch.rand(shape, generator=gen) < keep).to(out.dtype)
+    elif kind == "positive_unitball":
+        # Uniform in [0, 1], then each of the shape[0] rows scaled to sum to one.
+        out.uniform_(0.0, 1.0, generator=gen)
+        rows = out.reshape(shape[0] if shape else 1, -1)
+        rows.div_(rows.sum(1, keepdim=True))
     elif kind == "xavier":
         scale = math.sqrt(3.0 / _fan(shape, p.variance_norm))
         out.uniform_(-scale, scale, generator=gen)

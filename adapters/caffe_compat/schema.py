@@ -1,4 +1,4 @@
-"""Caffe's message classes, built at import from ``schema_text.PROTO`` with no generated code."""
+"""Caffe's message classes, built at import from the schema texts (caffe.proto's subset and forks) with no generated code."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from .schema_text import PROTO
+from . import schema_forks_text, schema_layers_text, schema_legacy_text, schema_text
+
+PROTO = schema_text.PROTO + schema_layers_text.PROTO + schema_legacy_text.PROTO + schema_forks_text.PROTO
 
 _F = descriptor_pb2.FieldDescriptorProto
 _SCALARS = {
@@ -21,7 +23,7 @@ _PACKAGE = "caffe"
 
 
 def _tokens(text: str) -> list[str]:
-    return _TOKENS.findall(text)
+    return _TOKENS.findall(re.sub(r"//[^\n]*", "", text))
 
 
 class _Reader:
@@ -56,7 +58,7 @@ def _enum(r: _Reader) -> descriptor_pb2.EnumDescriptorProto:
     return e
 
 
-def _message(r: _Reader, m: Any, messages: set[str], enums: set[str]) -> None:
+def _message(r: _Reader, m: Any, messages: set[str], enums: set[str], scoped: set[str]) -> None:
     m.name = r.take()
     r.take("{")
     while r.peek() != "}":
@@ -72,7 +74,7 @@ def _message(r: _Reader, m: Any, messages: set[str], enums: set[str]) -> None:
             f.type = _SCALARS[typ]
         elif typ in nested:
             f.type, f.type_name = _F.TYPE_ENUM, f".{_PACKAGE}.{m.name}.{typ}"
-        elif typ in enums:
+        elif typ in enums or typ in scoped:      # top-level, or another message's (Msg.Enum)
             f.type, f.type_name = _F.TYPE_ENUM, f".{_PACKAGE}.{typ}"
         elif typ in messages:
             f.type, f.type_name = _F.TYPE_MESSAGE, f".{_PACKAGE}.{typ}"
@@ -100,18 +102,22 @@ def build_file() -> descriptor_pb2.FileDescriptorProto:
     toks = _tokens(PROTO)
     # Every message name and top-level enum is known before any field is typed.
     messages = {toks[i + 1] for i, t in enumerate(toks) if t == "message"}
-    depth, enums = 0, set()
+    depth, enums, scoped, current = 0, set(), set(), ""
     for i, t in enumerate(toks):
         depth += (t == "{") - (t == "}")
+        if t == "message" and depth == 0:
+            current = toks[i + 1]
         if t == "enum" and depth == 0:
             enums.add(toks[i + 1])
+        elif t == "enum" and depth == 1:
+            scoped.add(f"{current}.{toks[i + 1]}")
     r = _Reader(toks)
     while not r.done():
         kind = r.take()
         if kind == "enum":
             fd.enum_type.append(_enum(r))
         elif kind == "message":
-            _message(r, fd.message_type.add(), messages, enums)
+            _message(r, fd.message_type.add(), messages, enums, scoped)
         else:
             raise ValueError(f"schema_text: unexpected token {kind!r}")
     return fd
@@ -132,6 +138,7 @@ BlobProtoVector = message_class("BlobProtoVector")
 Datum = message_class("Datum")
 FillerParameter = message_class("FillerParameter")
 NetParameter = message_class("NetParameter")
+V1LayerParameter = message_class("V1LayerParameter")
 NetState = message_class("NetState")
 LayerParameter = message_class("LayerParameter")
 SolverParameter = message_class("SolverParameter")

@@ -12,12 +12,14 @@ import numpy as np
 import torch
 
 from . import lr_policy, schema, updates
-from .blobs import from_array, load_weights, to_array
+from .blobs import load_weights, to_array
+from .caffemodel import read_hdf5_solverstate, write_hdf5_solverstate, write_solverstate
 from .net import Net
-from .textio import CaffeFormatError, read_binary, read_net, write_binary
+from .textio import CaffeFormatError, read_binary, read_net
 
 log = logging.getLogger("ddl.caffe")
 Reduce = Callable[[list[torch.Tensor]], None]
+HDF5, BINARYPROTO = 0, 1
 
 
 def _f32(x: float) -> float:
@@ -28,19 +30,76 @@ def _fmt(x: float) -> str:
     return f"{x:g}"
 
 
-def net_params(sp: Any) -> tuple[Any, list[Any]]:
-    """(train NetParameter, test NetParameters) from the solver's net fields, as Caffe resolves them."""
+def net_params(sp: Any) -> tuple[Any, list[tuple[Any, Any]]]:
+    """(train NetParameter, [(test NetParameter, its NetState)]) as Caffe's Solver resolves them.
+
+    Test nets come from test_net_param, then test_net files, then one instance of the generic
+    ``net``/``net_param`` per remaining ``test_iter`` (so one net with two test_states gives two).
+    """
     given = [f for f in ("net", "net_param", "train_net", "train_net_param") if sp.HasField(f)]
     if len(given) != 1:
         raise CaffeFormatError(f"the solver must give exactly one of net, net_param, train_net, train_net_param; got {given or 'none'}")
     f = given[0]
-    train = read_net(getattr(sp, f)) if f in ("net", "train_net") else getattr(sp, f)
-    tests = list(sp.test_net_param) + [read_net(p) for p in sp.test_net]
-    if not tests and len(sp.test_iter) and f in ("net", "net_param"):
-        tests = [train]
-    if len(tests) != len(sp.test_iter):
-        raise CaffeFormatError(f"the solver has {len(tests)} test nets but {len(sp.test_iter)} test_iter values; give one per test net")
-    return train, tests
+    train = read_net(getattr(sp, f)) if f in ("net", "train_net") else _upgraded(getattr(sp, f))
+    generic = f in ("net", "net_param")
+    specific = [_upgraded(p) for p in sp.test_net_param] + [read_net(p) for p in sp.test_net]
+    n_iter = len(sp.test_iter)
+    if generic and n_iter < len(specific) or not generic and n_iter != len(specific):
+        raise CaffeFormatError(f"the solver has {len(specific)} test_net/test_net_param entries and {n_iter} test_iter "
+                               "values; give one test_iter per test net")
+    tests = specific + [train] * (n_iter - len(specific) if generic else 0)
+    if len(sp.test_state) and len(sp.test_state) != len(tests):
+        raise CaffeFormatError(f"the solver gives {len(sp.test_state)} test_state entries for {len(tests)} test nets "
+                               "(one per test_iter); give none or one per test net")
+    if tests and sp.test_interval <= 0:
+        raise CaffeFormatError(f"the solver has {len(tests)} test net(s) but no positive test_interval")
+    states = []
+    for i in range(len(tests)):
+        st = schema.NetState(phase=schema.TEST)
+        if len(sp.test_state):
+            st.MergeFrom(sp.test_state[i])
+        states.append(st)
+    return train, list(zip(tests, states, strict=True))
+
+
+def _upgraded(param: Any) -> Any:
+    from .upgrade import upgrade_net
+    upgrade_net(param, source="the solver's inline net")
+    return param
+
+
+def check_solver(sp: Any) -> None:
+    """Refuse, before any iteration, the settings that would otherwise fail later (or silently differ).
+
+    Raises:
+        CaffeFormatError / LrPolicyError: the setting and what to do.
+    """
+    updates.solver_type(sp)
+    if not sp.HasField("lr_policy"):
+        raise lr_policy.LrPolicyError("the solver needs an lr_policy (e.g. \"fixed\")")
+    lr_policy.check(sp)
+    if sp.regularization_type not in ("L1", "L2"):
+        raise CaffeFormatError(f"regularization_type '{sp.regularization_type}' is unknown; use L2 or L1")
+    for name, low in (("iter_size", 1), ("average_loss", 1), ("max_iter", 0)):
+        if getattr(sp, name) < low:
+            raise CaffeFormatError(f"{name} must be at least {low}, got {getattr(sp, name)}")
+    if sp.snapshot < 0 or sp.display < 0:
+        raise CaffeFormatError("snapshot and display must not be negative")
+    if sp.snapshot and not sp.snapshot_prefix:
+        raise CaffeFormatError(f"the solver snapshots every {sp.snapshot} iterations but gives no snapshot_prefix")
+    if sp.snapshot_prefix and (sp.snapshot or sp.snapshot_after_train):
+        probe = Path(f"{sp.snapshot_prefix}_iter_0.tempfile")
+        try:
+            probe.parent.mkdir(parents=True, exist_ok=True)
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as e:
+            raise CaffeFormatError(f"cannot write snapshots to '{sp.snapshot_prefix}' ({e.strerror}); make sure "
+                                   "that the folder exists and is writable") from None
+        if sp.snapshot_format == HDF5:
+            import h5py  # noqa: F401  (an install without h5py fails here, not at the first snapshot)
+    if sp.debug_info:
+        log.warning("debug_info is not supported by ddl-caffe and is ignored")
 
 
 class Solver:
@@ -54,26 +113,22 @@ class Solver:
     """
 
     def __init__(self, sp: Any, *, rank: int = 0, size: int = 1, reduce: Reduce | None = None,
-                 broadcast: Reduce | None = None) -> None:
+                 broadcast: Reduce | None = None, device: torch.device | str | None = None) -> None:
         self.sp, self.rank, self.size = sp, rank, size
         self.reduce, self.bcast = reduce, broadcast
+        check_solver(sp)
         self.kind = updates.solver_type(sp)
-        if not sp.HasField("lr_policy"):
-            raise lr_policy.LrPolicyError("the solver needs an lr_policy (e.g. \"fixed\")")
-        lr_policy.check(sp)
-        if sp.iter_size < 1:
-            raise CaffeFormatError(f"iter_size must be at least 1, got {sp.iter_size}")
         self.seed = sp.random_seed if sp.random_seed >= 0 else int(time.time_ns() % (1 << 31))
         self.gen = torch.Generator().manual_seed(self.seed)
         train, tests = net_params(sp)
         quiet = rank != 0
         tstate = sp.train_state if sp.HasField("train_state") else schema.NetState(phase=schema.TRAIN)
-        self.net = Net(train, schema.TRAIN, gen=self.gen, level=tstate.level, stages=tuple(tstate.stage),
-                       rank=rank, size=size, quiet=quiet)
+        self.net = Net(train, schema.TRAIN, gen=self.gen, level=tstate.level if tstate.HasField("level") else None,
+                       stages=tuple(tstate.stage), rank=rank, size=size, quiet=quiet, device=device)
         self.test_nets = []
-        for i, tp in enumerate(tests):
-            st = sp.test_state[i] if i < len(sp.test_state) else schema.NetState(phase=schema.TEST)
-            tn = Net(tp, schema.TEST, gen=self.gen, level=st.level, stages=tuple(st.stage), quiet=True)
+        for tp, st in tests:
+            tn = Net(tp, schema.TEST, gen=self.gen, level=st.level if st.HasField("level") else None,
+                     stages=tuple(st.stage), quiet=True, device=device)
             tn.share_from(self.net)
             self.test_nets.append(tn)
         self.params = self.net.params
@@ -234,39 +289,40 @@ class Solver:
         return f"{self.sp.snapshot_prefix}_iter_{self.iter}{ext}"
 
     def snapshot(self) -> tuple[str, str]:
-        """Write <prefix>_iter_<N>.caffemodel and .solverstate (binary protos, Caffe's layout)."""
-        if self.sp.snapshot_format != 1:
-            raise CaffeFormatError("snapshot_format HDF5 is not supported; use BINARYPROTO")
-        model = self._filename(".caffemodel")
+        """Write <prefix>_iter_<N>.caffemodel and .solverstate (or their .h5 forms with snapshot_format: HDF5)."""
+        h5 = self.sp.snapshot_format == HDF5
+        model = self._filename(".caffemodel.h5" if h5 else ".caffemodel")
         Path(model).parent.mkdir(parents=True, exist_ok=True)
-        log.info("Snapshotting to binary proto file %s", model)
-        write_binary(model, self.net.to_proto(write_diff=self.sp.snapshot_diff))
-        state = schema.SolverState(iter=self.iter, learned_net=model, current_step=self.current_step)
-        for h in self.history:
-            state.history.append(from_array(h.numpy()))
-        path = self._filename(".solverstate")
-        log.info("Snapshotting solver state to binary proto file %s", path)
-        write_binary(path, state)
+        log.info("Snapshotting to %s %s", "HDF5 file" if h5 else "binary proto file", model)
+        self.net.save(model, write_diff=self.sp.snapshot_diff)
+        path = self._filename(".solverstate.h5" if h5 else ".solverstate")
+        log.info("Snapshotting solver state to %s %s", "HDF5 file" if h5 else "binary proto file", path)
+        write = write_hdf5_solverstate if h5 else write_solverstate
+        write(path, it=self.iter, learned_net=model, current_step=self.current_step, history=self.history)
         return model, path
 
     def restore(self, path: str) -> None:
-        """Load a .solverstate (and the .caffemodel it names) into this solver."""
-        state = read_binary(path, schema.SolverState())
-        if state.learned_net:
-            model = Path(state.learned_net)
+        """Load a .solverstate or .solverstate.h5 (and the model it names) into this solver."""
+        if path.endswith(".h5"):
+            it, learned, step, hist = read_hdf5_solverstate(path)
+        else:
+            state = read_binary(path, schema.SolverState())
+            it, learned, step = state.iter, state.learned_net, state.current_step
+            hist = [to_array(b, where=f"{path}: history blob {i}") for i, b in enumerate(state.history)]
+        if learned:
+            model = Path(learned)
             if not model.exists() and (Path(path).parent / model.name).exists():
                 model = Path(path).parent / model.name
             load_weights(self.net, [str(model)])
-        if len(state.history) != len(self.history):
+        if len(hist) != len(self.history):
             raise CaffeFormatError(
-                f"{path}: {len(state.history)} history blobs, but a {self.kind} solver on this net keeps "
+                f"{path}: {len(hist)} history blobs, but a {self.kind} solver on this net keeps "
                 f"{len(self.history)}; the state belongs to another net or solver type")
-        for i, (b, h) in enumerate(zip(state.history, self.history, strict=True)):
-            arr = to_array(b, where=f"{path}: history blob {i}")
+        for i, (arr, h) in enumerate(zip(hist, self.history, strict=True)):
             if arr.size != h.numel():
                 raise CaffeFormatError(f"{path}: history blob {i} has shape {list(arr.shape)}, the net's param has {list(h.shape)}")
-            h.copy_(torch.from_numpy(arr.reshape(tuple(h.shape))))
-        self.iter, self.current_step = state.iter, state.current_step
+            h.copy_(torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32).reshape(tuple(h.shape))))
+        self.iter, self.current_step = it, step
         skip_consumed_data(self.net, self.iter * self.sp.iter_size)
         self.sync_params()
 
@@ -289,7 +345,7 @@ def test_net(net: Net, iters: int) -> tuple[list[list[float]], float]:
         for _ in range(iters):
             lv, blobs = net.forward()
             loss += float(lv)
-            vals = [blobs[o].reshape(-1).double().numpy() for o in net.outputs]
+            vals = [blobs[o].detach().reshape(-1).double().cpu().numpy() for o in net.outputs]
             sums = vals if sums is None else [a + b for a, b in zip(sums, vals, strict=True)]
     assert sums is not None
     return [list(s / iters) for s in sums], loss / max(iters, 1)

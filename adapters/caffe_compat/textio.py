@@ -16,7 +16,6 @@ class CaffeFormatError(ValueError):
     """A Caffe file could not be read; the message names the file, place and what to do."""
 
 
-_V1 = re.compile(r"^\s*layers\s*\{", re.MULTILINE)
 _NO_FIELD = re.compile(r'has no field named "?(\w+)"?')
 
 
@@ -45,7 +44,7 @@ def _layer_around(text: str, line: int, column: int) -> str:
             stack.pop()
         i += 1
     for start in reversed(stack):
-        if re.search(r"\blayer\s*$", text[:start]):
+        if re.search(r"\blayers?\s*:?\s*$", text[:start]):
             block = text[start:]
             depth, end = 0, len(block)
             for j, c in enumerate(block):
@@ -61,36 +60,109 @@ def _layer_around(text: str, line: int, column: int) -> str:
     return ""
 
 
+_SCAN = re.compile(r"""\s+|\#[^\n]*|"(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|[{}<>\[\]:,;]|[^\s{}<>\[\]:,;\#"']+""")
+
+
+def _position(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def unknown_fields(text: str, descriptor: Any) -> list[tuple[int, int, str]]:
+    """Every field name in protobuf text ``text`` that ``descriptor`` (recursively) lacks, as (line, column, name).
+
+    A tolerant scan used to report all unknown fields at once after the strict parser found the first.
+    """
+    toks = [(m.group(0), m.start()) for m in _SCAN.finditer(text) if not m.group(0).isspace() and not m.group(0).startswith("#")]
+    found: list[tuple[int, int, str]] = []
+
+    def skip_value(i: int) -> int:
+        if i < len(toks) and toks[i][0] in "{<":
+            depth = 0
+            while i < len(toks):
+                depth += (toks[i][0] in "{<") - (toks[i][0] in "}>")
+                i += 1
+                if depth == 0:
+                    break
+            return i
+        if i < len(toks) and toks[i][0] == "[":
+            while i < len(toks) and toks[i][0] != "]":
+                i += 1
+            return i + 1
+        while i < len(toks) and toks[i][0].startswith(("'", '"')) and i + 1 < len(toks) and toks[i + 1][0].startswith(("'", '"')):
+            i += 1                                      # adjacent strings concatenate
+        return i + 1
+
+    def walk(i: int, desc: Any, close: str) -> int:
+        while i < len(toks) and toks[i][0] != close:
+            name, off = toks[i]
+            if name in ",;":
+                i += 1
+                continue
+            i += 1
+            if i < len(toks) and toks[i][0] == ":":
+                i += 1
+            field = desc.fields_by_name.get(name) if desc is not None else None
+            if field is None and desc is not None and not name.startswith("["):
+                found.append((*_position(text, off), name))
+            msg_type = field.message_type if field is not None else None
+            is_msg = msg_type is not None
+            if i < len(toks) and toks[i][0] in "{<" and is_msg:
+                end = "}" if toks[i][0] == "{" else ">"
+                i = walk(i + 1, msg_type, end) + 1
+            elif i < len(toks) and toks[i][0] == "[" and is_msg:
+                i += 1
+                while i < len(toks) and toks[i][0] != "]":
+                    if toks[i][0] in "{<":
+                        i = walk(i + 1, msg_type, "}" if toks[i][0] == "{" else ">") + 1
+                    else:
+                        i += 1
+                i += 1
+            else:
+                i = skip_value(i)
+        return i
+
+    walk(0, descriptor, "\0")
+    return found
+
+
 def parse_text(text: str, message: Any, *, source: str = "<string>") -> Any:
     """Parse protobuf text format into ``message`` (returned), with ``file:line:column`` errors.
 
+    Nets in the V0 and V1 formats are upgraded as Caffe does on load (``ddl-caffe upgrade``
+    writes the result).
+
     Raises:
-        CaffeFormatError: malformed text, an unknown or unsupported field (named with its
-            layer), or a net in the V1 ``layers`` format.
+        CaffeFormatError: malformed text, or fields the schema lacks (all of them, each named
+            with its layer).
     """
-    if isinstance(message, schema.NetParameter) or message.DESCRIPTOR.name == "SolverParameter":
-        m = _V1.search(text)
-        if m:
-            line = text.count("\n", 0, m.start()) + 1
-            raise CaffeFormatError(
-                f"{source}:{line}:1: this net uses the V1 'layers' format (from before 2015), which "
-                "ddl-caffe does not read; convert it with Caffe's upgrade_net_proto_text tool, or "
-                "rewrite each 'layers {' block as 'layer {' with a string type such as \"Convolution\"")
     try:
-        return text_format.Parse(text, message)
+        out = text_format.Parse(text, message)
     except text_format.ParseError as e:
         line, col = e.GetLine(), e.GetColumn()
         msg = re.sub(r"^\d+:\d+ : ", "", str(e))
         where = f"{source}:{line}:{col}" if line else source
-        field = _NO_FIELD.search(msg)
-        if field and line:
-            layer = _layer_around(text, line, col)
-            what = f" in {layer}" if layer else ""
+        if _NO_FIELD.search(msg) and line:
+            unknown = unknown_fields(text, message.DESCRIPTOR) or [(line, col, _NO_FIELD.search(msg).group(1))]  # type: ignore[union-attr]
+            parts = []
+            for ln, cl, name in unknown:
+                layer = _layer_around(text, ln, cl)
+                parts.append(f"{source}:{ln}:{cl}: field '{name}'" + (f" in {layer}" if layer else ""))
             raise CaffeFormatError(
-                f"{where}: field '{field.group(1)}'{what} is not supported by ddl-caffe (it is either "
-                "misspelt or belongs to a Caffe layer ddl-caffe does not implement; see the README's "
-                "list of supported layers)") from None
+                f"{len(parts)} field(s) that neither Caffe nor the forks ddl-caffe knows (misspelt, or from another "
+                "Caffe fork):\n  " + "\n  ".join(parts)) from None
         raise CaffeFormatError(f"{where}: {msg}") from None
+    if out.DESCRIPTOR.name == "NetParameter":
+        _upgrade(out, source)
+    return out
+
+
+def _upgrade(net: Any, source: str) -> None:
+    from .upgrade import UpgradeError, upgrade_net
+    try:
+        upgrade_net(net, source=source)
+    except UpgradeError as e:
+        raise CaffeFormatError(str(e)) from None
 
 
 def read_text(path: str | Path, message: Any) -> Any:
@@ -109,8 +181,14 @@ def read_net(path: str | Path) -> Any:
 
 
 def read_solver(path: str | Path) -> Any:
-    """A ``SolverParameter`` from a prototxt file."""
-    return read_text(path, schema.SolverParameter())
+    """A ``SolverParameter`` from a prototxt file, upgraded as Caffe does (solver_type, snapshot_prefix)."""
+    from .upgrade import UpgradeError, upgrade_solver
+    sp = read_text(path, schema.SolverParameter())
+    try:
+        upgrade_solver(sp, source=str(path))
+    except UpgradeError as e:
+        raise CaffeFormatError(str(e)) from None
+    return sp
 
 
 def write_text(path: str | Path, message: Any) -> None:
@@ -131,10 +209,8 @@ def read_binary(path: str | Path, message: Any) -> Any:
         raise CaffeFormatError(
             f"{p}: not a valid binary {message.DESCRIPTOR.name} ({len(data)} bytes; {e}); the file is "
             "truncated or of another kind") from None
-    if message.DESCRIPTOR.name == "NetParameter" and len(message.layers) and not len(message.layer):
-        raise CaffeFormatError(
-            f"{p}: this model is in the V1 'layers' format; upgrade it with Caffe's "
-            "upgrade_net_proto_binary tool first")
+    if message.DESCRIPTOR.name == "NetParameter":
+        _upgrade(message, str(p))
     return message
 
 

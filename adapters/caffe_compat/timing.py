@@ -1,9 +1,10 @@
-"""``ddl-caffe time``: per-layer forward and backward times, reported as ``caffe time`` does."""
+"""``ddl-caffe time``: per-layer forward and backward times, measured and reported as ``caffe time`` does."""
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import torch
 
@@ -12,92 +13,133 @@ from .net import Net
 log = logging.getLogger("ddl.caffe")
 
 
-class _Clock:
-    """Per-layer backward times from one autograd pass: CPU autograd runs the graph's nodes one at
-    a time in reverse order, so a layer's backward lies between the moment the gradient of its tops
-    is complete and the moment the gradients of its bottoms (or, for the first layer, of its
-    parameters) are; hooks stamp those moments."""
+class LayerRunner:
+    """Runs a net forward layer by layer (each timed) and backward as Caffe's Net does, with per-layer times.
+
+    A net with a loss runs one autograd pass: each layer reads its own view of every bottom that needs a
+    diff, so a hook on that view marks the end of that layer's backward, and a hook on each top the
+    start (its diff complete: every consumer done). CPU autograd runs the nodes one at a time, later
+    layers first, so the per-layer spans add up to the pass. A net without a loss (a deploy net) runs,
+    as Caffe's ``time`` does there, every layer's backward on its own with zero top diffs: parameter
+    gradients only, no bottom diffs (Caffe's net analysis gives none).
+    """
 
     def __init__(self, net: Net) -> None:
+        self.net = net
+        self.need = net.bottom_need_backward()
+        self.has_loss = any(la.loss_weight(j) for la in net.layers for j in range(len(la.top)))
         self.stamps: dict[int, float] = {}
+        self.backward_seconds = 0.0          # wall time of the last one-pass backward
         self.param_layer: dict[int, int] = {}
         for i, la in enumerate(net.layers):
+            if any(self.need[i]):
+                continue                        # its bottoms' views mark the end of its backward
             for t in la.blobs:
                 if t.requires_grad and id(t) not in self.param_layer:
                     self.param_layer[id(t)] = i
-                    t.register_post_accumulate_grad_hook(self._param_hook)  # type: ignore[no-untyped-call]
+                    t.register_post_accumulate_grad_hook(self._param_done)  # type: ignore[no-untyped-call]
 
-    def _param_hook(self, t: torch.Tensor) -> None:
-        k = id(t)
-        self.stamps[k] = max(self.stamps.get(k, 0.0), time.perf_counter())
+    def _param_done(self, t: torch.Tensor) -> None:
+        i = self.param_layer[id(t)]
+        self.stamps[-1 - i] = max(self.stamps.get(-1 - i, 0.0), time.perf_counter())
 
-    def watch(self, t: torch.Tensor) -> None:
-        k = id(t)
-
+    def _stamp(self, key: int) -> Any:
         def hook(g: torch.Tensor) -> None:
-            self.stamps[k] = time.perf_counter()
-        t.register_hook(hook)  # type: ignore[no-untyped-call]
+            self.stamps[key] = max(self.stamps.get(key, 0.0), time.perf_counter())
+        return hook
 
+    def iteration(self, fwd: list[float], bwd: list[float]) -> float:
+        return self._one_pass(fwd, bwd) if self.has_loss else self._per_layer(fwd, bwd)
 
-def _iteration(net: Net, clock: _Clock, fwd: list[float], bwd: list[float], *, want_loss: bool = False) -> float:
-    """One forward (each layer timed) and one backward (attributed per layer by ``clock``)."""
-    blobs: dict[str, torch.Tensor] = {}
-    outs_of: list[list[torch.Tensor]] = []
-    loss: torch.Tensor = torch.zeros(())
-    clock.stamps.clear()
-    for i, la in enumerate(net.layers):
-        ins = [blobs[b] for b in la.bottom]
-        t0 = time.perf_counter()
-        outs = la.forward(ins)
-        fwd[i] += time.perf_counter() - t0
-        for j, (name, t) in enumerate(zip(la.top, outs, strict=True)):
-            blobs[name] = t
-            w = la.loss_weight(j)
-            if w:
-                loss = loss + (t.sum() if w == 1 else w * t.sum())
-            if t.requires_grad:
-                clock.watch(t)
-        outs_of.append(outs)
-    value = float(loss.detach()) if want_loss else 0.0
-    if not loss.requires_grad:
-        return value
-    start = time.perf_counter()
-    loss.backward()  # type: ignore[no-untyped-call]
-    done: float = start
-    for i in range(len(net.layers) - 1, -1, -1):
-        la = net.layers[i]
-        begin = max([clock.stamps[id(t)] for t in outs_of[i] if id(t) in clock.stamps] or [done])
-        ends = [clock.stamps[id(blobs_t)] for blobs_t in _bottoms(net, outs_of, i) if id(blobs_t) in clock.stamps]
-        ends += [clock.stamps[id(p)] for p in la.blobs if id(p) in clock.stamps and clock.param_layer.get(id(p)) == i]
-        end = max(ends) if ends else begin
-        bwd[i] += max(end - begin, 0.0)
-        done = max(done, end)
-    return value
+    def _one_pass(self, fwd: list[float], bwd: list[float]) -> float:
+        net, n = self.net, len(self.net.layers)
+        blobs: dict[str, torch.Tensor] = {}
+        producer: dict[str, int] = {}
+        consumers: list[list[int]] = [[] for _ in range(n)]
+        self.stamps.clear()
+        roots: list[torch.Tensor] = []
+        grads: list[torch.Tensor] = []
+        loss = 0.0
+        tops_of: list[list[torch.Tensor]] = []
+        for i, la in enumerate(net.layers):
+            ins = []
+            for j, b in enumerate(la.bottom):
+                x = blobs[b]
+                if self.need[i][j] and x.requires_grad:
+                    # This layer's own handle on the bottom: its gradient marks the end of this layer's
+                    # backward, and (over all readers) the start of the producer's.
+                    x = x.view_as(x)
+                    x.register_hook(self._stamp(n + i))                # type: ignore[no-untyped-call]
+                    consumers[producer[b]].append(i)
+                elif x.requires_grad:
+                    x = x.detach()
+                ins.append(x)
+            t0 = time.perf_counter()
+            tops = net.run_layer(i, ins)
+            fwd[i] += time.perf_counter() - t0
+            for j, (name, t) in enumerate(zip(la.top, tops, strict=True)):
+                blobs[name] = t
+                producer[name] = i
+                w = la.loss_weight(j)
+                if w:
+                    loss += w * float(t.detach().sum())
+                    if t.requires_grad:
+                        roots.append(t)
+                        grads.append(torch.full_like(t, w))
+            tops_of.append(tops)
+        start = time.perf_counter()
+        if roots:
+            torch.autograd.backward(roots, grads)
+        done = time.perf_counter()
+        self.backward_seconds = done - start
+        # A layer's span starts when its top diffs are complete and the layer before it in the run has
+        # finished: parallel branches become ready together but run one after another.
+        spans = []
+        for i in range(n):
+            if any(t.requires_grad for t in tops_of[i]):
+                ready = max([self.stamps.get(n + c, start) for c in consumers[i]] or [start])
+                end = max(self.stamps.get(n + i, 0.0), self.stamps.get(-1 - i, 0.0)) or ready
+                spans.append((min(end, done), ready, i))
+        prev = start
+        for end, ready, i in sorted(spans):
+            begin = max(ready, prev)
+            bwd[i] += max(end - begin, 0.0)
+            prev = max(prev, end)
+        return loss
 
-
-def _bottoms(net: Net, outs_of: list[list[torch.Tensor]], i: int) -> list[torch.Tensor]:
-    """The tensors layer ``i`` read: the latest earlier top of each bottom name."""
-    found = []
-    for b in net.layers[i].bottom:
-        for k in range(i - 1, -1, -1):
-            if b in net.layers[k].top:
-                found.append(outs_of[k][net.layers[k].top.index(b)])
-                break
-    return found
+    def _per_layer(self, fwd: list[float], bwd: list[float]) -> float:
+        net = self.net
+        blobs: dict[str, torch.Tensor] = {}
+        tops_of: list[list[torch.Tensor]] = []
+        for i, la in enumerate(net.layers):
+            ins = [blobs[b].detach() for b in la.bottom]
+            t0 = time.perf_counter()
+            tops = net.run_layer(i, ins)
+            fwd[i] += time.perf_counter() - t0
+            blobs.update(zip(la.top, tops, strict=True))
+            tops_of.append(tops)
+        for i in range(len(net.layers) - 1, -1, -1):
+            outs = [t for t in tops_of[i] if t.requires_grad]
+            if outs:
+                t0 = time.perf_counter()
+                torch.autograd.backward(outs, [torch.zeros_like(t) for t in outs])
+                bwd[i] += time.perf_counter() - t0
+        return 0.0
 
 
 def time_net(net: Net, iterations: int) -> dict[str, float]:
-    """Run Caffe's benchmark: one warm-up forward/backward, then ``iterations`` timed ones.
+    """Caffe's benchmark: one warm-up forward/backward, then ``iterations`` timed ones, every layer both ways.
 
     Returns:
-        ``forward_ms``, ``backward_ms``, ``total_ms`` (all averages per iteration) and ``loss``.
+        ``forward_ms``, ``backward_ms`` (sums of the per-layer averages), ``total_ms`` (the
+        average iteration, wall clock) and ``loss``.
     """
     n = len(net.layers)
     fwd, bwd = [0.0] * n, [0.0] * n
-    clock = _Clock(net)
+    runner = LayerRunner(net)
     log.info("Performing Forward")
     log.info("Performing Backward")
-    loss = _iteration(net, clock, [0.0] * n, [0.0] * n, want_loss=True)
+    loss = runner.iteration([0.0] * n, [0.0] * n)
     log.info("Initial loss: %g", loss)
     log.info("*** Benchmark begins ***")
     log.info("Testing for %d iterations.", iterations)
@@ -106,7 +148,7 @@ def time_net(net: Net, iterations: int) -> dict[str, float]:
         for p in net.params:
             p.tensor.grad = None
         t0 = time.perf_counter()
-        _iteration(net, clock, fwd, bwd)
+        runner.iteration(fwd, bwd)
         log.info("Iteration: %d forward-backward time: %g ms.", j + 1, (time.perf_counter() - t0) * 1e3)
     total = (time.perf_counter() - total0) * 1e3
     log.info("Average time per layer: ")

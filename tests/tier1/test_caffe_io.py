@@ -111,27 +111,29 @@ def test_prototxt_errors_give_file_line_column(tmp_path: Path) -> None:
     with pytest.raises(textio.CaffeFormatError, match=rf"^{bad}:5:\d+: "):
         textio.read_net(bad)
     unknown = tmp_path / "unknown.prototxt"
-    unknown.write_text('layer {\n  name: "p1"\n  type: "PReLU"\n  prelu_param { channel_shared: true }\n}\n')
-    with pytest.raises(textio.CaffeFormatError, match=rf"{unknown}:4:\d+: field 'prelu_param' in layer \"p1\" \(type PReLU\) is not supported"):
+    unknown.write_text('layer {\n  name: "p1"\n  type: "PReLU"\n  prelu_param { channel_shard: true }\n}\n'
+                       'layer {\n  name: "c"\n  type: "Convolution"\n  convolution_param { num_outputs: 3 }\n}\n')
+    with pytest.raises(textio.CaffeFormatError, match="2 field") as e:
         textio.read_net(unknown)
+    assert f"{unknown}:4:17: field 'channel_shard' in layer \"p1\" (type PReLU)" in str(e.value)
+    assert f"{unknown}:9:23: field 'num_outputs' in layer \"c\" (type Convolution)" in str(e.value)
 
 
-def test_v1_layers_format_is_refused_clearly(tmp_path: Path) -> None:
+def test_v1_layers_format_is_upgraded_on_load(tmp_path: Path) -> None:
     old = tmp_path / "old.prototxt"
-    old.write_text('name: "x"\nlayers {\n  name: "c"\n  type: CONVOLUTION\n}\n')
-    with pytest.raises(textio.CaffeFormatError, match=r"old.prototxt:2:1: this net uses the V1 'layers' format"):
-        textio.read_net(old)
-    binary = schema.NetParameter()
-    binary.layers.add().name = "c"
-    p = tmp_path / "old.caffemodel"
-    textio.write_binary(p, binary)
-    with pytest.raises(textio.CaffeFormatError, match="V1 'layers' format"):
-        textio.read_binary(p, schema.NetParameter())
+    old.write_text('name: "x"\ninput: "data"\ninput_dim: 1 input_dim: 3 input_dim: 5 input_dim: 5\n'
+                   'layers {\n  name: "c"\n  type: CONVOLUTION\n  bottom: "data" top: "c"\n  blobs_lr: 2 weight_decay: 0\n'
+                   '  convolution_param { num_output: 2 kernel_size: 3 }\n}\n')
+    net = textio.read_net(old)
+    assert not len(net.layers) and [(la.name, la.type) for la in net.layer] == [("input", "Input"), ("c", "Convolution")]
+    assert (net.layer[1].param[0].lr_mult, net.layer[1].param[0].decay_mult) == (2, 0)
+    assert list(net.layer[0].input_param.shape[0].dim) == [1, 3, 5, 5]
 
 
 def test_unsupported_layer_type_names_type_and_layer() -> None:
-    text = NET + 'layer { name: "up" type: "Deconvolution" bottom: "ip" top: "up" convolution_param { num_output: 2 kernel_size: 2 } }\n'
-    with pytest.raises(LayerError, match="layer 'up': type 'Deconvolution' is not supported"):
+    text = NET + ('layer { name: "a" type: "Foo" bottom: "ip" top: "a" }\n'
+                  'layer { name: "b" type: "Bar" bottom: "ip" top: "b" }\nlayer { name: "c" type: "Foo" bottom: "ip" top: "c" }\n')
+    with pytest.raises(LayerError, match="2 layer type.*'Foo' \\(layers 'a', 'c'\\); 'Bar' \\(layer 'b'\\)"):
         Net(textio.parse_text(text, schema.NetParameter()), schema.TEST)
 
 

@@ -195,13 +195,15 @@ def test_fillers() -> None:
     assert np.allclose(w[0, 0, 0].numpy(), [0.0625, 0.1875, 0.1875, 0.0625])
     w = fillers.fill((100, 100), fp(type="gaussian", std=1, sparse=10), g)
     assert 0.05 < float((w != 0).float().mean()) < 0.15
-    with pytest.raises(ValueError, match="filler type 'positive_unitball' is not supported"):
-        fillers.fill((2, 2), fp(type="positive_unitball"), g)
+    w = fillers.fill((6, 3, 2), fp(type="positive_unitball"), g)
+    assert float(w.min()) >= 0 and np.allclose(w.reshape(6, -1).sum(1).numpy(), 1.0)
+    with pytest.raises(ValueError, match="filler type 'uniformish' is not supported"):
+        fillers.fill((2, 2), fp(type="uniformish"), g)
 
 
 def test_bad_layer_parameters_are_named() -> None:
-    with pytest.raises(LayerError, match="layer 'p' .*STOCHASTIC"):
-        build('layer { name: "p" type: "Pooling" bottom: "x" top: "y" pooling_param { pool: STOCHASTIC kernel_size: 2 } }')
+    with pytest.raises(LayerError, match="layer 'p' .*STOCHASTIC takes no padding"):
+        build('layer { name: "p" type: "Pooling" bottom: "x" top: "y" pooling_param { pool: STOCHASTIC kernel_size: 2 pad: 1 } }')
     with pytest.raises(LayerError, match="layer 'c' .*group 2 must divide"):
         build('layer { name: "c" type: "Convolution" bottom: "x" top: "y" convolution_param { num_output: 4 kernel_size: 1 group: 2 } }')
     with pytest.raises(LayerError, match="layer 'r' .*cannot reshape"):

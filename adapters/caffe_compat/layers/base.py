@@ -21,8 +21,10 @@ class Layer:
     """
 
     type = ""
+    params: tuple[str, ...] = ()   # the LayerParameter fields ``*_param`` this type reads
     is_loss = False          # top 0 gets loss weight 1 unless the prototxt says otherwise
     is_data = False          # no bottoms; knows its top shapes without running
+    same_shape = False       # every top has the first bottom's shape
     min_bottoms, max_bottoms = 1, 1
     min_tops, max_tops = 1, 1
 
@@ -56,6 +58,11 @@ class Layer:
         """Data layers only: the shapes of their tops."""
         raise NotImplementedError
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        """Top shapes for bottoms of ``shapes`` after ``setup``, without running forward (None: the net
+        probes with zeros). Element-wise layers (``same_shape``) give the first bottom's shape."""
+        return [shapes[0]] * len(self.top) if self.same_shape else None
+
     def loss_weight(self, i: int) -> float:
         if i < len(self.lp.loss_weight):
             return float(self.lp.loss_weight[i])
@@ -68,9 +75,14 @@ class Layer:
             return float(p.lr_mult), float(p.decay_mult)
         return 1.0, 1.0
 
+    def allow_force_backward(self, i: int) -> bool:
+        """Whether ``force_backward`` may send a gradient to bottom ``i`` (not to labels)."""
+        return not (self.is_loss and i == 1)
+
     def make_blob(self, shape: tuple[int, ...], filler: Any, *, what: str) -> torch.Tensor:
+        """A learnable blob (an ``nn.Parameter``, so ``ddl.caffe.load`` can register it)."""
         t = fill(shape, filler, self.gen, where=f"layer '{self.name}' {what}")
-        return t.requires_grad_(True)
+        return torch.nn.Parameter(t, requires_grad=True)
 
 
 def axis_index(axis: int, ndim: int, layer: Layer) -> int:

@@ -1,4 +1,4 @@
-"""InnerProduct, activations, Dropout, BatchNorm, Scale, Eltwise, Concat, Flatten, Reshape, Softmax."""
+"""InnerProduct, Embed, Dropout, BatchNorm, Scale, Bias, Eltwise and Softmax."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ PROD, SUM, MAX = 0, 1, 2
 
 class InnerProduct(Layer):
     type = "InnerProduct"
+    params = ("inner_product_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
         p = self.lp.inner_product_param
@@ -28,6 +29,9 @@ class InnerProduct(Layer):
         if p.bias_term:
             self.blobs.append(self.make_blob((p.num_output,), p.bias_filler, what="bias"))
 
+    def infer_top_shapes(self, shapes: list[tuple[int, ...]]) -> list[tuple[int, ...]] | None:
+        return [(*shapes[0][: self.axis], self.lp.inner_product_param.num_output)]
+
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         x = bottoms[0]
         lead = x.shape[: self.axis]
@@ -37,30 +41,10 @@ class InnerProduct(Layer):
         return [y.reshape(*lead, y.shape[1])]
 
 
-class ReLU(Layer):
-    type = "ReLU"
-
-    def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
-        slope = self.lp.relu_param.negative_slope
-        return [F.leaky_relu(bottoms[0], slope) if slope else F.relu(bottoms[0])]
-
-
-class Sigmoid(Layer):
-    type = "Sigmoid"
-
-    def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.sigmoid(bottoms[0])]
-
-
-class TanH(Layer):
-    type = "TanH"
-
-    def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.tanh(bottoms[0])]
-
-
 class Dropout(Layer):
     type = "Dropout"
+    same_shape = True
+    params = ("dropout_param",)
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         x, ratio = bottoms[0], self.lp.dropout_param.dropout_ratio
@@ -75,6 +59,8 @@ class BatchNorm(Layer):
     """Caffe's BatchNorm: blobs are mean*f, variance*f and the factor f (all lr_mult 0)."""
 
     type = "BatchNorm"
+    same_shape = True
+    params = ("batch_norm_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
         p = self.lp.batch_norm_param
@@ -108,28 +94,43 @@ class BatchNorm(Layer):
         return [y]
 
 
+def _operand_shape(layer: Layer, shapes: list[tuple[int, ...]], axis: int, num_axes: int) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
+    """(axis, operand shape, broadcast view) for Scale and Bias: the second bottom's shape, or
+    ``num_axes`` axes of the first from ``axis`` (-1: all of them); an empty second bottom is a scalar."""
+    x = shapes[0]
+    if len(shapes) == 2 and len(shapes[1]) == 0:
+        return 0, (), (1,) * len(x)
+    a = axis_index(axis, len(x), layer) if len(x) else 0
+    if len(shapes) == 2:
+        pshape = tuple(shapes[1])
+    else:
+        if num_axes < -1:
+            raise layer.error(f"num_axes must be -1 or non-negative, got {num_axes}")
+        end = len(x) if num_axes == -1 else a + num_axes
+        if end > len(x):
+            raise layer.error(f"axis {axis} + num_axes {num_axes} exceeds the bottom's {len(x)} axes")
+        pshape = tuple(x[a:end])
+    if tuple(x[a:a + len(pshape)]) != pshape:
+        raise layer.error(f"operand shape {list(pshape)} does not match bottom {list(x)} at axis {a}")
+    return a, pshape, (1,) * a + pshape + (1,) * (len(x) - a - len(pshape))
+
+
 class Scale(Layer):
+    """x * gamma (a learned blob, or the second bottom) broadcast from ``axis``; optional learned bias."""
+
     type = "Scale"
+    same_shape = True
+    params = ("scale_param",)
     max_bottoms = 2
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
         p = self.lp.scale_param
-        x = shapes[0]
-        self.axis = axis_index(p.axis, len(x), self) if len(x) else 0
-        if len(shapes) == 2:
-            self.pshape = shapes[1]
-        else:
-            end = len(x) if p.num_axes == -1 else self.axis + p.num_axes
-            if end > len(x):
-                raise self.error(f"axis {p.axis} + num_axes {p.num_axes} exceeds the bottom's {len(x)} axes")
-            self.pshape = tuple(x[self.axis:end])
+        self.axis, self.pshape, self.view = _operand_shape(self, shapes, p.axis, p.num_axes)
+        if len(shapes) == 1:
             filler = p.filler if p.HasField("filler") else schema.FillerParameter(type="constant", value=1.0)
             self.blobs = [self.make_blob(self.pshape, filler, what="scale")]
-        if tuple(x[self.axis:self.axis + len(self.pshape)]) != tuple(self.pshape):
-            raise self.error(f"scale shape {list(self.pshape)} does not match bottom {list(x)} at axis {self.axis}")
-        self.view = (1,) * self.axis + tuple(self.pshape) + (1,) * (len(x) - self.axis - len(self.pshape))
         if p.bias_term:
-            self.blobs.append(self.make_blob(tuple(self.pshape), p.bias_filler, what="bias"))
+            self.blobs.append(self.make_blob(self.pshape, p.bias_filler, what="bias"))
         self.bias_index = len(self.blobs) - 1 if p.bias_term else -1
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -140,8 +141,57 @@ class Scale(Layer):
         return [y]
 
 
+class Bias(Layer):
+    """x + b (a learned blob, filler default 0, or the second bottom) broadcast from ``axis``."""
+
+    type = "Bias"
+    same_shape = True
+    params = ("bias_param",)
+    max_bottoms = 2
+
+    def setup(self, shapes: list[tuple[int, ...]]) -> None:
+        p = self.lp.bias_param
+        self.axis, self.pshape, self.view = _operand_shape(self, shapes, p.axis, p.num_axes)
+        if len(shapes) == 1:
+            self.blobs = [self.make_blob(self.pshape, p.filler, what="bias")]
+
+    def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
+        b = bottoms[1] if len(bottoms) == 2 else self.blobs[0]
+        return [bottoms[0] + b.reshape(self.view)]
+
+
+class Embed(Layer):
+    """Rows of a learned (input_dim, num_output) table picked by integer indices; top = bottom shape + (num_output,)."""
+
+    type = "Embed"
+    params = ("embed_param",)
+
+    def setup(self, shapes: list[tuple[int, ...]]) -> None:
+        p = self.lp.embed_param
+        if p.num_output <= 0 or p.input_dim <= 0:
+            raise self.error("embed_param needs positive num_output and input_dim")
+        self.input_dim = p.input_dim
+        self.blobs = [self.make_blob((p.input_dim, p.num_output), p.weight_filler, what="weights")]
+        if p.bias_term:
+            self.blobs.append(self.make_blob((p.num_output,), p.bias_filler, what="bias"))
+
+    def allow_force_backward(self, i: int) -> bool:
+        return False
+
+    def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
+        x = bottoms[0].detach()
+        idx = x.long()
+        if bool((idx.to(x.dtype) != x).any()) or bool(((idx < 0) | (idx >= self.input_dim)).any()):
+            raise self.error(f"indices must be integers in [0, {self.input_dim}); got values in "
+                             f"[{float(x.min()):g}, {float(x.max()):g}]")
+        y = F.embedding(idx, self.blobs[0])
+        return [y + self.blobs[1] if len(self.blobs) > 1 else y]
+
+
 class Eltwise(Layer):
     type = "Eltwise"
+    same_shape = True
+    params = ("eltwise_param",)
     min_bottoms, max_bottoms = 2, 1 << 16
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
@@ -163,67 +213,22 @@ class Eltwise(Layer):
             for b in bottoms[1:]:
                 y = y + b
             return [y]
-        y = bottoms[0]
-        for b in bottoms[1:]:
-            y = y * b if self.op == PROD else torch.maximum(y, b)
-        return [y]
-
-
-class Concat(Layer):
-    type = "Concat"
-    max_bottoms = 1 << 16
-
-    def setup(self, shapes: list[tuple[int, ...]]) -> None:
-        p = self.lp.concat_param
-        self.axis = axis_index(p.axis if p.HasField("axis") or not p.HasField("concat_dim") else p.concat_dim, len(shapes[0]), self)
-        for s in shapes:
-            if len(s) != len(shapes[0]) or any(a != b for i, (a, b) in enumerate(zip(s, shapes[0], strict=True)) if i != self.axis):
-                raise self.error(f"bottoms must match except on axis {self.axis}, got {[list(x) for x in shapes]}")
-
-    def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.cat(bottoms, self.axis)]
-
-
-class Flatten(Layer):
-    type = "Flatten"
-
-    def setup(self, shapes: list[tuple[int, ...]]) -> None:
-        p, n = self.lp.flatten_param, len(shapes[0])
-        a, e = axis_index(p.axis, n, self), axis_index(p.end_axis, n, self)
-        s = shapes[0]
-        self.shape = tuple(s[:a]) + (math.prod(s[a:e + 1]),) + tuple(s[e + 1:])
-
-    def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [bottoms[0].reshape(self.shape)]
-
-
-class Reshape(Layer):
-    type = "Reshape"
-
-    def setup(self, shapes: list[tuple[int, ...]]) -> None:
-        p, s = self.lp.reshape_param, shapes[0]
-        start = p.axis if p.axis >= 0 else len(s) + 1 + p.axis
-        end = len(s) if p.num_axes == -1 else start + p.num_axes
-        if not 0 <= start <= end <= len(s):
-            raise self.error(f"axis {p.axis} / num_axes {p.num_axes} out of range for bottom {list(s)}")
-        dims = [int(d) for d in p.shape.dim]
-        if dims.count(-1) > 1:
-            raise self.error("at most one shape dim may be -1")
-        new = [s[start + i] if d == 0 else d for i, d in enumerate(dims)]
-        out = list(s[:start]) + new + list(s[end:])
-        if -1 in out:
-            known = math.prod(d for d in out if d != -1)
-            out[out.index(-1)] = math.prod(s) // known if known else 0
-        if math.prod(out) != math.prod(s):
-            raise self.error(f"cannot reshape {list(s)} ({math.prod(s)} values) to {out}")
-        self.shape = tuple(out)
-
-    def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [bottoms[0].reshape(self.shape)]
+        if self.op == PROD:
+            y = bottoms[0]
+            for b in bottoms[1:]:
+                y = y * b
+            return [y]
+        # MAX: the gradient goes to the first bottom holding the maximum (Caffe keeps the
+        # earlier bottom on ties; torch.maximum would split it).
+        stacked = torch.stack(bottoms)
+        idx = stacked.detach().argmax(0, keepdim=True)
+        return [stacked.gather(0, idx)[0]]
 
 
 class Softmax(Layer):
     type = "Softmax"
+    same_shape = True
+    params = ("softmax_param",)
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
         self.axis = axis_index(self.lp.softmax_param.axis, len(shapes[0]), self)

@@ -1,4 +1,4 @@
-"""Input, DummyData, Data (LMDB) and HDF5Data layers."""
+"""Input, DummyData, Data (LMDB), HDF5Data, MemoryData (fed from Python) and HDF5Output layers."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ class Input(_DataLayer):
     """Tops fed from outside (``Net.feed``); zeros until fed, random values for ``ddl-caffe time``."""
 
     type = "Input"
+    params = ("input_param",)
     max_tops = 1 << 16
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
@@ -51,6 +52,7 @@ class Input(_DataLayer):
 
 class DummyData(_DataLayer):
     type = "DummyData"
+    params = ("dummy_data_param",)
     max_tops = 1 << 16
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
@@ -86,6 +88,7 @@ class Data(_DataLayer):
     """Batches of Datum records from an LMDB; in TRAIN each rank reads its own records."""
 
     type = "Data"
+    params = ("data_param", "transform_param")
     max_tops = 2
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
@@ -148,6 +151,7 @@ class HDF5Data(_DataLayer):
     """Rows of the datasets named like the tops, from the .h5 files listed in ``source``."""
 
     type = "HDF5Data"
+    params = ("hdf5_data_param",)
     max_tops = 1 << 16
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
@@ -186,3 +190,83 @@ class HDF5Data(_DataLayer):
         return [torch.from_numpy(np.ascontiguousarray(a[take])) for a in self.arrays]
 
 
+class MemoryData(_DataLayer):
+    """Batches of arrays handed over from Python (pycaffe's ``set_input_arrays``); in TRAIN each rank takes
+    every size-th item of what it is given."""
+
+    type = "MemoryData"
+    params = ("memory_data_param", "transform_param")
+    max_tops = 2
+
+    def setup(self, shapes: list[tuple[int, ...]]) -> None:
+        p = self.lp.memory_data_param
+        dims = (p.batch_size, p.channels, p.height, p.width)
+        if min(dims) <= 0:
+            raise self.error(f"memory_data_param needs positive batch_size, channels, height and width, got {list(dims)}")
+        self.shape = tuple(int(d) for d in dims)
+        self.batch = self.shape[0]
+        self.data: np.ndarray | None = None
+        self.labels = np.zeros(0, np.float32)
+        self.pos = 0
+
+    def top_shapes(self) -> list[tuple[int, ...]]:
+        return [self.shape, (self.batch,)][: len(self.top)]
+
+    def set_input_arrays(self, data: np.ndarray, labels: np.ndarray) -> None:
+        """Use ``data`` (N, C, H, W) and ``labels`` (N,) from now on; N must be a multiple of batch_size.
+
+        As in Caffe, the arrays are used as they are (transform_param is not applied to them).
+        """
+        x = np.ascontiguousarray(data, dtype=np.float32)
+        y = np.ascontiguousarray(labels, dtype=np.float32).reshape(-1)
+        if x.ndim != 4 or x.shape[1:] != self.shape[1:]:
+            raise self.error(f"data must be (N, {', '.join(map(str, self.shape[1:]))}), got {list(x.shape)}")
+        if x.shape[0] != y.shape[0] or x.shape[0] % self.batch:
+            raise self.error(f"need one label per item and a multiple of batch_size {self.batch} items; got {x.shape[0]} items, {y.shape[0]} labels")
+        if self.phase == schema.TRAIN and self.size > 1:
+            x, y = x[self.rank::self.size], y[self.rank::self.size]
+            if x.shape[0] < self.batch:
+                raise self.error(f"rank {self.rank} of {self.size} got {x.shape[0]} items, fewer than a batch")
+        self.data, self.labels, self.pos = x, y, 0
+
+    def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.data is None:
+            raise self.error("no data yet: hand it over with net.set_input_arrays(data, labels) (or the layer's own)")
+        take = np.arange(self.pos, self.pos + self.batch) % self.data.shape[0]
+        self.pos = (self.pos + self.batch) % self.data.shape[0]
+        return [torch.from_numpy(self.data[take]), torch.from_numpy(self.labels[take])][: len(self.top)]
+
+
+class HDF5Output(Layer):
+    """Writes its two bottoms (as datasets ``data`` and ``label``) to ``file_name``; rows of later batches are appended
+    (Caffe writes the first batch and then fails on the second)."""
+
+    type = "HDF5Output"
+    params = ("hdf5_output_param",)
+    min_bottoms, max_bottoms = 2, 2
+    min_tops, max_tops = 0, 0
+
+    def setup(self, shapes: list[tuple[int, ...]]) -> None:
+        import h5py
+        name = self.lp.hdf5_output_param.file_name
+        if not name:
+            raise self.error("hdf5_output_param.file_name is required")
+        if shapes[0][0] != shapes[1][0]:
+            raise self.error(f"data and label need the same number of items, got {list(shapes[0])} and {list(shapes[1])}")
+        try:
+            self.file = h5py.File(name, "w")
+        except OSError as e:
+            raise self.error(f"cannot create {name}: {e}") from None
+        self.sets = {k: self.file.create_dataset(k, shape=(0, *s[1:]), maxshape=(None, *s[1:]), dtype="f4")
+                     for k, s in (("data", shapes[0]), ("label", shapes[1]))}
+
+    def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not self.update_stats:
+            return []
+        for (_, ds), b in zip(self.sets.items(), bottoms, strict=True):
+            arr = b.detach().cpu().numpy()
+            n = ds.shape[0]
+            ds.resize(n + arr.shape[0], axis=0)
+            ds[n:] = arr
+        self.file.flush()
+        return []

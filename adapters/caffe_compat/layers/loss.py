@@ -1,4 +1,4 @@
-"""SoftmaxWithLoss (ignore_label, normalization modes), Accuracy (top_k) and EuclideanLoss."""
+"""SoftmaxWithLoss (ignore_label, normalization modes), Accuracy (top_k, per-class top) and EuclideanLoss; the loss normalizers."""
 
 from __future__ import annotations
 
@@ -24,8 +24,32 @@ def _check_labels(layer: Layer, shapes: list[tuple[int, ...]], axis: int) -> Non
                           f"for prediction shape {list(shapes[0])} (axis {axis})")
 
 
+def normalization_mode(layer: Layer, default: int) -> int:
+    """LossParameter's mode: ``normalization``, else the deprecated ``normalize`` (VALID or BATCH_SIZE), else ``default``."""
+    lp = layer.lp.loss_param
+    if lp.HasField("normalization"):
+        return int(lp.normalization)
+    if lp.HasField("normalize"):
+        return VALID if lp.normalize else BATCH_SIZE
+    return default
+
+
+def normalizer(mode: int, outer: int, inner: int, valid: float | None) -> float:
+    """Caffe's LossLayer::GetNormalizer (at least 1); ``valid`` is None when no ignore_label is set."""
+    if mode == FULL or (mode == VALID and valid is None):
+        n = float(outer * inner)
+    elif mode == VALID:
+        n = float(valid)                                    # type: ignore[arg-type]
+    elif mode == BATCH_SIZE:
+        n = float(outer)
+    else:
+        n = 1.0
+    return max(1.0, n)
+
+
 class SoftmaxWithLoss(Layer):
     type = "SoftmaxWithLoss"
+    params = ("softmax_param", "loss_param")
     is_loss = True
     min_bottoms, max_bottoms = 2, 2
     max_tops = 2
@@ -35,10 +59,7 @@ class SoftmaxWithLoss(Layer):
         _check_labels(self, shapes, self.axis)
         lp = self.lp.loss_param
         self.ignore: int | None = int(lp.ignore_label) if lp.HasField("ignore_label") else None
-        if not lp.HasField("normalization") and lp.HasField("normalize"):
-            self.mode = VALID if lp.normalize else BATCH_SIZE
-        else:
-            self.mode = lp.normalization
+        self.mode = normalization_mode(self, VALID)
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
         x, label = bottoms
@@ -53,23 +74,23 @@ class SoftmaxWithLoss(Layer):
             # Caffe's value is -log(max(p, FLT_MIN)); its gradient stays p - 1{label}.
             nll = nll - (nll - nll.clamp(max=-LOG_FLT_MIN)).detach()
         total = nll.sum()
-        if self.mode == FULL or (self.mode == VALID and self.ignore is None):
-            norm = float(outer * inner)
-        elif self.mode == VALID and self.ignore is not None:
-            norm = float(lab.ne(self.ignore).sum())
-        elif self.mode == BATCH_SIZE:
-            norm = float(outer)
-        else:
-            norm = 1.0
-        tops = [total / max(1.0, norm)]
+        valid = None if self.ignore is None else float(lab.ne(self.ignore).sum())
+        tops = [total / normalizer(self.mode, outer, inner, valid)]
         if len(self.top) == 2:
             tops.append(torch.softmax(x, self.axis))
         return tops
 
 
 class Accuracy(Layer):
+    """Top 0: the share of items whose label is among the top_k scores; top 1 (optional): that share per class."""
+
     type = "Accuracy"
+    params = ("accuracy_param",)
     min_bottoms, max_bottoms = 2, 2
+    max_tops = 2
+
+    def allow_force_backward(self, i: int) -> bool:
+        return False
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
         p = self.lp.accuracy_param
@@ -91,13 +112,19 @@ class Accuracy(Layer):
             true = s.gather(1, safe.unsqueeze(1))
             # Caffe counts a hit when fewer than top_k classes score strictly higher.
             better = (s > true).sum(1)
-            hits = ((better < self.top_k) & valid).sum()
+            hit = (better < self.top_k) & valid
             count = valid.sum()
-            return [hits.to(torch.float32) / count.clamp(min=1).to(torch.float32)]
+            acc = hit.sum().to(x.dtype) / count.clamp(min=1).to(x.dtype)
+            if len(self.top) == 1:
+                return [acc]
+            per = torch.zeros(c, dtype=x.dtype).index_add_(0, safe[hit], torch.ones(int(hit.sum()), dtype=x.dtype))
+            seen = torch.zeros(c, dtype=x.dtype).index_add_(0, safe[valid], torch.ones(int(valid.sum()), dtype=x.dtype))
+            return [acc, torch.where(seen > 0, per / seen.clamp(min=1), torch.zeros_like(per))]
 
 
 class EuclideanLoss(Layer):
     type = "EuclideanLoss"
+    params = ("loss_param",)
     is_loss = True
     min_bottoms, max_bottoms = 2, 2
 

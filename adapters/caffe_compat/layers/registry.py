@@ -1,26 +1,41 @@
-"""The table of supported layer types."""
+"""The table of layer types: every type BVLC Caffe registers, plus the fork layers zoo nets carry."""
 
 from __future__ import annotations
 
-from .base import Layer
-from .common import (
-    BatchNorm,
-    Concat,
-    Dropout,
-    Eltwise,
-    Flatten,
-    InnerProduct,
-    ReLU,
-    Reshape,
-    Scale,
-    Sigmoid,
-    Softmax,
-    TanH,
+from . import (
+            activations,
+            common,
+            data_layers,
+            image_data,
+            loss,
+            loss_extra,
+            mvn,
+            pooling,
+            python_layer,
+            recurrent,
+            shape_ops,
+            ssd,
+            upsample,
+            vision,
 )
-from .data_layers import Data, DummyData, HDF5Data, Input
-from .loss import Accuracy, EuclideanLoss, SoftmaxWithLoss
-from .vision import LRN, Convolution, Pooling
+from .base import Layer
 
-LAYERS: dict[str, type[Layer]] = {c.type: c for c in (
-    Data, Input, DummyData, HDF5Data, Convolution, Pooling, InnerProduct, ReLU, Sigmoid, TanH, Dropout, LRN,
-    BatchNorm, Scale, Eltwise, Concat, Flatten, Reshape, Softmax, SoftmaxWithLoss, Accuracy, EuclideanLoss)}
+_MODULES = (activations, common, data_layers, image_data, loss, loss_extra, mvn, pooling, python_layer, recurrent,
+            shape_ops, ssd, upsample, vision)
+
+LAYERS: dict[str, type[Layer]] = {
+    cls.type: cls
+    for mod in _MODULES for cls in vars(mod).values()
+    if isinstance(cls, type) and issubclass(cls, Layer) and cls.type and cls.__module__ == mod.__name__
+}
+
+# The 61 types BVLC Caffe (master) registers; the rest of LAYERS come from forks.
+BVLC_TYPES = frozenset((
+    "AbsVal", "Accuracy", "ArgMax", "BNLL", "BatchNorm", "BatchReindex", "Bias", "Clip", "Concat", "ContrastiveLoss",
+    "Convolution", "Crop", "Data", "Deconvolution", "Dropout", "DummyData", "ELU", "Eltwise", "Embed", "EuclideanLoss",
+    "Exp", "Filter", "Flatten", "HDF5Data", "HDF5Output", "HingeLoss", "Im2col", "ImageData", "InfogainLoss",
+    "InnerProduct", "Input", "LRN", "LSTM", "LSTMUnit", "Log", "MVN", "MemoryData", "MultinomialLogisticLoss", "PReLU",
+    "Parameter", "Pooling", "Power", "Python", "RNN", "ReLU", "Reduction", "Reshape", "SPP", "Scale", "Sigmoid",
+    "SigmoidCrossEntropyLoss", "Silence", "Slice", "Softmax", "SoftmaxWithLoss", "Split", "Swish", "TanH",
+    "Threshold", "Tile", "WindowData"))
+FORK_TYPES = frozenset(LAYERS) - BVLC_TYPES

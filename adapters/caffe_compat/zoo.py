@@ -1,0 +1,258 @@
+"""``python -m ddl.caffe.zoo``: zoo nets loaded, run forward and backward, trained with their solvers on synthetic data,
+exported and checked in onnxruntime down to the logits; prints the table net | loads | fwd+bwd | solver trains | ONNX logits diff.
+
+With ``--dir`` it takes the nets and solvers of a folder (prototxt files as published: deploy nets, train_val nets, solvers
+naming them); without, the nets of ``ddl.caffe.zoo_nets``. Nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import logging
+import tempfile
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from . import schema, zoo_nets
+from .export import export, logits_of
+from .layers.base import LayerError
+from .memory import reuse_freed_memory
+from .net import Net
+from .solver import Solver
+from .textio import CaffeFormatError, parse_text
+from .timing import LayerRunner
+from .zoo_data import point_at_synthetic_data, shrink_solver
+
+log = logging.getLogger("ddl.caffe")
+
+
+@dataclass
+class Row:
+    net: str
+    source: str
+    loads: str = "-"
+    fwd_bwd: str = "-"
+    trains: str = "-"
+    onnx: str = "-"
+    notes: list[str] = field(default_factory=list)
+
+
+def _short(e: BaseException) -> str:
+    text = f"{type(e).__name__}: {e}".splitlines()[0]
+    return text if len(text) < 160 else text[:157] + "..."
+
+
+def trained_statistics(net: Net) -> None:
+    """Give fresh BatchNorm layers (no statistics yet) unit variance, as a trained model has: with Caffe's zero
+    sums their TEST-phase output is x / sqrt(eps), which overflows a deep random net."""
+    with torch.no_grad():
+        for la in net.layers:
+            if la.type == "BatchNorm" and float(la.blobs[2].reshape(-1)[0]) == 0:
+                la.blobs[1].fill_(1.0)
+                la.blobs[2].fill_(1.0)
+
+
+def _fwd_bwd(param: Any, phase: int, scratch: Path) -> str:
+    from .cli import generate_inputs
+    p = copy.deepcopy(param)
+    point_at_synthetic_data(p, scratch / "data")
+    net = Net(p, phase, quiet=True)
+    trained_statistics(net)
+    generate_inputs(net, torch.Generator().manual_seed(0))
+    runner = LayerRunner(net)
+    n = len(net.layers)
+    fwd, bwd = [0.0] * n, [0.0] * n
+    runner.iteration(fwd, bwd)
+    fwd, bwd = [0.0] * n, [0.0] * n
+    t0 = time.perf_counter()
+    runner.iteration(fwd, bwd)
+    total = (time.perf_counter() - t0) * 1e3
+    return f"ok {total:.0f} ms (fwd {sum(fwd) * 1e3:.0f} + bwd {sum(bwd) * 1e3:.0f})"
+
+
+def _train(sp: Any, scratch: Path, iters: int) -> str:
+    sp = copy.deepcopy(sp)
+    shrink_solver(sp, iters=iters, prefix=str(scratch / "snap" / "zoo"))
+    for f in ("net_param", "train_net_param"):
+        if sp.HasField(f):
+            point_at_synthetic_data(getattr(sp, f), scratch / "data")
+    for p in sp.test_net_param:
+        point_at_synthetic_data(p, scratch / "data")
+    losses: list[float] = []
+    solver = Solver(sp)
+    for tn in solver.test_nets:
+        point_at_synthetic_data(tn.param, scratch / "data")
+    orig = solver.forward_backward
+
+    def record() -> tuple[float, dict[str, torch.Tensor]]:
+        lv, blobs = orig()
+        losses.append(lv)
+        return lv, blobs
+    solver.forward_backward = record                          # type: ignore[method-assign]
+    solver.solve()
+    fmt = "HDF5" if sp.snapshot_format == 0 else "binary"
+    return f"ok {sp.type or 'SGD'} {iters} it, loss {losses[0]:.3g} -> {losses[-1]:.3g}, {fmt} snapshot"
+
+
+def _onnx(param: Any, scratch: Path, name: str) -> str:
+    net = Net(copy.deepcopy(param), schema.TEST, quiet=True)
+    trained_statistics(net)
+    rel = export(net, scratch / f"{name}.onnx")
+    logits = set(logits_of(net))
+    keys = [k for k in rel if k in logits] or list(rel)
+    worst = max(rel[k] for k in keys)
+    (scratch / f"{name}.onnx").unlink(missing_ok=True)
+    return f"{worst:.1e}" + (" (logits)" if logits & set(keys) else "")
+
+
+def run_one(name: str, source: str, deploy: Any | None, train: Any | None, solver: Any | None, scratch: Path,
+            *, iters: int, onnx: bool) -> Row:
+    row = Row(name, source)
+    steps = (("loads", lambda: (Net(copy.deepcopy(deploy or train), schema.TEST, quiet=True), "ok")[1]),
+             ("fwd_bwd", lambda: _fwd_bwd(train or deploy, schema.TRAIN if train is not None else schema.TEST, scratch)),
+             ("trains", (lambda: _train(solver, scratch, iters)) if solver is not None else None),
+             ("onnx", (lambda: _onnx(deploy or train, scratch, name.replace("/", "_"))) if onnx else None))
+    for key, fn in steps:
+        if fn is None:
+            continue
+        try:
+            setattr(row, key, fn())
+        except (CaffeFormatError, LayerError, ValueError, RuntimeError, OSError) as e:
+            setattr(row, key, "FAIL")
+            row.notes.append(f"{key}: {_short(e)}")
+            log.debug("%s", traceback.format_exc())
+    return row
+
+
+def generated(batch: int) -> list[tuple[str, Any, Any, Any]]:
+    """(name, deploy, train_val, solver) for each net of ``zoo_nets``, trained on DummyData."""
+    out = []
+    for name, fn in zoo_nets.NETS.items():
+        deploy = parse_text(fn(batch), schema.NetParameter())
+        tv = _dummy_train_val(fn(batch), batch)
+        sp = parse_text('base_lr: 0.001 momentum: 0.9 weight_decay: 0.0005 lr_policy: "step" gamma: 0.1 stepsize: 1000 '
+                        'snapshot_after_train: true type: "SGD"', schema.SolverParameter())
+        sp.net_param.CopyFrom(tv)
+        out.append((name, deploy, tv, sp))
+    return out
+
+
+def _dummy_train_val(deploy: str, batch: int) -> Any:
+    tv = parse_text(zoo_nets.train_val(deploy), schema.NetParameter())
+    first = tv.layer[0]
+    shape = list(first.input_param.shape[0].dim)
+    first.ClearField("input_param")
+    first.type = "DummyData"
+    p = first.dummy_data_param
+    p.shape.add().dim.extend(shape)
+    p.shape.add().dim.append(batch)
+    p.data_filler.add(type="gaussian", std=1)
+    p.data_filler.add(type="constant", value=1)
+    return tv
+
+
+def from_folder(folder: Path) -> list[tuple[str, Any, Any, Any]]:
+    """(name, deploy, train_val, solver) from the prototxt files of a folder: solvers name their nets; other files are nets."""
+    solvers: dict[Path, Any] = {}
+    nets: dict[Path, Any] = {}
+    bad: list[tuple[str, str]] = []
+    for path in sorted(folder.rglob("*.prototxt")):
+        text = path.read_text(errors="replace")
+        if "base_lr" in text or "lr_policy" in text:
+            try:
+                from .textio import read_solver
+                solvers[path] = read_solver(path)
+            except (CaffeFormatError, ValueError) as e:
+                bad.append((str(path.relative_to(folder)), _short(e)))
+            continue
+        try:
+            nets[path] = parse_text(text, schema.NetParameter(), source=str(path))
+        except (CaffeFormatError, ValueError) as e:
+            bad.append((str(path.relative_to(folder)), _short(e)))
+    out: list[tuple[str, Any, Any, Any]] = [(name, None, None, ("PARSE", err)) for name, err in bad]
+    used: set[Path] = set()
+    for spath, sp in solvers.items():
+        net_file = sp.net or sp.train_net
+        target = next((p for p in nets if net_file and (p.name == Path(net_file).name)), None)
+        if target is not None:
+            used.add(target)
+            sp = copy.deepcopy(sp)
+            sp.ClearField("net")
+            sp.ClearField("train_net")
+            sp.net_param.CopyFrom(nets[target])
+            out.append((str(spath.relative_to(folder)), None, nets[target], sp))
+        elif sp.HasField("net_param") or sp.HasField("train_net_param"):
+            out.append((str(spath.relative_to(folder)), None, sp.net_param if sp.HasField("net_param") else sp.train_net_param, sp))
+        else:
+            out.append((str(spath.relative_to(folder)), None, None, ("PARSE", f"its net {net_file} is not in the folder")))
+    for path, net in nets.items():
+        trainable = any(lp.type not in ("Input",) and LayerRunnerDataTypes.is_data(lp.type) for lp in net.layer)
+        out.append((str(path.relative_to(folder)), None if trainable else net, net if trainable else None, None))
+    return out
+
+
+class LayerRunnerDataTypes:
+    """Which layer types read data (a net with one is a train_val net)."""
+
+    DATA = frozenset(("Data", "ImageData", "WindowData", "HDF5Data", "MemoryData", "DummyData", "AnnotatedData", "Python"))
+
+    @classmethod
+    def is_data(cls, t: str) -> bool:
+        return t in cls.DATA
+
+
+def table(rows: list[Row]) -> str:
+    head = "| net | loads | fwd+bwd | solver trains | ONNX logits diff |\n|---|---|---|---|---|\n"
+    return head + "\n".join(f"| {r.net} | {r.loads} | {r.fwd_bwd} | {r.trains} | {r.onnx} |" for r in rows) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ddl.caffe.zoo", description=__doc__)
+    ap.add_argument("--dir", help="a folder of zoo prototxt files (nets and solvers); default: ddl.caffe.zoo_nets")
+    ap.add_argument("--nets", default="", help="comma-separated names to run (default all)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--iters", type=int, default=2, help="solver iterations per net")
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--no-onnx", action="store_true")
+    ap.add_argument("--json", default="", help="write the rows as JSON here")
+    a = ap.parse_args(argv)
+    reuse_freed_memory()
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    logging.getLogger("ddl.caffe").setLevel(logging.ERROR)
+    if a.dir:
+        folder = Path(a.dir)
+        if not folder.is_dir():
+            print(f"ddl.caffe.zoo: {folder} is not a folder (skipped: the zoo job runs on prototxt files you fetched there)")
+            return 2
+        items, source = from_folder(folder), str(folder)
+    else:
+        items, source = generated(a.batch), "ddl.caffe.zoo_nets"
+    wanted = {n for n in a.nets.split(",") if n}
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="ddl-caffe-zoo-") as tmp:
+        for name, deploy, train, sp in items:
+            if wanted and name not in wanted:
+                continue
+            if isinstance(sp, tuple):
+                rows.append(Row(name, source, loads="FAIL", notes=[sp[1]]))
+            else:
+                rows.append(run_one(name, source, deploy, train, sp, Path(tmp), iters=a.iters, onnx=not a.no_onnx))
+            r = rows[-1]
+            print(f"{r.net}: loads {r.loads}; fwd+bwd {r.fwd_bwd}; trains {r.trains}; onnx {r.onnx}" + ("".join(f"\n    {n}" for n in r.notes)), flush=True)
+    print()
+    print(table(rows))
+    if a.json:
+        Path(a.json).write_text(json.dumps([asdict(r) for r in rows], indent=2))
+    return 0 if all("FAIL" not in (r.loads, r.fwd_bwd, r.trains, r.onnx) for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The zoo job's runner on a small folder: a train_val net with its solver (LMDB and mean file it cannot have) and a deploy net."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnxruntime")
+pytest.importorskip("lmdb")
+
+from ddl.caffe import zoo  # noqa: E402
+
+TRAIN_VAL = """
+name: "LeNet"
+layer { name: "mnist" type: "Data" top: "data" top: "label" include { phase: TRAIN }
+        transform_param { scale: 0.00390625 mean_file: "/nowhere/mean.binaryproto" } data_param { source: "/nowhere/mnist_train_lmdb" batch_size: 64 backend: LMDB } }
+layer { name: "mnist" type: "Data" top: "data" top: "label" include { phase: TEST }
+        transform_param { scale: 0.00390625 } data_param { source: "/nowhere/mnist_test_lmdb" batch_size: 100 backend: LMDB } }
+layer { name: "conv1" type: "Convolution" bottom: "data" top: "conv1" convolution_param { num_output: 4 kernel_size: 5 weight_filler { type: "xavier" } } }
+layer { name: "pool1" type: "Pooling" bottom: "conv1" top: "pool1" pooling_param { pool: MAX kernel_size: 2 stride: 2 } }
+layer { name: "ip1" type: "InnerProduct" bottom: "pool1" top: "ip1" inner_product_param { num_output: 10 weight_filler { type: "xavier" } } }
+layer { name: "accuracy" type: "Accuracy" bottom: "ip1" bottom: "label" top: "accuracy" include { phase: TEST } }
+layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip1" bottom: "label" top: "loss" }
+"""
+SOLVER = ('net: "lenet_train_test.prototxt" test_iter: 100 test_interval: 500 base_lr: 0.01 momentum: 0.9 weight_decay: 0.0005 '
+          'lr_policy: "inv" gamma: 0.0001 power: 0.75 display: 100 max_iter: 10000 snapshot: 5000 snapshot_prefix: "lenet" '
+          'snapshot_format: HDF5 solver_mode: GPU')
+DEPLOY = """
+name: "tiny_deploy"
+layer { name: "data" type: "Input" top: "data" input_param { shape { dim: 1 dim: 3 dim: 9 dim: 9 } } }
+layer { name: "conv" type: "Convolution" bottom: "data" top: "conv" convolution_param { num_output: 4 kernel_size: 3 } }
+layer { name: "fc" type: "InnerProduct" bottom: "conv" top: "fc" inner_product_param { num_output: 3 } }
+layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
+"""
+
+
+def test_zoo_runner_table_on_a_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "lenet_train_test.prototxt").write_text(TRAIN_VAL)
+    (tmp_path / "lenet_solver.prototxt").write_text(SOLVER)
+    (tmp_path / "deploy.prototxt").write_text(DEPLOY)
+    (tmp_path / "broken.prototxt").write_text('layer { name: "x" type: "Convolution" convolution_param { num_outputs: 3 } }')
+    out = tmp_path / "rows.json"
+    code = zoo.main(["--dir", str(tmp_path), "--json", str(out)])
+    rows = {r["net"]: r for r in json.loads(out.read_text())}
+    assert rows["lenet_solver.prototxt"]["trains"].startswith("ok SGD 2 it") and "HDF5 snapshot" in rows["lenet_solver.prototxt"]["trains"]
+    assert rows["deploy.prototxt"]["loads"] == "ok" and rows["deploy.prototxt"]["onnx"].endswith("(logits)")
+    assert rows["lenet_train_test.prototxt"]["fwd_bwd"].startswith("ok")
+    assert rows["broken.prototxt"]["loads"] == "FAIL" and code == 1
+    assert "| net | loads | fwd+bwd | solver trains | ONNX logits diff |" in capsys.readouterr().out
