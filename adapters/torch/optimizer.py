@@ -11,6 +11,7 @@ import torch
 from ddl.base.ops import ReduceOp, as_op
 from ddl.engine.compression import as_compressor
 from ddl.engine.naming import manifest_name
+from ddl.runtime import api
 
 from .reducer import Options, Reducer, late_buckets
 
@@ -44,19 +45,35 @@ class DistributedOptimizer(torch.optim.Optimizer):
             size/factor after it (keeps fp16 sums in range on large jobs).
         bucket_cap_mb: the size cap of every bucket but the first.
         first_bucket_mb: the size cap of the first bucket.
+        num_groups, groups: Horovod's manual grouping of gradients into fused allreduces;
+            accepted, and left to ddl's bucket planner (which groups by arrival order).
         sparse_as_dense: reduce sparse gradients (``Embedding(sparse=True)``) as dense.
+        process_set: reduce over this ``ddl.ProcessSet`` only (Horovod's).
+        op=ddl.Adasum: returns Horovod's Adasum optimizer instead (each rank steps locally
+            and the parameter changes are combined by Adasum).
 
     Example:
         >>> opt = ddl.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
         ...                                      named_parameters=model.named_parameters())  # doctest: +SKIP
     """
 
+    def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # op=ddl.Adasum is a different algorithm (Horovod's _DistributedAdasumOptimizer):
+        # the model's change from each local step is combined, not the gradients.
+        op = kwargs.get("op", args[3] if len(args) > 3 else None)
+        if optimizer is not None and op is not None and as_op(op) is ReduceOp.ADASUM:
+            from .adasum_optimizer import DistributedAdasumOptimizer
+
+            return DistributedAdasumOptimizer(optimizer, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self, optimizer: torch.optim.Optimizer,
-        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None, *,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
         compression: Any = None, backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
-        gradient_predivide_factor: float = 1.0, bucket_cap_mb: float = 25.0,
-        first_bucket_mb: float = 1.0, sparse_as_dense: bool = False,
+        gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+        sparse_as_dense: bool = False, process_set: Any = None, *, bucket_cap_mb: float = 25.0,
+        first_bucket_mb: float = 1.0,
     ) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a ddl.torch.DistributedOptimizer; wrap it once")
@@ -80,6 +97,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             op=reduce_op, gradient_predivide_factor=float(gradient_predivide_factor),
             bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
             sparse_as_dense=bool(sparse_as_dense),
+            process_set=None if process_set is None or process_set.process_set_id == 0 else process_set,
         )
         self._names = _parameter_names(optimizer, named_parameters)
         self._no_sync = False
@@ -164,7 +182,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                 no_sync=self.__dict__.get("_no_sync", False))
         self._skip = False
         if check:
-            _check_same_model(prefix, _manifest(params, self._names))
+            _check_same_model(prefix, _manifest(params, self._names), self._options.process_set)
 
     def _next_prefix(self) -> str:
         self._version += 1
@@ -200,7 +218,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # the new ones with this step's buckets, then plan and hook them all.
         self._name_new()
         prefix = self._next_prefix()
-        _check_same_model(prefix, _manifest(params, self._names))
+        _check_same_model(prefix, _manifest(params, self._names), self._options.process_set)
         hooked = set(self._reducer.index) | set(self._reducer.frozen)
         self._reducer.stop_observing()
         self._reducer.synchronize(extra=late_buckets([p for p in params if p not in hooked], self._options, prefix))
@@ -321,13 +339,13 @@ def _manifest(params: list[torch.Tensor], names: dict[torch.Tensor, str]) -> lis
     return [(names[p], tuple(p.shape), str(p.dtype)) for p in params]
 
 
-def _check_same_model(prefix: str, manifest: list[tuple[str, tuple[int, ...], str]]) -> None:
+def _check_same_model(prefix: str, manifest: list[tuple[str, tuple[int, ...], str]], process_set: Any = None) -> None:
     """Every rank must wrap the same parameters, or buckets would not line up: say which differ."""
     if not ddl.is_initialized() or ddl.size() == 1:
         return
     # Unnamed (matched by call order, like any collective): a name from the manifest
     # would differ exactly where this check must catch it.
-    everyone = ddl.allgather_object(manifest)
+    everyone = api.allgather_object(manifest, process_set=process_set)
     for r, other in enumerate(everyone):
         if other != manifest:
             diff = next(((a, b) for a, b in zip(manifest, other, strict=False) if a != b), None)
