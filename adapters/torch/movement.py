@@ -86,7 +86,7 @@ def grouped_allgather(tensors: Sequence[torch.Tensor], name: str | None = None,
 
 
 # -- broadcast -----------------------------------------------------------------------------
-def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+def broadcast_async(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> TorchHandle:
     """Start a broadcast; :func:`synchronize` returns ``root_rank``'s tensor (a new one)."""
     t = check_tensor(tensor, "broadcast_async")
@@ -94,7 +94,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int, name: str | None = Non
     return TorchHandle(h, lambda out: from_numpy(out, t).reshape(t.shape))
 
 
-def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> TorchHandle:
     """In-place :func:`broadcast_async`: :func:`synchronize` writes into ``tensor`` and returns it."""
     t = check_tensor(tensor, "broadcast_async_")
@@ -108,7 +108,7 @@ def broadcast_async_(tensor: torch.Tensor, root_rank: int, name: str | None = No
     return TorchHandle(h, finish)
 
 
-def broadcast(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+def broadcast(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Return ``root_rank``'s ``tensor`` on every rank as a new tensor (``root_rank`` is a
     world rank, also with a process set). Differentiable."""
@@ -134,7 +134,7 @@ class _BroadcastFn(torch.autograd.Function):
         return reduced, None, None, None
 
 
-def broadcast_(tensor: torch.Tensor, root_rank: int, name: str | None = None,
+def broadcast_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> torch.Tensor:
     """Overwrite ``tensor`` with ``root_rank``'s; returns ``tensor``."""
     return synchronize(broadcast_async_(tensor, root_rank, name, process_set))  # type: ignore[no-any-return]
