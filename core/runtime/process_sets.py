@@ -82,6 +82,13 @@ _lock = threading.Lock()
 _members: dict[int, Collectives | None] = {}  # id -> this rank's collectives on the set (None outside)
 _ranks: dict[int, tuple[int, ...]] = {}
 _next_id = 1
+_calls = 0  # add/remove calls so far: the same on every rank (every rank makes them)
+
+
+def _next_call() -> int:
+    global _calls
+    _calls += 1
+    return _calls
 
 
 def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
@@ -106,7 +113,9 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     def prepare() -> tuple[tuple[Any, ...], Any]:
         return (ranks,), lambda: _build(world, ranks)
 
-    members = world._call("process_set", f"ddl.add_process_set{list(ranks)}", prepare)
+    # Named by call count, not by the ranks: ranks that ask for different sets then meet
+    # in one call, whose descriptors differ (a MismatchError naming both), not in a stall.
+    members = world._call("process_set", f"ddl.add_process_set.{_next_call()}", prepare)
     with _lock:
         pid = _next_id
         _next_id += 1
@@ -127,7 +136,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     def prepare() -> tuple[tuple[Any, ...], Any]:
         return (_ranks[pid],), lambda: _close(members)
 
-    world._call("process_set", f"ddl.remove_process_set{list(_ranks[pid])}", prepare)
+    world._call("process_set", f"ddl.remove_process_set.{_next_call()}", prepare)
     with _lock:
         del _members[pid], _ranks[pid]
     process_set.process_set_id = None

@@ -144,7 +144,7 @@ class LearningRateWarmupCallback(keras.callbacks.Callback):  # type: ignore[misc
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         assert self.steps_per_epoch
         epoch = self._epoch + batch / self.steps_per_epoch
-        if epoch > self.warmup_epochs:
+        if epoch >= self.warmup_epochs:  # Horovod's end is exclusive: a schedule may take over there
             return
         self.model.optimizer.learning_rate = self.lr_at(epoch)
 
