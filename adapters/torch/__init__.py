@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ddl import Adasum, Average, Compression, Max, Min, MismatchError, Product, Sum
+from ddl import Adasum, Average, Max, Min, MismatchError, Product, Sum
 from ddl.base.errors import HorovodInternalError
 from ddl.runtime import process
 from ddl.runtime.basics import (
@@ -47,6 +47,7 @@ from .broadcast import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
+from .compression import Compression
 from .collectives import (
     TorchHandle,
     allreduce,

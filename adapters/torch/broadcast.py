@@ -78,12 +78,32 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         raise TypeError(f"broadcast_optimizer_state takes a torch optimizer, got {type(optimizer).__name__}")
     groups = [len(g["params"]) for g in optimizer.param_groups]
     _check_manifest(groups, "broadcast_optimizer_state (parameters per group)")
+    if not optimizer.state:
+        _initialize_state(optimizer)
     if ddl.size() == 1:
         return
     state = _to_cpu(optimizer.state_dict()) if ddl.rank() == root_rank else None
     state = ddl.broadcast_object(state, root_rank, name="ddl.torch.broadcast_optimizer_state")
     if ddl.rank() != root_rank:
         optimizer.load_state_dict(state)
+
+
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Horovod's rule for an optimizer without state yet: give every parameter that trains a
+    zero gradient and take one local step, so its state exists (on every rank alike).
+
+    The wrapped optimizer steps, not a DistributedOptimizer (no collectives). As in
+    Horovod, weight decay moves the parameters in that step.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+    inner = optimizer.__dict__.get("optimizer", optimizer)  # a DistributedOptimizer's: no collectives
+    with torch.no_grad():
+        inner.step()
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:

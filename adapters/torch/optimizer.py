@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -197,6 +198,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Finish every bucket's allreduce and write the averaged gradients into ``.grad``.
 
+        A ``step()`` after it outside ``skip_synchronize()`` warns, as Horovod's does.
+
         Buckets whose gradients did not all arrive (parameters unused in this step) are
         started now if the end of backward has not started them, with zeros for the
         missing ones. Calling it twice without a backward pass in between does nothing
@@ -204,6 +207,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``append`` or the wrapped optimizer's ``add_param_group``) are reduced too, and
         hooked from now on: every rank must add the same ones.
         """
+        self.__dict__["_user_synchronized"] = True
+        self._sync()
+
+    def _sync(self) -> None:
         self._reducer.check_frozen()
         if self._no_sync:
             raise RuntimeError(
@@ -273,12 +280,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
             def reduced_closure() -> Any:
                 with torch.enable_grad():
                     loss = closure()
-                self.synchronize()
+                self._sync()
                 return loss
 
             return self.optimizer.step(reduced_closure)
         if not self._skip:
-            self.synchronize()
+            if self.__dict__.get("_user_synchronized"):
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                              "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                              "your code.", stacklevel=2)
+            self._sync()
+        self.__dict__["_user_synchronized"] = False
         return self.optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:

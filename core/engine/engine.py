@@ -408,8 +408,9 @@ class Engine:
         self._take([r for r in ready if r.name in mine] + [r for r, _ in failed])  # not the stand-ins
         for req, (failing, message) in failed:
             req.handle.set_error(_failure_for(req, failing, message, self.ctx.topology.rank))
-        if joined:
-            # Ranks that joined contribute zeros: Average divides by those that did not.
+        if joined and self.ctx.config.join_average == "contributors":
+            # Ranks that joined contribute zeros; Average divides by those that did not
+            # (DDL_JOIN_AVERAGE=contributors; Horovod's rule, the default, divides by all).
             contributors = self.ctx.topology.size - len(joined)
             for req in ready:
                 if req.kind == "allreduce":

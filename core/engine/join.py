@@ -4,8 +4,10 @@ A rank that calls ``join`` submits one request of kind ``"join"`` (every rank's 
 same name) and keeps cycling. While some ranks have joined, the gathered request lists
 are paired with :func:`resolve`: an allreduce held by every rank that has not joined is
 ready, and each joined rank runs it on zeros of the agreed shape and dtype
-(:func:`stand_in`), so the others' allreduces go on. ``Average`` then divides by the
-ranks that contributed, not the world size (Horovod's rule). Other collectives cannot
+(:func:`stand_in`), so the others' allreduces go on. ``Average`` divides by every rank,
+as Horovod does (its joined ranks' zeros count), or with ``DDL_JOIN_AVERAGE=contributors``
+by the ranks that contributed, so that N ranks with uneven batches equal one process
+over the same batches. Other collectives cannot
 go on without the joined ranks' data: they end with an error on the ranks that called
 them. The join itself completes once every rank has joined; it returns the last rank
 to join (the highest of the last to arrive). Pure functions, tested without MPI.

@@ -7,14 +7,17 @@ import numpy as np
 import pytest
 
 import ddl
+from ddl.base.config import Config
 from ddl.engine.collectives import Collectives
 from ddl.reduction import adasum
 from ddl.testing import run_engines
 
 
-def test_join_uneven_batches_equal_one_process_over_the_same_batches() -> None:
+@pytest.mark.parametrize("mode", ["size", "contributors"])
+def test_join_uneven_batches(mode: str) -> None:
     # Ranks run 3, 5 and 7 steps; each step allreduces (Average) its batch's gradient.
-    # After join, the working ranks' average divides by the ranks still contributing.
+    # After join, Horovod's rule divides by every rank (the joined ones add zeros); with
+    # DDL_JOIN_AVERAGE=contributors by the ranks still working, as one process would.
     steps = [3, 5, 7]
     grad = {(r, s): np.full(4, 10.0 * r + s) for r in range(3) for s in range(7)}
 
@@ -23,12 +26,13 @@ def test_join_uneven_batches_equal_one_process_over_the_same_batches() -> None:
         outs = [c.allreduce(grad[(r, s)], name=f"g{s}") for s in range(steps[r])]
         return outs, c.join()
 
-    results = run_engines(3, fn)
+    results = run_engines(3, fn, config=Config(segment_bytes=64, stall_timeout=10.0, join_average=mode))
     for r, (outs, last) in enumerate(results):
         assert last == 2  # the rank with 7 batches joined last
         for s, out in enumerate(outs):
             working = [q for q in range(3) if s < steps[q]]
-            np.testing.assert_array_equal(out, np.mean([grad[(q, s)] for q in working], axis=0))
+            total = np.sum([grad[(q, s)] for q in working], axis=0)
+            np.testing.assert_array_equal(out, total / (3 if mode == "size" else len(working)))
 
 
 def test_join_twice_and_grouped_allreduce_with_zeros_from_joined_rank() -> None:

@@ -57,7 +57,8 @@ def check_sync_batch_norm() -> None:
 
 
 def check_join() -> None:
-    """Ranks with 3, 5 and 7 batches finish together and equal one process over the same batches."""
+    """Ranks with 3, 5 and 7 batches finish together and equal one process over the same batches
+    (run with DDL_JOIN_AVERAGE=contributors: Average divides by the ranks still working)."""
     steps = [3, 5, 7]
     gen = torch.Generator().manual_seed(2)
     data = [[(torch.randn(6, 4, generator=gen, dtype=torch.float64), torch.randn(6, 2, generator=gen,
