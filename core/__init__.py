@@ -98,7 +98,6 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
         start_timeline,
         stop_timeline,
     )
-    from ddl.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
     from ddl.runtime.process import (
         allgather_object,
         barrier,
@@ -114,6 +113,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
         shutdown,
         size,
         topology,
+    )
+    from ddl.runtime.process_sets import (
+        ProcessSet,
+        add_process_set,
+        global_process_set,
+        remove_process_set,
     )
 
 

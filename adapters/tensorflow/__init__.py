@@ -35,7 +35,12 @@ from ddl.runtime.basics import (
     stop_timeline,
 )
 from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
-from ddl.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ddl.runtime.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 
 from .functions import (
     BroadcastGlobalVariablesHook,

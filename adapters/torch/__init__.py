@@ -35,9 +35,14 @@ from ddl.runtime.basics import (
     stop_timeline,
 )
 from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
-from ddl.runtime.process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ddl.runtime.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 
-from .broadcast import (
+from .broadcast import (  # type: ignore[assignment]
     allgather_object as allgather_object,  # replaces the core's: tensors go to CPU first
 )
 from .broadcast import (
@@ -47,7 +52,6 @@ from .broadcast import (
     broadcast_optimizer_state,
     broadcast_parameters,
 )
-from .compression import Compression
 from .collectives import (
     TorchHandle,
     allreduce,
@@ -62,7 +66,8 @@ from .collectives import (
     sparse_allreduce_async,
     synchronize,
 )
-from .movement import (
+from .compression import Compression
+from .movement import (  # type: ignore[assignment]
     allgather,
     allgather_async,
     alltoall,

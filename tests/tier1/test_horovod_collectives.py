@@ -27,7 +27,7 @@ def test_join_uneven_batches(mode: str) -> None:
         return outs, c.join()
 
     results = run_engines(3, fn, config=Config(segment_bytes=64, stall_timeout=10.0, join_average=mode))
-    for r, (outs, last) in enumerate(results):
+    for outs, last in results:
         assert last == 2  # the rank with 7 batches joined last
         for s, out in enumerate(outs):
             working = [q for q in range(3) if s < steps[q]]

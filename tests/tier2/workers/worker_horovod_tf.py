@@ -11,10 +11,10 @@ import numpy as np
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 import ddl.tensorflow as hvd  # noqa: E402
 import ddl.tensorflow.keras as hvdk  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 tf.config.threading.set_intra_op_parallelism_threads(1)
 hvd.init()

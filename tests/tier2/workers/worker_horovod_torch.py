@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 import time
 
-import numpy as np
 import torch
 from torch import nn
 
