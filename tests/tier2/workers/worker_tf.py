@@ -66,7 +66,8 @@ def train_fit(make_model, make_opt, *, distributed: bool, seed: int = 0, k: int 
     opt = make_opt()
     steps = STEPS // k  # with k passes per update, k batches of B/k make one update on B samples
     if distributed:
-        opt = dk.DistributedOptimizer(opt, backward_passes_per_step=k, **options)
+        # k batches of B/k act as one batch of B only when the k gradients are averaged.
+        opt = dk.DistributedOptimizer(opt, backward_passes_per_step=k, average_aggregated_gradients=True, **options)
         x, y, batch = shard(x[: steps * B], B), shard(Y[: steps * B], B), B // P // k
     else:
         x, y, batch = x[: steps * B], Y[: steps * B], B

@@ -219,7 +219,9 @@ elif R % 2 == 1:
 # the result is the average. Unused parameters: one no rank uses keeps grad=None; one only
 # rank 0 uses gets rank 0's gradient / P, and its bucket starts when backward ends.
 sent: list[tuple[object, torch.Tensor]] = []
-_real_async = ddl.allreduce_async
+from ddl.runtime import api  # noqa: E402 - what the adapter calls
+
+_real_async = api.allreduce_async
 
 
 def _spy(x, **kw):
@@ -233,7 +235,7 @@ opt = dt.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1), named_p
                               gradient_predivide_factor=4.0)
 x = torch.full((2, 3), float(R + 1))
 loss = net["used"](x).sum() + (net["rare"](x).sum() if R == 0 else 0)
-ddl.allreduce_async = _spy
+api.allreduce_async = _spy
 try:
     loss.backward()
     assert all(b.handle is not None for b in opt._reducer.buckets), "a bucket waited for step()"
@@ -241,7 +243,7 @@ try:
     buckets = list(opt._reducer.buckets)  # synchronize() re-plans them in the observed order
     opt.synchronize()
 finally:
-    ddl.allreduce_async = _real_async
+    api.allreduce_async = _real_async
 assert sent and all(op is ddl.Sum for op, _ in sent), [op for op, _ in sent]
 for (_, wire), b in zip(sent, buckets, strict=True):
     for j, p in enumerate(b.params):
