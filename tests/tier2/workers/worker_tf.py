@@ -247,7 +247,7 @@ def graph_collectives(x):
     total = dtf.allreduce(x, op=ddl.Sum, name="g.sum")
     rows = dtf.allgather(tf.fill([R + 1, 2], tf.cast(R, tf.int64)), name="g.gather")
     root = dtf.broadcast(x + R, root_rank=P - 1, name="g.bcast")
-    part = dtf.reducescatter(tf.ones([2 * P, 3]), name="g.rs")
+    part = dtf.reducescatter(tf.ones([2 * P, 3]), name="g.rs", op=ddl.Sum)  # Horovod's default: Average
     both = dtf.grouped_allreduce([x, tf.ones([2, 2], tf.float64)], op=ddl.Sum, name="g.group")
     assert total.shape == (4,) and rows.shape.as_list() == [None, 2] and part.shape == (2, 3)
     return total, rows, root, part, both

@@ -300,7 +300,7 @@ assert rows.shape == (P * (P + 1) // 2, 2) and rows[-1, 0].item() == P - 1
 b = torch.full((5,), float(R))
 dt.broadcast_(b, root_rank=P - 1, name="bcast")
 assert torch.equal(b, torch.full((5,), float(P - 1)))
-part = dt.reducescatter(torch.ones(2 * P, 3), name="rs")
+part = dt.reducescatter(torch.ones(2 * P, 3), name="rs", op=ddl.Sum)  # Horovod's default is Average
 assert part.shape == (2, 3) and torch.equal(part, torch.full((2, 3), float(P)))
 outs = dt.grouped_allreduce([torch.ones(3), torch.ones(2, 2, dtype=torch.float64)], op=ddl.Sum, name="grp")
 assert [o.shape for o in outs] == [(3,), (2, 2)] and all(bool((o == P).all()) for o in outs)
