@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -17,6 +18,7 @@ from ddl.runtime import api
 from .reducer import Options, Reducer, late_buckets
 
 _copies: dict[str, int] = {}  # unpickled copies made of each optimizer, for their names
+_checks = itertools.count(1)  # parameter checks made by this process, for their names
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -356,9 +358,10 @@ def _check_same_model(prefix: str, manifest: list[tuple[str, tuple[int, ...], st
     """Every rank must wrap the same parameters, or buckets would not line up: say which differ."""
     if not ddl.is_initialized() or ddl.size() == 1:
         return
-    # Unnamed (matched by call order, like any collective): a name from the manifest
-    # would differ exactly where this check must catch it.
-    everyone = api.allgather_object(manifest, process_set=process_set)
+    # Named by how many checks this process made (not from the manifest, which would
+    # differ exactly where this check must catch it; not unnamed, which would tie it to
+    # the building thread's name): ranks build their optimizers in the same order.
+    everyone = api.allgather_object(manifest, name=f"ddl.torch.opt.check.{next(_checks)}", process_set=process_set)
     for r, other in enumerate(everyone):
         if other != manifest:
             diff = next(((a, b) for a, b in zip(manifest, other, strict=False) if a != b), None)
