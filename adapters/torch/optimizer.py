@@ -18,7 +18,8 @@ from ddl.runtime import api
 from .reducer import Options, Reducer, late_buckets
 
 _copies: dict[str, int] = {}  # unpickled copies made of each optimizer, for their names
-_checks = itertools.count(1)  # parameter checks made by this process, for their names
+# Parameter checks made by this process, per process set (only its ranks make them), for their names.
+_checks: dict[int, itertools.count[int]] = {}
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -358,10 +359,12 @@ def _check_same_model(prefix: str, manifest: list[tuple[str, tuple[int, ...], st
     """Every rank must wrap the same parameters, or buckets would not line up: say which differ."""
     if not ddl.is_initialized() or ddl.size() == 1:
         return
-    # Named by how many checks this process made (not from the manifest, which would
+    # Named by how many checks this process made in the set (not from the manifest, which would
     # differ exactly where this check must catch it; not unnamed, which would tie it to
     # the building thread's name): ranks build their optimizers in the same order.
-    everyone = api.allgather_object(manifest, name=f"ddl.torch.opt.check.{next(_checks)}", process_set=process_set)
+    pid = 0 if process_set is None else int(process_set.process_set_id or 0)
+    count = next(_checks.setdefault(pid, itertools.count(1)))
+    everyone = api.allgather_object(manifest, name=f"ddl.torch.opt.check.{pid}.{count}", process_set=process_set)
     for r, other in enumerate(everyone):
         if other != manifest:
             diff = next(((a, b) for a, b in zip(manifest, other, strict=False) if a != b), None)
