@@ -25,42 +25,78 @@ __version__ = "0.1.0"
 # training script that has not called ``init`` yet pays a few milliseconds. Each public
 # name is imported from its module on first use, then kept here (no cost after that).
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(("allgather", "allreduce", "allreduce_", "allreduce_async", "broadcast", "broadcast_",
-                     "grouped_allreduce", "grouped_allreduce_async", "reducescatter", "synchronize"),
+    **dict.fromkeys(("allgather", "allgather_async", "allreduce", "allreduce_", "allreduce_async", "alltoall",
+                     "alltoall_async", "broadcast", "broadcast_", "broadcast_async", "grouped_allgather",
+                     "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_async",
+                     "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll", "reducescatter",
+                     "reducescatter_async", "synchronize"),
                     "ddl.runtime.api"),
+    **dict.fromkeys(("ProcessSet", "add_process_set", "global_process_set", "remove_process_set"),
+                    "ddl.runtime.process_sets"),
+    **dict.fromkeys(("ccl_built", "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "is_homogeneous",
+                     "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rocm_built",
+                     "start_timeline", "stop_timeline"), "ddl.runtime.basics"),
     **dict.fromkeys(("allgather_object", "barrier", "broadcast_object", "context", "cross_rank", "cross_size",
                      "init", "is_initialized", "local_rank", "local_size", "rank", "shutdown", "size", "topology"),
                     "ddl.runtime.process"),
     "Compression": "ddl.engine.compression",
-    **dict.fromkeys(("DDLError", "MismatchError", "NotInitializedError", "RemoteError", "SettingsMismatchError",
-                     "TopologyError"), "ddl.base.errors"),
+    **dict.fromkeys(("DDLError", "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError",
+                     "NotInitializedError", "RemoteError", "SettingsMismatchError", "TopologyError"), "ddl.base.errors"),
     "GroupHandle": "ddl.engine.handle", "Handle": "ddl.engine.handle",
-    **dict.fromkeys(("Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "ddl.base.ops"),
+    **dict.fromkeys(("Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "ddl.base.ops"),
 }
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from _LAZY
     from ddl.base.errors import (
         DDLError,
+        HorovodInternalError,
+        HostsUpdatedInterrupt,
         MismatchError,
         NotInitializedError,
         RemoteError,
         SettingsMismatchError,
         TopologyError,
     )
-    from ddl.base.ops import Average, Max, Min, Product, ReduceOp, Sum
+    from ddl.base.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
     from ddl.engine.compression import Compression
     from ddl.engine.handle import GroupHandle, Handle
     from ddl.runtime.api import (
         allgather,
+        allgather_async,
         allreduce,
         allreduce_,
         allreduce_async,
+        alltoall,
+        alltoall_async,
         broadcast,
         broadcast_,
+        broadcast_async,
+        grouped_allgather,
+        grouped_allgather_async,
         grouped_allreduce,
         grouped_allreduce_async,
+        grouped_reducescatter,
+        grouped_reducescatter_async,
+        join,
+        poll,
         reducescatter,
+        reducescatter_async,
         synchronize,
+    )
+    from ddl.runtime.basics import (
+        ccl_built,
+        cuda_built,
+        ddl_built,
+        gloo_built,
+        gloo_enabled,
+        is_homogeneous,
+        mpi_built,
+        mpi_enabled,
+        mpi_threads_supported,
+        nccl_built,
+        rocm_built,
+        start_timeline,
+        stop_timeline,
     )
     from ddl.runtime.process import (
         allgather_object,
@@ -77,6 +113,12 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
         shutdown,
         size,
         topology,
+    )
+    from ddl.runtime.process_sets import (
+        ProcessSet,
+        add_process_set,
+        global_process_set,
+        remove_process_set,
     )
 
 
@@ -95,10 +137,15 @@ def __dir__() -> list[str]:
 
 # A literal, for type checkers; a test checks it names exactly the lazy names.
 __all__ = [
-    "Average", "Compression", "DDLError", "GroupHandle", "Handle", "Max", "Min", "MismatchError",
-    "NotInitializedError", "Product", "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum",
-    "TopologyError", "allgather", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
-    "barrier", "broadcast", "broadcast_", "broadcast_object", "context", "cross_rank", "cross_size",
-    "grouped_allreduce", "grouped_allreduce_async", "init", "is_initialized", "local_rank", "local_size",
-    "rank", "reducescatter", "shutdown", "size", "synchronize", "topology",
+    "Adasum", "Average", "Compression", "DDLError", "GroupHandle", "Handle", "HorovodInternalError",
+    "HostsUpdatedInterrupt", "Max", "Min", "MismatchError", "NotInitializedError", "ProcessSet", "Product",
+    "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "add_process_set", "allgather",
+    "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async", "alltoall",
+    "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_object", "ccl_built",
+    "context", "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built",
+    "gloo_enabled", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce",
+    "grouped_allreduce_async", "grouped_reducescatter", "grouped_reducescatter_async", "init", "is_homogeneous",
+    "is_initialized", "join", "local_rank", "local_size", "mpi_built", "mpi_enabled", "mpi_threads_supported",
+    "nccl_built", "poll", "rank", "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built",
+    "shutdown", "size", "start_timeline", "stop_timeline", "synchronize", "topology",
 ]

@@ -1,25 +1,97 @@
-"""ddl for TensorFlow 2 / Keras 3: tensor collectives, DistributedGradientTape, broadcast_variables.
+"""ddl for TensorFlow 2 / Keras 3: Horovod's ``horovod.tensorflow`` API on ddl's core.
 
-The Keras optimizer wrapper and callbacks are in :mod:`ddl.tensorflow.keras`.
+Every public name of ``horovod.tensorflow`` 0.28.1 is here with Horovod's signature
+(``import ddl.tensorflow as hvd``); the Keras optimizer wrapper and callbacks are in
+:mod:`ddl.tensorflow.keras`. See the migration page for the differences.
 
 Example:
-    >>> import ddl.tensorflow as dtf                       # doctest: +SKIP
-    >>> dtf.init()                                         # doctest: +SKIP
-    >>> tape = dtf.DistributedGradientTape(tape)           # doctest: +SKIP
-    >>> dtf.broadcast_variables(model.variables, root_rank=0)  # doctest: +SKIP
+    >>> import ddl.tensorflow as hvd                       # doctest: +SKIP
+    >>> hvd.init()                                         # doctest: +SKIP
+    >>> tape = hvd.DistributedGradientTape(tape)           # doctest: +SKIP
+    >>> hvd.broadcast_variables(model.variables, root_rank=0)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from ddl import Average, Compression, Max, Min, MismatchError, Product, Sum
+import importlib
+from typing import Any
+
+from ddl import Adasum, Average, Compression, Max, Min, MismatchError, Product, Sum
+from ddl.base.errors import HorovodInternalError
 from ddl.runtime import process
+from ddl.runtime.basics import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+    start_timeline,
+    stop_timeline,
+)
 from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
+from ddl.runtime.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
 
-from .collectives import allgather, allreduce, broadcast, grouped_allreduce, reducescatter
-from .tape import DistributedGradientTape, broadcast_variables
+from .functions import (
+    BroadcastGlobalVariablesHook,
+    DistributedOptimizer,
+    allgather_object,
+    broadcast_global_variables,
+    broadcast_object,
+    broadcast_object_fn,
+)
+from .mpi_ops import (
+    allgather,
+    allreduce,
+    alltoall,
+    broadcast,
+    broadcast_,
+    check_num_rank_power_of_2,
+    grouped_allgather,
+    grouped_allreduce,
+    grouped_reducescatter,
+    handle_average_backwards_compatibility,
+    join,
+    local_rank_op,
+    local_size_op,
+    process_set_included_op,
+    rank_op,
+    reducescatter,
+    refs_to_vars,
+    size_op,
+    vars_to_refs,
+)
+from .sync_batch_norm import SyncBatchNormalization
+from .tape import DistributedGradientTape, PartialDistributedGradientTape, broadcast_variables
 
-__all__ = [
+
+def __getattr__(name: str) -> Any:
+    # ddl.tensorflow.elastic (the elastic training work) loads on first use.
+    if name == "elastic":
+        return importlib.import_module("ddl.tensorflow.elastic")
+    raise AttributeError(f"module 'ddl.tensorflow' has no attribute {name!r}")
+
+
+__all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     *process.__all__,
-    "Average", "Compression", "DistributedGradientTape", "Max", "Min", "MismatchError", "Product", "Sum",
-    "allgather", "allreduce", "broadcast", "broadcast_variables", "grouped_allreduce", "reducescatter",
+    "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape",
+    "DistributedOptimizer", "HorovodInternalError", "Max", "Min", "MismatchError", "PartialDistributedGradientTape",
+    "ProcessSet", "Product", "Sum", "SyncBatchNormalization", "add_process_set", "allgather", "allgather_object",
+    "allreduce", "alltoall", "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
+    "broadcast_object_fn", "broadcast_variables", "ccl_built", "check_num_rank_power_of_2", "cuda_built",
+    "ddl_built", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce",
+    "grouped_reducescatter", "handle_average_backwards_compatibility", "is_homogeneous", "join", "local_rank_op",
+    "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "process_set_included_op",
+    "rank_op", "reducescatter", "refs_to_vars", "remove_process_set", "rocm_built", "size_op", "start_timeline",
+    "stop_timeline", "vars_to_refs",
 ]

@@ -12,6 +12,7 @@ import ddl
 import tensorflow as tf
 from ddl.base.ops import ReduceOp, as_op
 from ddl.engine.compression import as_compressor
+from ddl.runtime import api
 
 from .bridge import host_call
 
@@ -39,7 +40,8 @@ def name_for(variables: Sequence[Any], prefix: str) -> str:
 _ALIGN = 64  # TensorFlow adopts a returned numpy array without a copy when its data is 64-byte aligned
 
 
-def fused_allreduce(arrays: Sequence[np.ndarray], *, op: ReduceOp, name: str, compression: Any) -> list[np.ndarray]:
+def fused_allreduce(arrays: Sequence[np.ndarray], *, op: ReduceOp, name: str, compression: Any,
+                    process_set: Any = None) -> list[np.ndarray]:
     """Allreduce ``arrays`` packed into one 64-byte-aligned buffer per dtype; views of it come back.
 
     The packing is the copy the core's fusion would make anyway; because every view
@@ -62,7 +64,7 @@ def fused_allreduce(arrays: Sequence[np.ndarray], *, op: ReduceOp, name: str, co
             buf[start : start + arrays[i].size] = arrays[i].reshape(-1)
             buf[start + arrays[i].size : end] = 0  # padding, reduced along with the data
         if buf.size:
-            ddl.allreduce_(buf, op=op, name=f"{name}.{dtype.name}", compression=compression)
+            api.allreduce_(buf, op=op, name=f"{name}.{dtype.name}", compression=compression, process_set=process_set)
         for i, start in zip(idx, starts, strict=True):
             outs[i] = buf[start : start + arrays[i].size].reshape(arrays[i].shape)
     return outs
@@ -70,7 +72,7 @@ def fused_allreduce(arrays: Sequence[np.ndarray], *, op: ReduceOp, name: str, co
 
 @tf.autograph.experimental.do_not_convert  # type: ignore[misc,untyped-decorator]
 def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp.AVERAGE, compression: Any = None,
-                     sparse_as_dense: bool = False) -> list[Gradient]:
+                     sparse_as_dense: bool = False, process_set: Any = None) -> list[Gradient]:
     """Reduce ``grads`` over all ranks in one call; None entries stay None.
 
     Dense gradients are packed into one buffer per dtype and reduced in place
@@ -81,7 +83,8 @@ def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp
     """
     rop = check_gradient_op(op)
     comp = as_compressor(compression)
-    if ddl.size() == 1:
+    size = ddl.size() if process_set is None else int(process_set.size() or 1)
+    if size == 1:
         return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g for g in grads]
     dense: list[tuple[int, tf.Tensor]] = []
     sparse: list[tuple[int, tf.IndexedSlices]] = []
@@ -95,16 +98,16 @@ def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp
                 sparse.append((i, g))
         else:
             dense.append((i, tf.convert_to_tensor(g)))
-    nd, size = len(dense), ddl.size()
+    nd = len(dense)
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        outs = fused_allreduce(arrays[:nd], op=rop, name=name, compression=comp)
+        outs = fused_allreduce(arrays[:nd], op=rop, name=name, compression=comp, process_set=process_set)
         for k in range(len(sparse)):
             values, indices = arrays[nd + 2 * k], arrays[nd + 2 * k + 1]
-            vals = ddl.allgather(values, name=f"{name}.s{k}.values")
+            vals = api.allgather(values, name=f"{name}.s{k}.values", process_set=process_set)
             if rop is ReduceOp.AVERAGE:
                 vals = np.divide(vals, size, dtype=vals.dtype)
-            outs += [vals, ddl.allgather(indices, name=f"{name}.s{k}.indices")]
+            outs += [vals, api.allgather(indices, name=f"{name}.s{k}.indices", process_set=process_set)]
         return outs
 
     inputs: list[tf.Tensor] = [t for _, t in dense]

@@ -9,6 +9,7 @@ import numpy as np
 import ddl
 import tensorflow as tf
 from ddl.base.ops import ReduceOp
+from ddl.runtime import api
 
 from .bridge import host_call
 from .gradients import check_gradient_op, name_for, reduce_gradients
@@ -34,14 +35,19 @@ class DistributedGradientTape:
         >>> grads = tape.gradient(loss, model.trainable_variables)  # doctest: +SKIP
     """
 
-    def __init__(self, tape: tf.GradientTape, *, op: Any = ReduceOp.AVERAGE, compression: Any = None,
-                 sparse_as_dense: bool = False) -> None:
-        if not isinstance(tape, tf.GradientTape):
-            raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(tape).__name__}")
-        self._tape = tape
+    def __init__(self, gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                 compression: Any = None, sparse_as_dense: bool = False, op: Any = ReduceOp.AVERAGE,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+                 process_set: Any = None, scale_local_gradients: bool = True) -> None:
+        if not isinstance(gradtape, tf.GradientTape):
+            raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
+        self._tape = gradtape
         self._op = check_gradient_op(op)
         self._compression = compression
         self._sparse_as_dense = bool(sparse_as_dense)
+        self._process_set = None if process_set is None or process_set.process_set_id == 0 else process_set
+        self._local: set[Any] = set()
+        self._scale_local = scale_local_gradients
 
     @tf.autograph.experimental.do_not_convert  # type: ignore[misc,untyped-decorator]
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
@@ -51,8 +57,20 @@ class DistributedGradientTape:
                                     unconnected_gradients=unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
         flat = tf.nest.flatten(grads)
-        reduced = reduce_gradients(flat, name=name_for(flat_sources, "ddl.tape"), op=self._op,
-                                   compression=self._compression, sparse_as_dense=self._sparse_as_dense)
+        local = [i for i, v in enumerate(flat_sources) if _ref(v) in self._local]
+        shared = [i for i in range(len(flat)) if i not in local]
+        reduced = list(flat)
+        if shared:
+            outs = reduce_gradients([flat[i] for i in shared], name=name_for([flat_sources[i] for i in shared],
+                                                                             "ddl.tape"),
+                                    op=self._op, compression=self._compression, sparse_as_dense=self._sparse_as_dense,
+                                    process_set=self._process_set)
+            for i, g in zip(shared, outs, strict=True):
+                reduced[i] = g
+        size = ddl.size() if self._process_set is None else int(self._process_set.size() or 1)
+        for i in local:  # Horovod's scale_local_gradients: local layers' gradients / size
+            if reduced[i] is not None and self._scale_local and self._op is ReduceOp.AVERAGE:
+                reduced[i] = reduced[i] / size
         return tf.nest.pack_sequence_as(grads, reduced)
 
     def __enter__(self) -> DistributedGradientTape:
@@ -66,7 +84,26 @@ class DistributedGradientTape:
         return getattr(self._tape, name)
 
 
-def broadcast_variables(variables: Any, root_rank: int = 0, *, name: str | None = None) -> None:
+class PartialDistributedGradientTape(DistributedGradientTape):
+    """A :class:`DistributedGradientTape` whose ``local_layers``' variables are not reduced
+    (their gradients are divided by the number of ranks when ``scale_local_gradients``), Horovod's."""
+
+    def __init__(self, gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                 compression: Any = None, sparse_as_dense: bool = False, op: Any = ReduceOp.AVERAGE,
+                 gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+                 process_set: Any = None, local_layers: Any = None, scale_local_gradients: bool = True) -> None:
+        super().__init__(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                         gradient_predivide_factor, num_groups, groups, process_set, scale_local_gradients)
+        layers = [] if local_layers is None else (local_layers if isinstance(local_layers, list) else [local_layers])
+        self._local = {_ref(v) for layer in layers for v in layer.trainable_weights}
+
+
+def _ref(v: Any) -> Any:
+    return v.ref() if hasattr(v, "ref") else id(v)
+
+
+def broadcast_variables(variables: Any, root_rank: int = 0, process_set: Any = None, inplace: bool = False, *,
+                        name: str | None = None) -> None:
     """Overwrite every variable with ``root_rank``'s value, in one broadcast of their bytes.
 
     Works on ``tf.Variable`` and Keras 3 variables of any dtype, eagerly or in a
@@ -78,14 +115,16 @@ def broadcast_variables(variables: Any, root_rank: int = 0, *, name: str | None 
     vs = list(tf.nest.flatten(variables))
     if not isinstance(root_rank, int) or not 0 <= root_rank < ddl.size():
         raise ValueError(f"root_rank must be a rank in 0..{ddl.size() - 1}, got {root_rank!r}")
-    if not vs or ddl.size() == 1:
+    ps = None if process_set is None or process_set.process_set_id == 0 else process_set
+    if not vs or ddl.size() == 1 or (ps is not None and ps.size() == 1):
         return
     name = name or name_for(vs, "ddl.broadcast_variables")
     values = [tf.convert_to_tensor(v) for v in vs]
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         flat = [np.ascontiguousarray(a).reshape(-1).view(np.uint8) for a in arrays]
-        packed = ddl.broadcast(np.concatenate(flat) if flat else np.zeros(0, np.uint8), root_rank, name=name)
+        packed = api.broadcast(np.concatenate(flat) if flat else np.zeros(0, np.uint8), root_rank, name=name,
+                               process_set=ps)
         outs, start = [], 0
         for a, f in zip(arrays, flat, strict=True):
             outs.append(packed[start : start + f.size].view(a.dtype).reshape(a.shape))

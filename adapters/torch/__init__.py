@@ -1,18 +1,50 @@
-"""ddl for PyTorch: tensor collectives, DistributedOptimizer and broadcasts of model state.
+"""ddl for PyTorch: Horovod's ``horovod.torch`` API on ddl's core.
+
+Every public name of ``horovod.torch`` 0.28.1 is here with Horovod's signature, so a
+Horovod script runs with one changed import (``import ddl.torch as hvd``); see the
+migration page for the few differences.
 
 Example:
-    >>> import ddl.torch as dt                                     # doctest: +SKIP
-    >>> dt.init()                                                  # doctest: +SKIP
-    >>> opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # doctest: +SKIP
-    >>> dt.broadcast_parameters(model.state_dict(), root_rank=0)   # doctest: +SKIP
+    >>> import ddl.torch as hvd                                    # doctest: +SKIP
+    >>> hvd.init()                                                 # doctest: +SKIP
+    >>> opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())  # doctest: +SKIP
+    >>> hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-from ddl import Average, Compression, Max, Min, MismatchError, Product, Sum
-from ddl.runtime import process
-from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
+import importlib
+from typing import Any
 
+from ddl import Adasum, Average, Max, Min, MismatchError, Product, Sum
+from ddl.base.errors import HorovodInternalError
+from ddl.runtime import process
+from ddl.runtime.basics import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    is_homogeneous,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+    start_timeline,
+    stop_timeline,
+)
+from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
+from ddl.runtime.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+
+from .broadcast import (  # type: ignore[assignment]
+    allgather_object as allgather_object,  # replaces the core's: tensors go to CPU first
+)
 from .broadcast import (
     broadcast_object as broadcast_object,  # replaces the core's: tensors go to CPU first
 )
@@ -22,23 +54,59 @@ from .broadcast import (
 )
 from .collectives import (
     TorchHandle,
-    allgather,
     allreduce,
     allreduce_,
     allreduce_async,
     allreduce_async_,
-    broadcast,
-    broadcast_,
     grouped_allreduce,
-    reducescatter,
+    grouped_allreduce_,
+    grouped_allreduce_async,
+    grouped_allreduce_async_,
+    poll,
+    sparse_allreduce_async,
     synchronize,
 )
+from .compression import Compression
+from .movement import (  # type: ignore[assignment]
+    allgather,
+    allgather_async,
+    alltoall,
+    alltoall_async,
+    barrier,
+    broadcast,
+    broadcast_,
+    broadcast_async,
+    broadcast_async_,
+    grouped_allgather,
+    grouped_allgather_async,
+    grouped_reducescatter,
+    grouped_reducescatter_async,
+    join,
+    reducescatter,
+    reducescatter_async,
+)
 from .optimizer import DistributedOptimizer
+from .sync_batch_norm import SyncBatchNorm
 
-__all__ = [
+
+def __getattr__(name: str) -> Any:
+    # ddl.torch.elastic (the elastic training work) loads on first use.
+    if name == "elastic":
+        return importlib.import_module("ddl.torch.elastic")
+    raise AttributeError(f"module 'ddl.torch' has no attribute {name!r}")
+
+
+__all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     *process.__all__,
-    "Average", "Compression", "DistributedOptimizer", "MismatchError", "Max", "Min", "Product", "Sum",
-    "TorchHandle", "allgather", "allreduce", "allreduce_", "allreduce_async", "allreduce_async_", "broadcast",
-    "broadcast_", "broadcast_optimizer_state", "broadcast_parameters", "grouped_allreduce", "reducescatter",
-    "synchronize",
+    "Adasum", "Average", "Compression", "DistributedOptimizer", "HorovodInternalError", "Max", "Min",
+    "MismatchError", "Product", "ProcessSet", "Sum", "SyncBatchNorm", "TorchHandle",
+    "add_process_set", "allgather", "allgather_async", "allgather_object", "allreduce", "allreduce_",
+    "allreduce_async", "allreduce_async_", "alltoall", "alltoall_async", "barrier", "broadcast", "broadcast_",
+    "broadcast_async", "broadcast_async_", "broadcast_object", "broadcast_optimizer_state",
+    "broadcast_parameters", "ccl_built", "cuda_built", "ddl_built", "global_process_set", "gloo_built",
+    "gloo_enabled", "grouped_allgather", "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_",
+    "grouped_allreduce_async", "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async",
+    "is_homogeneous", "join", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "poll",
+    "reducescatter", "reducescatter_async", "remove_process_set", "rocm_built", "sparse_allreduce_async",
+    "start_timeline", "stop_timeline", "synchronize",
 ]

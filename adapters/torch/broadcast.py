@@ -9,6 +9,7 @@ import numpy as np
 
 import ddl
 import torch
+from ddl.runtime import api
 
 
 def broadcast_parameters(
@@ -60,20 +61,25 @@ def broadcast_parameters(
             offset += n
 
 
-def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0) -> None:
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, model: Any = None) -> None:
     """Give every rank ``root_rank``'s optimizer state and hyperparameters.
 
     Works for optimizers whose state is created lazily (Adam before its first step has
     none): the root's ``state_dict()`` is sent whole and loaded everywhere, so ranks
-    without state get the root's, and ranks with stale state lose it.
+    without state get the root's, and ranks with stale state lose it. ``model`` is
+    accepted for Horovod's signature (the root's state needs no model here).
 
     Example:
         >>> ddl.torch.broadcast_optimizer_state(optimizer, root_rank=0)  # doctest: +SKIP
     """
+    optimizer = getattr(optimizer, "optimizer", optimizer) if not isinstance(optimizer, torch.optim.Optimizer) \
+        else optimizer  # the Adasum wrapper holds its optimizer
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"broadcast_optimizer_state takes a torch optimizer, got {type(optimizer).__name__}")
     groups = [len(g["params"]) for g in optimizer.param_groups]
     _check_manifest(groups, "broadcast_optimizer_state (parameters per group)")
+    if not optimizer.state:
+        _initialize_state(optimizer)
     if ddl.size() == 1:
         return
     state = _to_cpu(optimizer.state_dict()) if ddl.rank() == root_rank else None
@@ -82,10 +88,34 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         optimizer.load_state_dict(state)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, *, name: str | None = None) -> Any:
+def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
+    """Horovod's rule for an optimizer without state yet: give every parameter that trains a
+    zero gradient and take one local step, so its state exists (on every rank alike).
+
+    The wrapped optimizer steps, not a DistributedOptimizer (no collectives). As in
+    Horovod, weight decay moves the parameters in that step.
+    """
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("cannot broadcast torch.optim.LBFGS state")
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
+    inner = optimizer.__dict__.get("optimizer", optimizer)  # a DistributedOptimizer's: no collectives
+    with torch.no_grad():
+        inner.step()
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:
     """Return ``root_rank``'s picklable ``obj`` (tensors included, moved to CPU) everywhere."""
     send = _to_cpu(obj) if ddl.rank() == root_rank else None
-    return ddl.broadcast_object(send, root_rank, name=name)
+    ps = None if process_set is None or process_set.process_set_id == 0 else process_set
+    return api.broadcast_object(send, root_rank, name=name, process_set=ps)
+
+
+def allgather_object(obj: Any, name: str | None = None) -> list[Any]:
+    """Every rank's picklable ``obj`` (tensors moved to CPU), in rank order."""
+    return api.allgather_object(_to_cpu(obj), name=name)
 
 
 def _bytes_of(t: torch.Tensor) -> np.ndarray:

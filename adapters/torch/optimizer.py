@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -11,10 +12,12 @@ import torch
 from ddl.base.ops import ReduceOp, as_op
 from ddl.engine.compression import as_compressor
 from ddl.engine.naming import call_site_name, manifest_name
+from ddl.runtime import api
 
 from .reducer import Options, Reducer, late_buckets
 
 _copies: dict[str, int] = {}  # unpickled copies made of each optimizer, for their names
+# Parameter checks made by this process, per process set (only its ranks make them), for their names.
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -44,19 +47,35 @@ class DistributedOptimizer(torch.optim.Optimizer):
             size/factor after it (keeps fp16 sums in range on large jobs).
         bucket_cap_mb: the size cap of every bucket but the first.
         first_bucket_mb: the size cap of the first bucket.
+        num_groups, groups: Horovod's manual grouping of gradients into fused allreduces;
+            accepted, and left to ddl's bucket planner (which groups by arrival order).
         sparse_as_dense: reduce sparse gradients (``Embedding(sparse=True)``) as dense.
+        process_set: reduce over this ``ddl.ProcessSet`` only (Horovod's).
+        op=ddl.Adasum: returns Horovod's Adasum optimizer instead (each rank steps locally
+            and the parameter changes are combined by Adasum).
 
     Example:
         >>> opt = ddl.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
         ...                                      named_parameters=model.named_parameters())  # doctest: +SKIP
     """
 
+    def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # op=ddl.Adasum is a different algorithm (Horovod's _DistributedAdasumOptimizer):
+        # the model's change from each local step is combined, not the gradients.
+        op = kwargs.get("op", args[3] if len(args) > 3 else None)
+        if optimizer is not None and op is not None and as_op(op) is ReduceOp.ADASUM:
+            from .adasum_optimizer import DistributedAdasumOptimizer
+
+            return DistributedAdasumOptimizer(optimizer, *args, **kwargs)
+        return super().__new__(cls)
+
     def __init__(
         self, optimizer: torch.optim.Optimizer,
-        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None, *,
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
         compression: Any = None, backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
-        gradient_predivide_factor: float = 1.0, bucket_cap_mb: float = 25.0,
-        first_bucket_mb: float = 1.0, sparse_as_dense: bool = False,
+        gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
+        sparse_as_dense: bool = False, process_set: Any = None, *, bucket_cap_mb: float = 25.0,
+        first_bucket_mb: float = 1.0,
     ) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a ddl.torch.DistributedOptimizer; wrap it once")
@@ -80,6 +99,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             op=reduce_op, gradient_predivide_factor=float(gradient_predivide_factor),
             bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
             sparse_as_dense=bool(sparse_as_dense),
+            process_set=None if process_set is None or process_set.process_set_id == 0 else process_set,
         )
         self._names = _parameter_names(optimizer, named_parameters)
         self._no_sync = False
@@ -164,7 +184,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                 no_sync=self.__dict__.get("_no_sync", False))
         self._skip = False
         if check:
-            _check_same_model(_manifest(params, self._names))
+            _check_same_model(_manifest(params, self._names), self._options.process_set)
 
     def _next_prefix(self) -> str:
         self._version += 1
@@ -179,6 +199,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Finish every bucket's allreduce and write the averaged gradients into ``.grad``.
 
+        A ``step()`` after it outside ``skip_synchronize()`` warns, as Horovod's does.
+
         Buckets whose gradients did not all arrive (parameters unused in this step) are
         started now if the end of backward has not started them, with zeros for the
         missing ones. Calling it twice without a backward pass in between does nothing
@@ -186,6 +208,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``append`` or the wrapped optimizer's ``add_param_group``) are reduced too, and
         hooked from now on: every rank must add the same ones.
         """
+        self.__dict__["_user_synchronized"] = True
+        self._sync()
+
+    def _sync(self) -> None:
         self._reducer.check_frozen()
         if self._no_sync:
             raise RuntimeError(
@@ -200,7 +226,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # the new ones with this step's buckets, then plan and hook them all.
         self._name_new()
         prefix = self._next_prefix()
-        _check_same_model(_manifest(params, self._names))
+        _check_same_model(_manifest(params, self._names), self._options.process_set)
         hooked = set(self._reducer.index) | set(self._reducer.frozen)
         self._reducer.stop_observing()
         self._reducer.synchronize(extra=late_buckets([p for p in params if p not in hooked], self._options, prefix))
@@ -255,12 +281,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
             def reduced_closure() -> Any:
                 with torch.enable_grad():
                     loss = closure()
-                self.synchronize()
+                self._sync()
                 return loss
 
             return self.optimizer.step(reduced_closure)
         if not self._skip:
-            self.synchronize()
+            if self.__dict__.get("_user_synchronized"):
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
+                              "optimizer.synchronize(). This can cause training slowdown. You may want to consider "
+                              "using optimizer.skip_synchronize() context if you use optimizer.synchronize() in "
+                              "your code.", stacklevel=2)
+            self._sync()
+        self.__dict__["_user_synchronized"] = False
         return self.optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -321,14 +353,16 @@ def _manifest(params: list[torch.Tensor], names: dict[torch.Tensor, str]) -> lis
     return [(names[p], tuple(p.shape), str(p.dtype)) for p in params]
 
 
-def _check_same_model(manifest: list[tuple[str, tuple[int, ...], str]]) -> None:
+def _check_same_model(manifest: list[tuple[str, tuple[int, ...], str]], process_set: Any = None) -> None:
     """Every rank must wrap the same parameters, or buckets would not line up: say which differ."""
     if not ddl.is_initialized() or ddl.size() == 1:
         return
-    # Named by where the program built the optimizer: a name from the manifest would differ
-    # exactly where this check must catch it, and an unnamed call would be matched per
-    # thread, whose names differ when ranks start their threads in another order.
-    everyone = ddl.allgather_object(manifest, name=call_site_name("ddl.torch.opt.check"))
+    # Named by where the program built the optimizer (and in which process set): a name
+    # from the manifest would differ exactly where this check must catch it, and an unnamed
+    # call would be matched per thread, whose names differ when ranks start their threads
+    # in another order.
+    pid = 0 if process_set is None else int(process_set.process_set_id or 0)
+    everyone = api.allgather_object(manifest, name=call_site_name(f"ddl.torch.opt.check.{pid}"), process_set=process_set)
     for r, other in enumerate(everyone):
         if other != manifest:
             diff = next(((a, b) for a, b in zip(manifest, other, strict=False) if a != b), None)

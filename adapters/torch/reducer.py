@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import ddl
 import torch
 from ddl.base.ops import ReduceOp
 from ddl.engine.compression import Compressor
+from ddl.runtime import api
 
 from . import staging
 from .buckets import Bucket, MiB, plan_buckets
@@ -32,6 +34,11 @@ class Options:
     bucket_cap_mb: float
     first_bucket_mb: float
     sparse_as_dense: bool
+    process_set: Any = None  # a ddl.ProcessSet to reduce over (None: every rank)
+
+    def size(self) -> int:
+        """The number of ranks the gradients are reduced over."""
+        return ddl.size() if self.process_set is None else int(self.process_set.size() or 0)
 
 
 class Reducer:
@@ -99,7 +106,8 @@ class Reducer:
 
     def _agree_order(self, observed: list[int]) -> None:
         """Re-plan the buckets in the order every rank agrees on (a collective call)."""
-        orders = ddl.allgather_object(observed, name=f"{self.prefix}.order") if ddl.size() > 1 else [observed]
+        orders = (api.allgather_object(observed, name=f"{self.prefix}.order", process_set=self.options.process_set)
+                  if self.options.size() > 1 else [observed])
         merged: list[int] = []
         seen: set[int] = set()
         for order in orders:
@@ -173,7 +181,7 @@ class Reducer:
         on an accelerator, start their copy to the host and submit once it has landed."""
         opts = self.options
         grads = [p.grad for p in bucket.params]
-        if ddl.size() == 1 and opts.compression.wire is None and not any(g is not None and g.is_sparse for g in grads):
+        if opts.size() == 1 and opts.compression.wire is None and not any(g is not None and g.is_sparse for g in grads):
             bucket.handle = _LOCAL  # one rank: the average is the gradient itself
             return
         with torch.no_grad():
@@ -222,7 +230,8 @@ class Reducer:
                 bucket.buffer.div_(factor)
                 op = ReduceOp.SUM
         view = host_view(bucket.buffer)
-        bucket.handle = ddl.allreduce_async(view, op=op, name=bucket.name, compression=opts.compression, inplace=True)
+        bucket.handle = api.allreduce_async(view, op=op, name=bucket.name, process_set=opts.process_set,
+                                            compression=opts.compression, inplace=True)
 
     # -- at step() -----------------------------------------------------------------------
     def synchronize(self, extra: Sequence[Bucket] = ()) -> None:
@@ -239,7 +248,7 @@ class Reducer:
                 self._launch(b)
         self._submit_landed(wait=True)
         opts = self.options
-        post = opts.gradient_predivide_factor / ddl.size() if opts.gradient_predivide_factor != 1.0 else None
+        post = opts.gradient_predivide_factor / opts.size() if opts.gradient_predivide_factor != 1.0 else None
         try:
             for b in [*todo, *extra]:
                 if b.handle is not _LOCAL:

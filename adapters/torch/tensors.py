@@ -17,6 +17,9 @@ _NUMPY_OF: dict[torch.dtype, np.dtype] = {
     torch.int32: np.dtype(np.int32),
     torch.int64: np.dtype(np.int64),
     torch.uint8: np.dtype(np.uint8),
+    torch.int8: np.dtype(np.int8),
+    torch.int16: np.dtype(np.int16),
+    torch.bool: np.dtype(np.bool_),  # moved (broadcast, allgather, alltoall), never reduced
 }
 
 
@@ -24,7 +27,7 @@ def numpy_dtype(dtype: torch.dtype) -> np.dtype:
     """The numpy dtype the core uses for ``dtype``.
 
     Raises:
-        TypeError: a dtype the core cannot reduce (bool, int8, complex, ...).
+        TypeError: a dtype the core cannot move (complex, ...).
     """
     found = _NUMPY_OF.get(dtype)
     if found is not None:

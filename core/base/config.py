@@ -16,6 +16,7 @@ from ddl.base.settings import (
     Setting,
     boolean,
     on_off_or_path,
+    one_of,
     positive,
     setting,
     table,
@@ -63,6 +64,11 @@ class Config:
         "DDL_CYCLE_TIME_MS", 0.002, positive(2.0, 1e-3),
         "milliseconds the engine waits to batch submissions before a cycle", flag="--cycle-time-ms",
         metavar="MS", unit="ms")
+    join_average: str = setting(
+        "DDL_JOIN_AVERAGE", "size", one_of("size", "contributors"),
+        "what an Average divides by while some ranks have called join(): 'size' (every rank of the set, "
+        "Horovod's rule) or 'contributors' (the ranks that have not joined: equal to one process over the "
+        "same batches)", flag="--join-average", agreed=True, metavar="size|contributors")
     timeline: str | None = setting(
         "DDL_TIMELINE", None, text, "write a Chrome-trace JSON of every collective (rank 0)",
         flag="--timeline", metavar="FILE")

@@ -13,7 +13,10 @@ import numpy as np
 
 from ddl.base.ops import ReduceOp
 
-_BASE = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8))
+# Horovod's reducible types: every integer width but 64-bit unsigned, and the floats.
+_BASE = tuple(np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int32, np.int64, np.uint8, np.int8,
+                                    np.int16, np.uint16))
+_BOOL = np.dtype(np.bool_)
 _FLOAT32 = np.dtype(np.float32)
 _UNSET: Any = object()
 _bfloat16: np.dtype | None = _UNSET
@@ -54,14 +57,14 @@ def is_floating(dtype: np.dtype) -> bool:
     return dtype.kind == "f" or _is_bfloat16(dtype)
 
 
-def check_dtype(dtype: np.dtype, *, what: str = "array") -> np.dtype:
-    """Return ``dtype`` if ddl can reduce it.
+def check_dtype(dtype: np.dtype, *, what: str = "array", moves_only: bool = False) -> np.dtype:
+    """Return ``dtype`` if ddl can reduce it (``moves_only``: move it, which bool may too).
 
     Raises:
         TypeError: the dtype is not one of :func:`supported`.
     """
     dtype = np.dtype(dtype)
-    if dtype in _BASE or _is_bfloat16(dtype):
+    if dtype in _BASE or _is_bfloat16(dtype) or (moves_only and dtype == _BOOL):
         return dtype
     names = ", ".join(str(d) for d in supported())
     hint = "" if bfloat16() is not None else " (bfloat16 needs the ml_dtypes package)"
@@ -69,16 +72,36 @@ def check_dtype(dtype: np.dtype, *, what: str = "array") -> np.dtype:
 
 
 def check_op_for_dtype(op: ReduceOp, dtype: np.dtype) -> None:
-    """Refuse ``Average`` on integers, whose division would truncate silently.
+    """Refuse ``Adasum`` on integers (its scaling factors are fractions).
+
+    ``Average`` on integers divides and truncates toward zero, as Horovod does.
 
     Raises:
-        TypeError: ``op`` is Average and ``dtype`` is an integer type.
+        TypeError: ``op`` is Adasum and ``dtype`` is an integer type.
     """
-    if op is ReduceOp.AVERAGE and not is_floating(dtype):
+    if op is ReduceOp.ADASUM and not is_floating(dtype):
         raise TypeError(
-            f"ddl.Average on an integer array ({dtype}) would truncate; "
-            "use op=ddl.Sum and divide yourself, or cast to a float type first"
+            f"ddl.Adasum on an integer array ({dtype}) is not defined (it scales by fractions); "
+            "cast to a float type first"
         )
+
+
+def scale(buf: np.ndarray, factor: float) -> None:
+    """Multiply ``buf`` in place by ``factor``; integers truncate toward zero (Horovod's rule)."""
+    if factor == 1.0:
+        return
+    if is_floating(buf.dtype):
+        np.multiply(buf, factor, out=buf, casting="unsafe")
+    else:
+        buf[...] = np.trunc(buf * np.float64(factor))
+
+
+def divide(buf: np.ndarray, divisor: int) -> None:
+    """Divide ``buf`` in place by ``divisor`` (an Average); integers truncate toward zero."""
+    if is_floating(buf.dtype):
+        np.divide(buf, divisor, out=buf)
+    else:
+        buf[...] = np.trunc(buf / np.float64(divisor))
 
 
 def accumulator(dtype: np.dtype) -> np.dtype:

@@ -29,3 +29,23 @@ class RemoteError(DDLError):
 
 class SettingsMismatchError(DDLError):
     """Ranks were started with settings that change the sequence of MPI calls."""
+
+
+class HorovodInternalError(DDLError):
+    """A collective failed in a way the job may recover from (Horovod's name).
+
+    Elastic training catches it to restore the last committed state and go on with
+    the ranks that remain.
+    """
+
+
+class HostsUpdatedInterrupt(RuntimeError):
+    """The set of hosts in an elastic job changed (Horovod's name).
+
+    ``skip_sync``: True when no state needs restoring before going on (hosts were
+    only added).
+    """
+
+    def __init__(self, skip_sync: bool = False) -> None:
+        super().__init__("the hosts of this elastic job changed")
+        self.skip_sync = skip_sync

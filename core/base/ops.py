@@ -9,13 +9,19 @@ import numpy as np
 
 
 class ReduceOp(enum.Enum):
-    """A reduction operator; ``Average`` is a sum divided by the world size."""
+    """A reduction operator; ``Average`` is a sum divided by the world size.
+
+    ``Adasum`` is Horovod's adaptive summation (Maleki et al., 2020): each tensor is
+    combined pairwise, rank by rank, by :func:`ddl.reduction.adasum.combine`, never
+    fused with others.
+    """
 
     SUM = "sum"
     AVERAGE = "average"
     MIN = "min"
     MAX = "max"
     PRODUCT = "product"
+    ADASUM = "adasum"
 
     def __repr__(self) -> str:
         return f"ddl.{self.name.title()}"
@@ -26,6 +32,7 @@ Average = ReduceOp.AVERAGE
 Min = ReduceOp.MIN
 Max = ReduceOp.MAX
 Product = ReduceOp.PRODUCT
+Adasum = ReduceOp.ADASUM
 
 # Average reduces as a sum; the division happens once, after the reduction.
 _UFUNCS: dict[ReduceOp, Callable[..., np.ndarray]] = {
@@ -34,6 +41,7 @@ _UFUNCS: dict[ReduceOp, Callable[..., np.ndarray]] = {
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
     ReduceOp.PRODUCT: np.multiply,
+    ReduceOp.ADASUM: np.add,  # only for a world of one, where Adasum is the identity
 }
 
 
@@ -57,3 +65,25 @@ def as_op(op: object) -> ReduceOp:
 def ufunc(op: ReduceOp) -> Callable[..., np.ndarray]:
     """The numpy ufunc that combines two partial results of ``op`` (``out=`` capable)."""
     return _UFUNCS[op]
+
+
+def op_from_average(op: object, average: bool | None) -> object:
+    """Horovod's rule for its deprecated ``average=`` argument beside ``op=``.
+
+    ``op`` wins when given (both given is an error); ``average=True``/``False`` means
+    Average/Sum, with a DeprecationWarning; neither means Average.
+
+    Raises:
+        ValueError: both ``op`` and ``average`` were given.
+    """
+    if op is not None:
+        if average is not None:
+            raise ValueError("The op parameter supersedes average. Please provide only one of them.")
+        return op
+    if average is not None:
+        import warnings
+
+        warnings.warn("Parameter `average` has been replaced with `op` and will be removed in v1.0",
+                      DeprecationWarning, stacklevel=3)
+        return ReduceOp.AVERAGE if average else ReduceOp.SUM
+    return ReduceOp.AVERAGE

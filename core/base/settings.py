@@ -130,6 +130,16 @@ def positive(example: float, scale: float = 1.0) -> Parser:
     return parse
 
 
+def one_of(*choices: str) -> Parser:
+    """One of ``choices`` (case-insensitive)."""
+    def parse(env: str, raw: str) -> str:
+        low = raw.lower()
+        if low not in choices:
+            raise SettingError(f"{env}={raw!r} is not one of {', '.join(choices)}; set e.g. {env}={choices[0]}")
+        return low
+    return parse
+
+
 def on_off_or_path(env: str, raw: str) -> str | None:
     """``on`` (None: measure), ``off``, or a file path."""
     low = raw.lower()

@@ -19,6 +19,7 @@ import numpy as np
 from ddl.base import dtypes
 from ddl.base.ops import ReduceOp, as_op
 from ddl.base.topology import Topology
+from ddl.engine import join
 from ddl.engine.compression import Compression, as_compressor
 from ddl.engine.engine import Engine
 from ddl.engine.fusion import Request
@@ -45,26 +46,37 @@ class Collectives:
     # -- allreduce -------------------------------------------------------------------
     def allreduce_async(
         self, x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None, algorithm: str | None = None,
-        compression: Any = None, inplace: bool = False, wake: bool = True,
+        compression: Any = None, inplace: bool = False, wake: bool = True, prescale: float = 1.0,
+        postscale: float = 1.0,
     ) -> Handle:
         """Start an allreduce; see :func:`ddl.allreduce_async`.
 
         ``wake=False``: the caller waits at once (and so runs the cycle itself).
         """
-        req = self._allreduce_request(x, op, name, algorithm, compression, inplace)
+        if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
+            return self._adasum([x], name, "allreduce", single=True, inplace=inplace, wait=False)
+        req = self._allreduce_request(x, op, name, algorithm, compression, inplace, prescale, postscale)
         # The synchronous calls wait at once and run the cycle themselves: waking the
         # engine thread for them would only contend with the caller.
         return self.engine.submit(req, wake=wake)
 
     def allreduce(self, x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
-                  algorithm: str | None = None, compression: Any = None) -> np.ndarray:
+                  algorithm: str | None = None, compression: Any = None, prescale: float = 1.0,
+                  postscale: float = 1.0) -> np.ndarray:
         """See :func:`ddl.allreduce`."""
-        return self._allreduce_now(self._allreduce_request(x, op, name, algorithm, compression, False))
+        if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
+            return self._adasum([x], name, "allreduce", single=True).wait()  # type: ignore[no-any-return]
+        return self._allreduce_now(self._allreduce_request(x, op, name, algorithm, compression, False,
+                                                           prescale, postscale))
 
     def allreduce_(self, x: np.ndarray, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
-                   algorithm: str | None = None, compression: Any = None) -> np.ndarray:
+                   algorithm: str | None = None, compression: Any = None, prescale: float = 1.0,
+                   postscale: float = 1.0) -> np.ndarray:
         """See :func:`ddl.allreduce_`."""
-        return self._allreduce_now(self._allreduce_request(x, op, name, algorithm, compression, True))
+        if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
+            return self._adasum([x], name, "allreduce", single=True, inplace=True).wait()  # type: ignore[no-any-return]
+        return self._allreduce_now(self._allreduce_request(x, op, name, algorithm, compression, True,
+                                                           prescale, postscale))
 
     def _allreduce_now(self, req: Request) -> np.ndarray:
         """A synchronous allreduce: the engine's lean path when it is free, else the queue."""
@@ -73,7 +85,7 @@ class Collectives:
         return req.handle.wait()  # type: ignore[no-any-return]
 
     def _allreduce_request(self, x: Any, op: Any, name: str | None, algorithm: str | None, compression: Any,
-                           inplace: bool) -> Request:
+                           inplace: bool, prescale: float = 1.0, postscale: float = 1.0) -> Request:
         """The checked request for one allreduce (a refusal is agreed on, then raised)."""
         eng = self.engine
         name = name or eng.names.next()
@@ -98,13 +110,14 @@ class Collectives:
         except (TypeError, ValueError) as exc:
             self._refuse("allreduce", name, exc)
         rop, dtype_name = checked
-        desc = Descriptor("allreduce", name, (arr.shape, dtype_name, rop.name), alg, comp.name)
+        fields = (arr.shape, dtype_name, rop.name) + _scales(prescale, postscale)
+        desc = Descriptor("allreduce", name, fields, alg, comp.name)
         return Request("allreduce", name, desc, Handle(name), array=arr, op=rop, algorithm=alg,
-                       compression=comp, inplace=inplace)
+                       compression=comp, inplace=inplace, prescale=float(prescale), postscale=float(postscale))
 
     def grouped_allreduce_async(self, xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                                 algorithm: str | None = None, compression: Any = None,
-                                wake: bool = True) -> GroupHandle:
+                                wake: bool = True, prescale: float = 1.0, postscale: float = 1.0) -> Handle:
         """Start one allreduce of several arrays; see :func:`ddl.grouped_allreduce_async`.
 
         The arrays of each dtype are copied once into one flat private buffer, submitted
@@ -113,6 +126,8 @@ class Collectives:
         one submission, not one per tensor.
         """
         eng = self.engine
+        if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
+            return self._adasum(list(xs), name, "grouped_allreduce", single=False, wait=False)
         base = name or eng.names.next()
         try:
             if isinstance(xs, (np.ndarray, str, bytes)) or not isinstance(xs, Sequence):
@@ -141,55 +156,157 @@ class Collectives:
                 flat = np.array(arrays[positions[0]], copy=True).reshape(-1)
             else:
                 flat = np.concatenate([arrays[i].reshape(-1) for i in positions] or [np.empty(0, dtype)])
-            desc = Descriptor("grouped_allreduce", sub, (tuple(shapes), str(dtype), rop.name), alg, comp.name)
+            fields = (tuple(shapes), str(dtype), rop.name) + _scales(prescale, postscale)
+            desc = Descriptor("grouped_allreduce", sub, fields, alg, comp.name)
             req = Request("allreduce", sub, desc, Handle(sub), array=flat, op=rop, algorithm=alg,
-                          compression=comp, inplace=True)
+                          compression=comp, inplace=True, prescale=float(prescale), postscale=float(postscale))
             parts.append((positions, shapes, [arrays[i].size for i in positions], eng.submit(req, wake=wake)))
         return GroupHandle(base, parts, len(arrays))
 
     def grouped_allreduce(self, xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
-                          algorithm: str | None = None, compression: Any = None) -> list[np.ndarray]:
+                          algorithm: str | None = None, compression: Any = None, prescale: float = 1.0,
+                          postscale: float = 1.0) -> list[np.ndarray]:
         """See :func:`ddl.grouped_allreduce`."""
         return self.grouped_allreduce_async(xs, op=op, name=name, algorithm=algorithm,  # type: ignore[no-any-return]
-                                            compression=compression, wake=False).wait()
+                                            compression=compression, wake=False, prescale=prescale,
+                                            postscale=postscale).wait()
+
+    def _adasum(self, xs: list[Any], name: str | None, kind: str, *, single: bool, inplace: bool = False,
+                wait: bool = True) -> Handle:
+        """Adasum of each array over the ranks (never fused: the combination is per tensor)."""
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            arrays = [reduction_input(x, ReduceOp.ADASUM, kind, writable=inplace)[0] for x in xs]
+            if len({a.dtype for a in arrays}) > 1:
+                raise TypeError("Adasum reduces a group of one dtype; group tensors by dtype")
+
+            def run() -> Any:
+                outs = self.ctx.adasum(arrays)
+                if inplace:
+                    for a, o in zip(arrays, outs, strict=True):
+                        a[...] = o
+                    outs = arrays
+                return outs[0] if single else outs
+
+            return (tuple(a.shape for a in arrays), tuple(str(a.dtype) for a in arrays)), run
+
+        return self._submit("adasum", name, prepare)
 
     # -- everything else -------------------------------------------------------------
     def allgather(self, x: Any, *, name: str | None = None) -> np.ndarray:
         """See :func:`ddl.allgather`."""
-        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
-            arr = as_array(x, "allgather")
-            if arr.ndim == 0:
-                raise ValueError("allgather needs an array with at least one dimension; wrap a scalar as [x]")
-            dtypes.check_dtype(arr.dtype, what="allgather input")
-            return (arr.shape[1:], str(arr.dtype)), lambda: self.ctx.allgather(arr)
+        return self.allgather_async(x, name=name).wait()  # type: ignore[no-any-return]
 
-        return self._call("allgather", name, prepare)  # type: ignore[no-any-return]
+    def allgather_async(self, x: Any, *, name: str | None = None) -> Handle:
+        """Start an allgather; ``wait()`` returns the concatenation."""
+        return self.grouped_allgather_async([x], name=name, single=True)
+
+    def grouped_allgather_async(self, xs: Sequence[Any], *, name: str | None = None, single: bool = False) -> Handle:
+        """Start an allgather of each array, as one request; ``wait()`` returns the list."""
+        what = "allgather" if single else "grouped_allgather"
+
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            arrays = [as_array(x, what) for x in _as_list(xs, what)]
+            for arr in arrays:
+                if arr.ndim == 0:
+                    raise ValueError(f"{what} needs arrays with at least one dimension; wrap a scalar as [x]")
+                dtypes.check_dtype(arr.dtype, what=f"{what} input", moves_only=True)
+
+            def run() -> Any:
+                outs = [self.ctx.allgather(a) for a in arrays]
+                return outs[0] if single else outs
+
+            return tuple((a.shape[1:], str(a.dtype)) for a in arrays), run
+
+        return self._submit(what, name, prepare)
 
     def broadcast(self, x: Any, root_rank: int = 0, *, name: str | None = None) -> np.ndarray:
         """See :func:`ddl.broadcast`."""
-        return self._broadcast(x, root_rank, name, inplace=False)
+        return self.broadcast_async(x, root_rank, name=name).wait()  # type: ignore[no-any-return]
 
     def broadcast_(self, x: np.ndarray, root_rank: int = 0, *, name: str | None = None) -> np.ndarray:
         """See :func:`ddl.broadcast_`."""
-        return self._broadcast(x, root_rank, name, inplace=True)
+        return self.broadcast_async(x, root_rank, name=name, inplace=True).wait()  # type: ignore[no-any-return]
 
-    def _broadcast(self, x: Any, root_rank: int, name: str | None, *, inplace: bool) -> np.ndarray:
+    def broadcast_async(self, x: Any, root_rank: int = 0, *, name: str | None = None,
+                        inplace: bool = False) -> Handle:
+        """Start a broadcast; ``wait()`` returns the root's array (``x`` itself when in place)."""
         def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
             arr = as_array(x, "broadcast", writable=inplace)
             self._check_root(root_rank)
-            dtypes.check_dtype(arr.dtype, what="broadcast input")
+            dtypes.check_dtype(arr.dtype, what="broadcast input", moves_only=True)
             return ((arr.shape, str(arr.dtype), root_rank),
                     lambda: self.ctx.broadcast(arr, root_rank=root_rank, inplace=inplace))
 
-        return self._call("broadcast", name, prepare)  # type: ignore[no-any-return]
+        return self._submit("broadcast", name, prepare)
 
-    def reducescatter(self, x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None) -> np.ndarray:
+    def reducescatter(self, x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None, prescale: float = 1.0,
+                      postscale: float = 1.0) -> np.ndarray:
         """See :func:`ddl.reducescatter`."""
-        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
-            arr, rop = reduction_input(x, op, "reducescatter", needs_axis=True)
-            return (arr.shape, str(arr.dtype), rop.name), lambda: self.ctx.reducescatter(arr, op=rop)
+        return self.reducescatter_async(x, op=op, name=name, prescale=prescale,  # type: ignore[no-any-return]
+                                        postscale=postscale).wait()
 
-        return self._call("reducescatter", name, prepare)  # type: ignore[no-any-return]
+    def reducescatter_async(self, x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None,
+                            prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+        """Start a reduce-scatter; ``wait()`` returns this rank's rows."""
+        return self.grouped_reducescatter_async([x], op=op, name=name, prescale=prescale, postscale=postscale,
+                                                single=True)
+
+    def grouped_reducescatter_async(self, xs: Sequence[Any], *, op: Any = ReduceOp.SUM, name: str | None = None,
+                                    prescale: float = 1.0, postscale: float = 1.0, single: bool = False) -> Handle:
+        """Start a reduce-scatter of each array, as one request; ``wait()`` returns the list."""
+        what = "reducescatter" if single else "grouped_reducescatter"
+
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            checked = [reduction_input(x, op, what, needs_axis=True) for x in _as_list(xs, what)]
+            if any(rop is ReduceOp.ADASUM for _, rop in checked):
+                raise ValueError(f"{what} does not take ddl.Adasum; use Sum or Average")
+
+            def run() -> Any:
+                outs = []
+                for arr, rop in checked:
+                    src = arr
+                    if prescale != 1.0:
+                        src = np.array(arr, dtype=dtypes.accumulator(arr.dtype), copy=True)
+                        dtypes.scale(src, prescale)
+                    out = self.ctx.reducescatter(src, op=rop)
+                    dtypes.scale(out, postscale)
+                    outs.append(out.astype(arr.dtype, copy=False))
+                return outs[0] if single else outs
+
+            fields = tuple((a.shape, str(a.dtype), rop.name) for a, rop in checked) + _scales(prescale, postscale)
+            return fields, run
+
+        return self._submit(what, name, prepare)
+
+    def alltoall_async(self, x: Any, splits: Sequence[int] | None = None, *, name: str | None = None) -> Handle:
+        """Start an alltoall; ``wait()`` returns (rows received, rows received from each rank)."""
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            arr = as_array(x, "alltoall")
+            if arr.ndim == 0:
+                raise ValueError("alltoall needs an array with at least one dimension")
+            dtypes.check_dtype(arr.dtype, what="alltoall input", moves_only=True)
+            p = self.topology.size
+            if splits is None:
+                if arr.shape[0] % p:
+                    raise ValueError(f"alltoall without splits needs a first dimension divisible by the "
+                                     f"{p} ranks, got {arr.shape[0]}; pass splits=")
+                parts = [arr.shape[0] // p] * p
+            else:
+                parts = [int(n) for n in np.asarray(splits).reshape(-1)]
+                if len(parts) != p or any(n < 0 for n in parts) or sum(parts) != arr.shape[0]:
+                    raise ValueError(f"alltoall splits must be {p} non-negative row counts summing to the first "
+                                     f"dimension {arr.shape[0]}, got {parts}")
+            return (arr.shape[1:], str(arr.dtype)), lambda: self.ctx.alltoall(arr, parts)
+
+        return self._submit("alltoall", name, prepare)
+
+    def join(self) -> int:
+        """See :func:`ddl.join`: wait, contributing zeros to the others' allreduces, until
+        every rank has joined; return the last rank to join."""
+        eng = self.engine
+        req = Request(join.JOIN_KIND, join.JOIN_NAME, join.join_descriptor(), Handle(join.JOIN_NAME),
+                      run=eng.last_joined)
+        return int(eng.submit(req, wake=True).wait())
 
     def broadcast_object(self, obj: Any, root_rank: int = 0, *, name: str | None = None) -> Any:
         """See :func:`ddl.broadcast_object`."""
@@ -216,13 +333,18 @@ class Collectives:
     def _call(self, kind: str, name: str | None,
               prepare: Callable[[], tuple[tuple[Any, ...], Callable[[], Any]]]) -> Any:
         """Check the arguments (``prepare``), run the collective through the engine, wait."""
+        return self._submit(kind, name, prepare, wake=False).wait()
+
+    def _submit(self, kind: str, name: str | None, prepare: Callable[[], tuple[tuple[Any, ...], Callable[[], Any]]],
+                *, wake: bool = True) -> Handle:
+        """Check the arguments (``prepare``) and submit the collective; its handle."""
         name = name or self.engine.names.next()
         try:
             fields, run = prepare()
         except (TypeError, ValueError) as exc:
             self._refuse(kind, name, exc)
         req = Request(kind, name, Descriptor(kind, name, fields), Handle(name), run=run)
-        return self.engine.submit(req, wake=False).wait()
+        return self.engine.submit(req, wake=wake)
 
     def _refuse(self, kind: str, name: str, exc: BaseException) -> NoReturn:
         """Submit the refusal of ``kind`` ``name`` in its place and raise ``exc`` once the
@@ -235,6 +357,19 @@ class Collectives:
         size = self.topology.size
         if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
             raise ValueError(f"root_rank={root_rank!r} is not a rank of this job; use 0..{size - 1}")
+
+
+def _scales(prescale: float, postscale: float) -> tuple[float, ...]:
+    """Descriptor fields for Horovod's scale factors: none when both are 1 (the common case)."""
+    if not (isinstance(prescale, (int, float)) and isinstance(postscale, (int, float))):
+        raise TypeError(f"prescale_factor and postscale_factor are numbers, got {prescale!r} and {postscale!r}")
+    return () if prescale == 1.0 and postscale == 1.0 else (float(prescale), float(postscale))
+
+
+def _as_list(xs: Any, what: str) -> list[Any]:
+    if isinstance(xs, (np.ndarray, str, bytes)) or not isinstance(xs, Sequence):
+        raise TypeError(f"{what} takes a list of arrays, got {type(xs).__name__}")
+    return list(xs)
 
 
 def reduction_input(

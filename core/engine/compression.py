@@ -90,13 +90,15 @@ class Compression:
 
 
 def as_compressor(value: object) -> Compressor:
-    """Accept a :class:`Compressor`, None, or a name such as ``"fp16"``.
+    """Accept a :class:`Compressor`, None, a name such as ``"fp16"``, or an adapter's
+    compressor (Horovod's ``compress``/``decompress`` objects) naming one in ``wire_compression``.
 
     Raises:
         ValueError: unknown compression, or bf16 without ml_dtypes.
     """
     if value is None:
         return Compression.none
+    value = getattr(value, "wire_compression", value)
     if isinstance(value, str) and value in ("none", "fp16", "bf16"):
         value = getattr(Compression, value)
     if isinstance(value, Compressor):

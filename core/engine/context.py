@@ -18,7 +18,7 @@ from ddl.base import dtypes
 from ddl.base.config import Config
 from ddl.base.ops import ReduceOp
 from ddl.base.topology import Topology
-from ddl.reduction import algorithms, cost
+from ddl.reduction import adasum, algorithms, cost
 from ddl.reduction.calibration import Calibration
 from ddl.reduction.executor import run_schedule
 from ddl.reduction.schedule import Schedule
@@ -60,9 +60,10 @@ class Context:
 
     def allreduce_flat(
         self, buf: np.ndarray, op: ReduceOp, algorithm: str,
-        on_phase: Callable[[tuple[str, float, float]], None] | None = None,
+        on_phase: Callable[[tuple[str, float, float]], None] | None = None, divisor: int = 0,
     ) -> None:
-        """Allreduce the 1-D contiguous ``buf`` in place with a resolved algorithm."""
+        """Allreduce the 1-D contiguous ``buf`` in place with a resolved algorithm
+        (``divisor``: what Average divides by, 0 for the world size)."""
         if self.topology.size > 1 and buf.size:
             if algorithm == "mpi":
                 start = time.perf_counter()
@@ -75,7 +76,7 @@ class Context:
                 run_schedule(self.comm, schedule, buf, op, segment_elems=seg, shm_bytes=self.config.shm_bytes,
                              on_phase=on_phase)
         if op is ReduceOp.AVERAGE and buf.size:
-            np.divide(buf, self.topology.size, out=buf)
+            dtypes.divide(buf, divisor or self.topology.size)
 
     # -- gather / scatter / broadcast --------------------------------------------
     def allgather(self, arr: np.ndarray) -> np.ndarray:
@@ -115,8 +116,38 @@ class Context:
         lo, hi = bounds[self.topology.rank], bounds[self.topology.rank + 1]
         mine: np.ndarray = flat[lo:hi].reshape((rows[self.topology.rank], *arr.shape[1:]))
         if op is ReduceOp.AVERAGE:
-            np.divide(mine, p, out=mine)
+            dtypes.divide(mine, p)
         return mine.astype(arr.dtype)  # a copy: the rest of the buffer can go
+
+    def alltoall(self, arr: np.ndarray, splits: list[int]) -> tuple[np.ndarray, list[int]]:
+        """Send rows ``splits[r]`` of ``arr`` (consecutive, axis 0) to rank r; return the
+        rows received, in rank order, and how many came from each rank."""
+        arr = np.ascontiguousarray(arr)
+        p = self.topology.size
+        row = arr.itemsize * int(np.prod(arr.shape[1:], dtype=np.int64))
+        if p == 1:
+            return arr.copy(), list(splits)
+        everyone_splits = self.comm.allgather_object([int(n) for n in splits])
+        mine = [int(theirs[self.topology.rank]) for theirs in everyone_splits]
+        out = np.empty((sum(mine), *arr.shape[1:]), dtype=arr.dtype)
+        self.comm.alltoallv_buffer(arr, [n * row for n in splits], out, [n * row for n in mine])
+        return out, mine
+
+    def adasum(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Horovod's Adasum of each array over the ranks (every rank gets the same bits):
+        the arrays travel once, gathered, and each is combined by the same pairwise tree."""
+        p = self.topology.size
+        if p == 1:
+            return [np.array(a, copy=True) for a in arrays]
+        flat = np.concatenate([np.ascontiguousarray(a).reshape(-1) for a in arrays]) if arrays else np.zeros(0)
+        everyone = np.empty((p, flat.size), flat.dtype)
+        self.comm.allgather_buffer(flat.view(np.uint8), everyone.reshape(-1).view(np.uint8))
+        out, offset = [], 0
+        for a in arrays:
+            parts = [everyone[q, offset : offset + a.size] for q in range(p)]
+            out.append(adasum.combine(parts).reshape(a.shape))
+            offset += a.size
+        return out
 
     def broadcast_bytes(self, data: bytes | None, *, root_rank: int = 0) -> bytes:
         """Every rank gets ``root_rank``'s ``data`` (already pickled by the caller)."""

@@ -34,8 +34,9 @@ import numpy as np
 
 from ddl.base.dtypes import accumulator
 from ddl.base.errors import DDLError, MismatchError, RemoteError
-from ddl.engine import fusion, negotiation
+from ddl.engine import fusion, join, negotiation
 from ddl.engine.codec import Exchange, Verdict
+from ddl.engine.compression import as_compressor
 from ddl.engine.context import Context
 from ddl.engine.fusion import Request
 from ddl.engine.handle import Handle
@@ -81,6 +82,7 @@ class Engine:
         self.cycles = 0
         self.slow_cycles = 0
         self.inline_cycles = 0
+        self.joined_before: set[int] = set()  # ranks seen in join() by earlier cycles
         self._started = threading.Event()
         if start:
             self._started.set()
@@ -395,19 +397,38 @@ class Engine:
         self.slow_cycles += 1
         everyone = self.ctx.comm.allgather_object([r.descriptor for r in batch])
         result = negotiation.match(everyone)
+        joined = join.joined_ranks(everyone)
+        substitutes = join.resolve(everyone, result, joined)
         now = time.monotonic()
         for name, have in result.missing.items():
             self.watch.missing(name, have, now)
         mine = {r.name: r for r in batch}
-        ready = [mine[name] for name in result.ready]
-        failed = [(mine[name], why) for name, why in result.failed.items()]
-        self._take(ready + [r for r, _ in failed])
+        ready = [mine.get(name) or _stand_in(substitutes[name]) for name in result.ready]
+        failed = [(mine[name], why) for name, why in result.failed.items() if name in mine]
+        self._take([r for r in ready if r.name in mine] + [r for r, _ in failed])  # not the stand-ins
         for req, (failing, message) in failed:
             req.handle.set_error(_failure_for(req, failing, message, self.ctx.topology.rank))
-        self._execute(ready)
+        if joined and self.ctx.config.join_average == "contributors":
+            # Ranks that joined contribute zeros; Average divides by those that did not
+            # (DDL_JOIN_AVERAGE=contributors; Horovod's rule, the default, divides by all).
+            contributors = self.ctx.topology.size - len(joined)
+            for req in ready:
+                if req.kind == "allreduce":
+                    req.divisor = max(contributors, 1)
+        finishing = any(r.kind == join.JOIN_KIND for r in ready)
+        self._execute(ready, solo=not joined)
+        if not finishing:
+            self.joined_before.update(joined)
         return bool(ready or failed)
 
-    def _execute(self, ready: list[Request]) -> None:
+    def last_joined(self) -> int:
+        """The result of ``join()`` (run in the cycle in which every rank holds it): the
+        rank that joined last. Forgets the joined ranks for the next ``join``."""
+        last = join.last_to_join(self.ctx.topology.size, self.joined_before)
+        self.joined_before = set()
+        return last
+
+    def _execute(self, ready: list[Request], *, solo: bool = True) -> None:
         """Run agreed requests in the agreed order; refused calls end with their error."""
         if any(r.kind == "error" for r in ready):
             for r in ready:
@@ -416,7 +437,7 @@ class Engine:
                     r.handle.set_error(r.error)
             ready = [r for r in ready if r.kind != "error"]
         if ready:
-            fusion.execute(self.ctx, ready, self.fusion_threshold, self.timeline)
+            fusion.execute(self.ctx, ready, self.fusion_threshold, self.timeline, solo=solo)
 
     def _take(self, done: list[Request]) -> None:
         if not done:
@@ -431,6 +452,14 @@ class Engine:
         # Names are reused every step; one seen missing once and then run on the fast
         # path must not keep its old clock, or a later brief skew reads as a long stall.
         self.watch.done(r.name for r in done)
+
+
+def _stand_in(desc: Descriptor) -> Request:
+    """A joined rank's zero request for an allreduce the working ranks agreed on."""
+    pre, post = join.scales_of(desc)
+    return Request("allreduce", desc.name, desc, Handle(desc.name), array=join.stand_in(desc), op=join.op_of(desc),
+                   algorithm=desc.algorithm, compression=as_compressor(desc.compression), inplace=True,
+                   prescale=pre, postscale=post)
 
 
 def _failure_for(req: Request, failing: tuple[int, ...], message: str, rank: int) -> BaseException:

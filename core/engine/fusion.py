@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from ddl.base import dtypes
 from ddl.base.dtypes import accumulator
 from ddl.base.ops import ReduceOp, ufunc
 from ddl.engine.codec import INLINE_BYTES
@@ -58,6 +59,9 @@ class Request:
     submitted: float = 0.0
     digest: int = 0
     error: BaseException | None = None
+    prescale: float = 1.0  # Horovod's prescale_factor/postscale_factor, around the sum
+    postscale: float = 1.0
+    divisor: int = 0  # what Average divides by; 0: the world size (join() lowers it)
 
 
 def inline_bytes(batch: list[Request]) -> int:
@@ -72,6 +76,8 @@ def inline_bytes(batch: list[Request]) -> int:
     for r in batch:
         a, comp = r.array, r.compression
         if a is None or r.algorithm != "auto" or comp is not Compression.none or r.op is not op:
+            return 0
+        if r.prescale != 1.0 or r.postscale != 1.0 or r.divisor:
             return 0
         if a.dtype != dtype:
             return 0
@@ -131,12 +137,17 @@ def reduce_payloads(parts: list[np.ndarray], op: ReduceOp, into: np.ndarray | No
     for part in parts[2:]:
         combine(out, part, out=out)
     if op is ReduceOp.AVERAGE:
-        np.divide(out, len(parts), out=out)
+        dtypes.divide(out, len(parts))
     return out  # type: ignore[no-any-return]
 
 
-def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline: Timeline | None) -> None:
-    """Run ``ready`` in order: allreduces fused into buckets, the rest one by one."""
+def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline: Timeline | None, *,
+            solo: bool = True) -> None:
+    """Run ``ready`` in order: allreduces fused into buckets, the rest one by one.
+
+    ``solo=False``: large in-place tensors are fused like the rest (a cycle with joined
+    ranks, whose stand-ins are not in place, must bucket exactly as the others do).
+    """
     buckets: dict[tuple[Any, ...], tuple[list[Request], list[int]]] = {}  # open bucket, its bytes
     order: list[list[Request] | Request] = []
     for req in ready:
@@ -147,10 +158,10 @@ def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline:
         assert a is not None
         wire = comp.wire_dtype(a.dtype)
         nbytes = a.size * wire.itemsize
-        if req.inplace and nbytes >= SOLO_BYTES and wire == a.dtype and a.flags.c_contiguous:
+        if solo and req.inplace and nbytes >= SOLO_BYTES and wire == a.dtype and a.flags.c_contiguous:
             order.append([req])  # already a bucket (a framework's): reduced where it lies, no copies
             continue
-        key = (a.dtype, wire, req.op, req.algorithm)
+        key = (a.dtype, wire, req.op, req.algorithm, req.prescale, req.postscale, req.divisor)
         lane = buckets.get(key)
         if lane is not None and lane[1][0] + nbytes <= fusion_threshold:
             lane[0].append(req)
@@ -183,6 +194,7 @@ def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) 
     wire = comp.wire_dtype(dtype)
     total = _elements(bucket)
     start = time.perf_counter()
+    divisor = first.divisor or ctx.topology.size
     # Compressed: each rank divides before the cast down, so the half sum cannot overflow.
     prescale = first.op is ReduceOp.AVERAGE and comp.compresses(dtype)
     op = ReduceOp.SUM if prescale else first.op
@@ -193,11 +205,14 @@ def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) 
     else:
         fused = np.empty(total, dtype=wire)
         comp.compress([r.array for r in bucket if r.array is not None], fused,
-                      divisor=ctx.topology.size if prescale else None)
+                      divisor=divisor if prescale else None)
+    dtypes.scale(fused, first.prescale)
     algorithm = ctx.resolve_algorithm(first.algorithm, total, wire.itemsize)
     fused_at = time.perf_counter()
     phases: list[tuple[str, float, float]] = []
-    ctx.allreduce_flat(fused, op, algorithm, on_phase=phases.append if timeline is not None else None)
+    ctx.allreduce_flat(fused, op, algorithm, on_phase=phases.append if timeline is not None else None,
+                       divisor=divisor)
+    dtypes.scale(fused, first.postscale)
     _deliver(bucket, fused, dtype, comp, single=single)
     if timeline is not None:
         end = time.perf_counter()

@@ -12,13 +12,21 @@ from typing import Any
 import numpy as np
 
 from ddl.base.ops import ReduceOp
-from ddl.engine.handle import GroupHandle, Handle
-from ddl.runtime.lifecycle import collectives
+from ddl.engine.collectives import Collectives
+from ddl.engine.handle import Handle
+from ddl.runtime import lifecycle
+from ddl.runtime.process_sets import ProcessSet, collectives_for, set_rank_of
+
+
+def collectives(process_set: ProcessSet | None = None) -> Collectives:
+    """The collectives of ``process_set`` (the world's by default)."""
+    return lifecycle.collectives() if process_set is None else collectives_for(process_set)
 
 
 def allreduce_async(
     x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None, algorithm: str | None = None,
-    compression: Any = None, inplace: bool = False,
+    compression: Any = None, inplace: bool = False, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+    process_set: ProcessSet | None = None,
 ) -> Handle:
     """Start an allreduce; ``wait()`` on the handle returns the result.
 
@@ -31,8 +39,9 @@ def allreduce_async(
             same call raises :class:`ddl.RemoteError`).
         ValueError: unknown algorithm or compression, or ``name`` already in flight.
     """
-    return collectives().allreduce_async(x, op=op, name=name, algorithm=algorithm, compression=compression,
-                                         inplace=inplace)
+    return collectives(process_set).allreduce_async(x, op=op, name=name, algorithm=algorithm,
+                                                    compression=compression, inplace=inplace,
+                                                    prescale=prescale_factor, postscale=postscale_factor)
 
 
 def synchronize(handle: Handle) -> Any:
@@ -40,16 +49,25 @@ def synchronize(handle: Handle) -> Any:
     return handle.wait()
 
 
+def poll(handle: Handle) -> bool:
+    """True once ``handle``'s collective has finished (``synchronize`` then returns at once)."""
+    return handle.done()
+
+
 def allreduce(x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None, algorithm: str | None = None,
-              compression: Any = None) -> np.ndarray:
+              compression: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet | None = None) -> np.ndarray:
     """Reduce ``x`` over all ranks and return the result (same bits on every rank).
 
     Args:
         x: numpy array (any shape, contiguous or not) of a supported dtype.
-        op: ``ddl.Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+        op: ``ddl.Average`` (default), ``Sum``, ``Min``, ``Max``, ``Product`` or ``Adasum``.
         name: names the tensor, for matching and mismatch reports.
         algorithm: ``auto``, ``mpi``, ``ring``, ``multiring`` or ``halving_doubling``.
         compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16``.
+        prescale_factor, postscale_factor: multiply each rank's input before the sum, and
+            the result after it (Horovod's; integers truncate toward zero).
+        process_set: reduce over this :class:`ddl.ProcessSet` only.
 
     Raises:
         TypeError: unsupported dtype, or Average on integers.
@@ -59,24 +77,31 @@ def allreduce(x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None, al
     Example:
         >>> ddl.allreduce(np.arange(4.0), op=ddl.Sum)  # doctest: +SKIP
     """
-    return collectives().allreduce(x, op=op, name=name, algorithm=algorithm, compression=compression)
+    return collectives(process_set).allreduce(x, op=op, name=name, algorithm=algorithm, compression=compression,
+                                              prescale=prescale_factor, postscale=postscale_factor)
 
 
 def allreduce_(x: np.ndarray, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
-               algorithm: str | None = None, compression: Any = None) -> np.ndarray:
+               algorithm: str | None = None, compression: Any = None, prescale_factor: float = 1.0,
+               postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> np.ndarray:
     """In-place :func:`allreduce`; returns ``x``."""
-    return collectives().allreduce_(x, op=op, name=name, algorithm=algorithm, compression=compression)
+    return collectives(process_set).allreduce_(x, op=op, name=name, algorithm=algorithm, compression=compression,
+                                               prescale=prescale_factor, postscale=postscale_factor)
 
 
 def grouped_allreduce(xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
-                      algorithm: str | None = None, compression: Any = None) -> list[np.ndarray]:
+                      algorithm: str | None = None, compression: Any = None, prescale_factor: float = 1.0,
+                      postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> list[np.ndarray]:
     """Allreduce several arrays together (one request, see :func:`grouped_allreduce_async`);
     results in input order."""
-    return collectives().grouped_allreduce(xs, op=op, name=name, algorithm=algorithm, compression=compression)
+    return collectives(process_set).grouped_allreduce(xs, op=op, name=name, algorithm=algorithm,
+                                                      compression=compression, prescale=prescale_factor,
+                                                      postscale=postscale_factor)
 
 
 def grouped_allreduce_async(xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
-                            algorithm: str | None = None, compression: Any = None) -> GroupHandle:
+                            algorithm: str | None = None, compression: Any = None, prescale_factor: float = 1.0,
+                            postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> Handle:
     """Start an allreduce of several arrays as one request; ``wait()`` returns the list.
 
     The arrays are copied at the call into one flat buffer per dtype (so they may be
@@ -90,40 +115,127 @@ def grouped_allreduce_async(xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, na
         >>> h = ddl.grouped_allreduce_async([w_grad, b_grad])  # doctest: +SKIP
         >>> w_avg, b_avg = h.wait()                             # doctest: +SKIP
     """
-    return collectives().grouped_allreduce_async(xs, op=op, name=name, algorithm=algorithm,
-                                                 compression=compression)
+    return collectives(process_set).grouped_allreduce_async(xs, op=op, name=name, algorithm=algorithm,
+                                                            compression=compression, prescale=prescale_factor,
+                                                            postscale=postscale_factor)
 
 
-def allgather(x: Any, *, name: str | None = None) -> np.ndarray:
+def allgather(x: Any, *, name: str | None = None, process_set: ProcessSet | None = None) -> np.ndarray:
     """Concatenate every rank's ``x`` along axis 0; first dims may differ by rank."""
-    return collectives().allgather(x, name=name)
+    return collectives(process_set).allgather(x, name=name)
 
 
-def broadcast(x: Any, root_rank: int = 0, *, name: str | None = None) -> np.ndarray:
-    """Return ``root_rank``'s ``x`` on every rank (shape and dtype must match everywhere)."""
-    return collectives().broadcast(x, root_rank, name=name)
+def allgather_async(x: Any, *, name: str | None = None, process_set: ProcessSet | None = None) -> Handle:
+    """Start an :func:`allgather`; ``wait()`` returns the concatenation."""
+    return collectives(process_set).allgather_async(x, name=name)
 
 
-def broadcast_(x: np.ndarray, root_rank: int = 0, *, name: str | None = None) -> np.ndarray:
+def grouped_allgather_async(xs: Sequence[Any], *, name: str | None = None,
+                            process_set: ProcessSet | None = None) -> Handle:
+    """Start an allgather of each array, as one request; ``wait()`` returns the list."""
+    return collectives(process_set).grouped_allgather_async(xs, name=name)
+
+
+def grouped_allgather(xs: Sequence[Any], *, name: str | None = None,
+                      process_set: ProcessSet | None = None) -> list[np.ndarray]:
+    """Allgather each array (one request); results in input order."""
+    return grouped_allgather_async(xs, name=name, process_set=process_set).wait()  # type: ignore[no-any-return]
+
+
+def broadcast(x: Any, root_rank: int = 0, *, name: str | None = None,
+              process_set: ProcessSet | None = None) -> np.ndarray:
+    """Return ``root_rank``'s ``x`` on every rank (shape and dtype must match everywhere).
+
+    ``root_rank`` is a rank of the world, also with a ``process_set`` (as in Horovod)."""
+    return broadcast_async(x, root_rank, name=name, process_set=process_set).wait()  # type: ignore[no-any-return]
+
+
+def broadcast_(x: np.ndarray, root_rank: int = 0, *, name: str | None = None,
+               process_set: ProcessSet | None = None) -> np.ndarray:
     """Overwrite ``x`` with ``root_rank``'s ``x``; returns ``x``."""
-    return collectives().broadcast_(x, root_rank, name=name)
+    return broadcast_async(x, root_rank, name=name, process_set=process_set,  # type: ignore[no-any-return]
+                           inplace=True).wait()
 
 
-def reducescatter(x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None) -> np.ndarray:
+def broadcast_async(x: Any, root_rank: int = 0, *, name: str | None = None, process_set: ProcessSet | None = None,
+                    inplace: bool = False) -> Handle:
+    """Start a :func:`broadcast` (``inplace``: into ``x``); ``wait()`` returns the result."""
+    c = collectives(process_set)
+    return c.broadcast_async(x, _root(process_set, root_rank), name=name, inplace=inplace)
+
+
+def reducescatter(x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> np.ndarray:
     """Reduce ``x`` and return this rank's slice of axis 0 (the first ranks get extra rows)."""
-    return collectives().reducescatter(x, op=op, name=name)
+    return collectives(process_set).reducescatter(x, op=op, name=name, prescale=prescale_factor,
+                                                  postscale=postscale_factor)
 
 
-def broadcast_object(obj: Any, root_rank: int = 0, *, name: str | None = None) -> Any:
+def reducescatter_async(x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None, prescale_factor: float = 1.0,
+                        postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> Handle:
+    """Start a :func:`reducescatter`; ``wait()`` returns this rank's rows."""
+    return collectives(process_set).reducescatter_async(x, op=op, name=name, prescale=prescale_factor,
+                                                        postscale=postscale_factor)
+
+
+def grouped_reducescatter_async(xs: Sequence[Any], *, op: Any = ReduceOp.SUM, name: str | None = None,
+                                prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                                process_set: ProcessSet | None = None) -> Handle:
+    """Start a reduce-scatter of each array, as one request; ``wait()`` returns the list."""
+    return collectives(process_set).grouped_reducescatter_async(xs, op=op, name=name, prescale=prescale_factor,
+                                                                postscale=postscale_factor)
+
+
+def grouped_reducescatter(xs: Sequence[Any], *, op: Any = ReduceOp.SUM, name: str | None = None,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                          process_set: ProcessSet | None = None) -> list[np.ndarray]:
+    """Reduce-scatter each array (one request); results in input order."""
+    return grouped_reducescatter_async(xs, op=op, name=name, prescale_factor=prescale_factor,  # type: ignore[no-any-return]
+                                       postscale_factor=postscale_factor, process_set=process_set).wait()
+
+
+def alltoall_async(x: Any, splits: Sequence[int] | None = None, *, name: str | None = None,
+                   process_set: ProcessSet | None = None) -> Handle:
+    """Start an :func:`alltoall`; ``wait()`` returns (rows received, counts per rank)."""
+    return collectives(process_set).alltoall_async(x, splits, name=name)
+
+
+def alltoall(x: Any, splits: Sequence[int] | None = None, *, name: str | None = None,
+             process_set: ProcessSet | None = None) -> tuple[np.ndarray, list[int]]:
+    """Send rows ``splits[r]`` of ``x`` (consecutive, axis 0; equal parts when None) to rank r.
+
+    Returns:
+        The rows received from every rank, in rank order, and how many came from each.
+    """
+    return alltoall_async(x, splits, name=name, process_set=process_set).wait()  # type: ignore[no-any-return]
+
+
+def join() -> int:
+    """Declare that this rank has run out of data; return once every rank has joined.
+
+    Until then the others' allreduces go on, this rank contributing zeros (an Average
+    divides by the ranks that contributed). Returns the last rank to join.
+    """
+    return lifecycle.collectives().join()
+
+
+def broadcast_object(obj: Any, root_rank: int = 0, *, name: str | None = None,
+                     process_set: ProcessSet | None = None) -> Any:
     """Return ``root_rank``'s picklable ``obj`` on every rank."""
-    return collectives().broadcast_object(obj, root_rank, name=name)
+    return collectives(process_set).broadcast_object(obj, _root(process_set, root_rank), name=name)
 
 
-def allgather_object(obj: Any, *, name: str | None = None) -> list[Any]:
+def allgather_object(obj: Any, *, name: str | None = None, process_set: ProcessSet | None = None) -> list[Any]:
     """Return every rank's picklable ``obj``, in rank order."""
-    return collectives().allgather_object(obj, name=name)
+    return collectives(process_set).allgather_object(obj, name=name)
 
 
-def barrier() -> None:
-    """Block until every rank has reached the barrier."""
-    collectives().barrier()
+def barrier(process_set: ProcessSet | None = None) -> None:
+    """Block until every rank (of ``process_set``) has reached the barrier."""
+    collectives(process_set).barrier()
+
+
+def _root(process_set: ProcessSet | None, root_rank: int) -> int:
+    if process_set is None or process_set.process_set_id == 0 or not isinstance(root_rank, int):
+        return root_rank
+    return set_rank_of(process_set, root_rank)

@@ -11,6 +11,8 @@ import atexit
 import dataclasses
 import sys
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 from ddl import __version__
 from ddl.base.config import Config, settings_differences
@@ -35,10 +37,14 @@ _collectives: Collectives | None = None
 _hooks = AbortHooks()
 
 
-def init(*, topology: str | None = None, algorithm: str | None = None) -> Context:
+def init(comm: Any = None, process_sets: Sequence[Any] | None = None, *, topology: str | None = None,
+         algorithm: str | None = None) -> Context:
     """Start ddl (idempotent): world communicator, topology, default algorithm.
 
     Args:
+        comm: Horovod's argument: None (or the whole world as an mpi4py communicator
+            or a list of every rank); a subset of the world is not supported.
+        process_sets: :class:`ddl.ProcessSet` objects to add once started.
         topology: multi-ring dims, innermost first (``"4x16"``); overrides ``DDL_TOPOLOGY``.
         algorithm: default allreduce algorithm; overrides ``DDL_ALGORITHM``.
 
@@ -54,6 +60,28 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
         >>> ddl.size() >= 1
         True
     """
+    ctx = _init(topology, algorithm)
+    _check_comm(comm, ctx.topology.size)
+    from ddl.runtime import process_sets as sets
+
+    sets.init_sets(process_sets)
+    return ctx
+
+
+def _check_comm(comm: Any, size: int) -> None:
+    """Horovod's ``init(comm=...)``: ddl runs on the whole world only."""
+    if comm is None:
+        return
+    if isinstance(comm, (list, tuple)):
+        if sorted(comm) == list(range(size)):
+            return
+    elif hasattr(comm, "Get_size") and comm.Get_size() == size:
+        return
+    raise NotImplementedError(f"ddl.init runs on every rank of the job; init(comm={comm!r}) on a subset is not "
+                              "supported: call init() everywhere and use add_process_set(ranks) for the subset")
+
+
+def _init(topology: str | None, algorithm: str | None) -> Context:
     global _context, _engine, _collectives
     with _lock:
         config = Config.from_env()
@@ -110,6 +138,10 @@ def init(*, topology: str | None = None, algorithm: str | None = None) -> Contex
 def shutdown() -> None:
     """Release ddl's communicator; ``init`` may be called again afterwards."""
     global _context, _engine, _collectives
+    if _engine is not None:
+        from ddl.runtime import process_sets
+
+        process_sets.close_all()
     with _lock:
         if _engine is not None:
             _engine.stop()  # returns once every rank agreed to stop and the thread ended

@@ -149,6 +149,19 @@ class FakeComm:
             out[offset : offset + n] = part[:n]
             offset += n
 
+    def alltoallv_buffer(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
+                         recv_counts: list[int]) -> None:
+        self.wire_bytes += send.nbytes
+        src = as_bytes(send)
+        starts = np.concatenate([[0], np.cumsum(send_counts)]).astype(int)
+        pieces = [src[starts[r] : starts[r + 1]].copy() for r in range(len(send_counts))]
+        parts = self._exchange(pieces, "alltoallv")
+        out = as_bytes(recv)
+        offset = 0
+        for r, n in enumerate(recv_counts):
+            out[offset : offset + n] = parts[r][self.rank][:n]
+            offset += n
+
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         self.wire_bytes += send.nbytes
         parts = self._exchange(as_bytes(send).copy(), "allgather")

@@ -19,7 +19,8 @@ from ddl.wire.splits import split_shared_group
 #: dtypes the MPI library reduces with its predefined datatypes and ops. The 2-byte floats
 #: (float16, bfloat16) have no portable MPI type: :class:`MPIComm` reduces them with a
 #: user-defined op on a 2-byte datatype, so they still travel as 2 bytes an element.
-NATIVE_REDUCE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.uint8))
+NATIVE_REDUCE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.int32, np.int64, np.uint8, np.int8,
+                                                    np.int16, np.uint16))
 
 
 class Comm(Protocol):
@@ -48,6 +49,11 @@ class Comm(Protocol):
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         """Gather every rank's equally sized contiguous ``send`` into ``recv`` in rank order."""
+
+    def alltoallv_buffer(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
+                         recv_counts: list[int]) -> None:
+        """Send ``send_counts[r]`` bytes of ``send`` (in rank order) to rank r and receive
+        ``recv_counts[r]`` bytes from rank r into ``recv``, in rank order."""
 
     def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
         """This rank's view of the shared memory of ``members`` (its host's dim-0 ring).
@@ -181,6 +187,13 @@ class MPIComm:
         else:  # more ranks than cores: MPI's own (yielding) wait hands the core over sooner
             self._comm.Allgather(send, recv)
 
+    def alltoallv_buffer(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
+                         recv_counts: list[int]) -> None:
+        sd = np.concatenate([[0], np.cumsum(send_counts[:-1])]).astype(int).tolist()
+        rd = np.concatenate([[0], np.cumsum(recv_counts[:-1])]).astype(int).tolist()
+        self._comm.Alltoallv([as_bytes(send), (send_counts, sd), self._MPI.BYTE],
+                             [as_bytes(recv), (recv_counts, rd), self._MPI.BYTE])
+
     def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
         window = self._windows.get(members)
         if window is None:
@@ -251,6 +264,10 @@ class SelfComm:
         as_bytes(recv)[...] = as_bytes(send)
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
+        as_bytes(recv)[...] = as_bytes(send)
+
+    def alltoallv_buffer(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
+                         recv_counts: list[int]) -> None:
         as_bytes(recv)[...] = as_bytes(send)
 
     def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:

@@ -36,3 +36,14 @@ def split_shared_group(comm: Any, members: Sequence[int], rank: int) -> Any:
             "host names say one host; set DDL_HOSTNAME per machine, or use an algorithm other than 'shm'"
         )
     return group
+
+
+def split_members(comm: Any, members: Sequence[int], rank: int) -> Any:
+    """The mpi4py communicator of ``members`` (a process set), split from ``comm``, or
+    None on a rank outside them. A collective over ``comm``: every rank calls it at the
+    same point with the same ``members``; ranks keep their order."""
+    from mpi4py import MPI
+
+    inside = rank in members
+    sub = comm.Split(0 if inside else MPI.UNDEFINED, rank)
+    return sub if inside else None

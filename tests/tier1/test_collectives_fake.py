@@ -468,7 +468,7 @@ def test_reducescatter_int_and_errors() -> None:
         r = ctx.topology.rank
         out = ctx.reducescatter(np.arange(9, dtype=np.int32)[::-1] + r)
         errors: list[BaseException] = []
-        for bad, op in ((np.arange(4, dtype=np.int64), ddl.Average), (np.float64(1.0), ddl.Sum)):
+        for bad, op in ((np.arange(4, dtype=np.int64), ddl.Adasum), (np.float64(1.0), ddl.Sum)):
             try:
                 ctx.reducescatter(bad, op=op)
             except (TypeError, ValueError) as exc:
@@ -533,8 +533,9 @@ def test_unknown_algorithm() -> None:
 
 @pytest.mark.parametrize(
     "bad",
-    [np.zeros(3, np.complex64), np.array([object(), 1], dtype=object), np.zeros(3, bool), np.zeros(2, np.int16)],
-    ids=["complex64", "object", "bool", "int16"],
+    [np.zeros(3, np.complex64), np.array([object(), 1], dtype=object), np.zeros(3, np.uint64),
+     np.zeros(2, np.complex128)],
+    ids=["complex64", "object", "uint64", "complex128"],
 )
 def test_unsupported_dtype(bad: np.ndarray) -> None:
     def fn(ctx: Context) -> list[BaseException | None]:
@@ -557,12 +558,33 @@ def test_unsupported_dtype(bad: np.ndarray) -> None:
         assert str(bad.dtype) in str(errors[0]) and "float32" in str(errors[0])
 
 
-@pytest.mark.parametrize("dtype", ["int32", "int64", "uint8"])
-def test_average_on_int_is_type_error(dtype: str) -> None:
-    errors = run_all_raise(2, lambda ctx: ctx.allreduce(np.ones(3, dtype)))  # default op: Average
-    assert all(isinstance(e, TypeError) and "Average" in str(e) and dtype in str(e) for e in errors)
-    errors = run_all_raise(2, lambda ctx: ctx.grouped_allreduce([np.ones(1), np.ones(3, dtype)], op=ddl.Average))
-    assert all(isinstance(e, TypeError) for e in errors)
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64"])
+def test_average_on_int_truncates_toward_zero(dtype: str) -> None:
+    # Horovod's rule: the sum divided by the ranks, truncated toward zero (5/2 -> 2, -5/2 -> -2).
+    def fn(ctx: Context) -> tuple[np.ndarray, list[np.ndarray]]:
+        x = np.array([1, -1], dtype) * (3 * ctx.topology.rank + 1)
+        return ctx.allreduce(x), ctx.grouped_allreduce([np.ones(1), x.copy()], op=ddl.Average)
+
+    for single, grouped in run_ctx(2, fn):
+        assert single.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(single, [2, -2])
+        np.testing.assert_array_equal(grouped[1], [2, -2])
+
+
+def test_bool_moves_but_does_not_reduce() -> None:
+    def fn(ctx: Context) -> tuple[np.ndarray, np.ndarray, BaseException | None]:
+        flags = np.array([ctx.topology.rank == 0, True])
+        try:
+            ctx.allreduce(flags, op=ddl.Sum)
+            err = None
+        except TypeError as exc:
+            err = exc
+        return ctx.broadcast(flags, 0), ctx.allgather(flags), err
+
+    for bcast, gathered, err in run_ctx(2, fn):
+        np.testing.assert_array_equal(bcast, [True, True])
+        np.testing.assert_array_equal(gathered, [True, True, False, True])
+        assert isinstance(err, TypeError) and "bool" in str(err)
 
 
 def test_unknown_op() -> None:

@@ -91,8 +91,8 @@ def test_two_live_threads_of_one_name_are_refused() -> None:
     [
         (lambda c, bad: c.allreduce(np.ones(3, np.complex64 if bad else np.float32), name="x"),
          TypeError, "complex64"),
-        (lambda c, bad: c.allreduce(np.ones(3, np.int32), op=ddl.Average if bad else ddl.Sum),
-         TypeError, "truncate"),
+        (lambda c, bad: c.allreduce(np.ones(3, np.int32), op=ddl.Adasum if bad else ddl.Sum),
+         TypeError, "Adasum on an integer"),
         (lambda c, bad: c.broadcast(np.ones(2), root_rank=7 if bad else 0), ValueError, "root_rank=7"),
         (lambda c, bad: c.allgather_object(threading.Lock() if bad else 1), TypeError, "pickle"),
         (lambda c, bad: c.broadcast_object(threading.Lock(), root_rank=1) if bad else
@@ -100,7 +100,7 @@ def test_two_live_threads_of_one_name_are_refused() -> None:
         (lambda c, bad: c.grouped_allreduce([np.ones(2), np.ones(2, np.complex64 if bad else np.float64),
                                              np.ones(3)]), TypeError, "complex64"),
     ],
-    ids=["dtype", "average-int", "root", "allgather-object", "broadcast-object", "grouped"],
+    ids=["dtype", "adasum-int", "root", "allgather-object", "broadcast-object", "grouped"],
 )
 def test_an_argument_refused_on_one_rank_ends_the_call_everywhere(call: Any, own_error: type, needle: str) -> None:
     def fn(c: Collectives) -> tuple[BaseException | None, np.ndarray, float]:

@@ -144,7 +144,7 @@ def test_other_commands_are_kept_as_written(word: str) -> None:
 VALUES: dict[str, Any] = {
     "topology": "2", "algorithm": "ring", "segment_bytes": 4096, "verbose": True,
     "timeline": "trace.json", "fusion_threshold": 0, "stall_timeout": 2.5,
-    "calibration": "calib.json", "shm_bytes": 1 << 16, "cycle_time": 5,
+    "calibration": "calib.json", "shm_bytes": 1 << 16, "cycle_time": 5, "join_average": "contributors",
 }
 # ddlrun flag (its field) -> the variable it sets, from the settings table.
 LAUNCHER_FLAGS = {field: row.env for field, row in FLAGGED.items()}

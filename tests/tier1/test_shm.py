@@ -184,7 +184,7 @@ def test_runs_on_the_fake_against_float64(spec: str | None, hosts: list[str], sh
             k += 1
 
 
-@pytest.mark.parametrize("op", list(ReduceOp))
+@pytest.mark.parametrize("op", [op for op in ReduceOp if op is not ReduceOp.ADASUM])  # Adasum: never a schedule
 def test_every_op(op: ReduceOp) -> None:
     p, n = 4, 1001
     hosts = ["h"] * p

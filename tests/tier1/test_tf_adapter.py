@@ -62,9 +62,15 @@ def test_xla_gets_a_clear_error() -> None:
         f(tf.ones(3))
 
 
+def test_indexed_slices_allreduce_gathers_them() -> None:
+    # Horovod's rule: IndexedSlices are allgathered (indices and values), an Average divides the values.
+    out = dtf.allreduce(tf.IndexedSlices(tf.ones((1, 2)) * 4, tf.constant([2]), tf.constant([3, 2])), op=ddl.Sum)
+    assert isinstance(out, tf.IndexedSlices)
+    np.testing.assert_array_equal(out.indices, [2])
+    np.testing.assert_array_equal(tf.convert_to_tensor(out), [[0, 0], [0, 0], [4, 4]])
+
+
 def test_bad_inputs_are_refused_clearly() -> None:
-    with pytest.raises(TypeError, match="IndexedSlices"):
-        dtf.allreduce(tf.IndexedSlices(tf.ones((1, 2)), tf.constant([0]), tf.constant([3, 2])))
     with pytest.raises(TypeError, match="dtype"):
         dtf.allreduce(tf.constant([True]))
     with pytest.raises(ValueError, match="at least one dimension"):
@@ -122,7 +128,8 @@ def test_backward_passes_match_keras_gradient_accumulation() -> None:
     loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     weights = []
     for opt in (keras.optimizers.SGD(0.1, momentum=0.9, gradient_accumulation_steps=2),
-                dk.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), backward_passes_per_step=2)):
+                dk.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), backward_passes_per_step=2,
+                                         average_aggregated_gradients=True)):
         model = _mlp()
         model.compile(optimizer=opt, loss=loss)
         model.fit(x, y, batch_size=8, shuffle=False, verbose=0)

@@ -1,30 +1,115 @@
-"""ddl for Keras 3 on TensorFlow: DistributedOptimizer for ``model.fit``; callbacks in ``.callbacks``.
+"""ddl for Keras 3 on TensorFlow: Horovod's ``horovod.tensorflow.keras`` API on ddl's core.
 
 Example:
-    >>> import ddl.tensorflow.keras as dk                                  # doctest: +SKIP
-    >>> model.compile(optimizer=dk.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=...)  # doctest: +SKIP
-    >>> model.fit(ds, callbacks=[dk.callbacks.BroadcastGlobalVariablesCallback(0)])  # doctest: +SKIP
+    >>> import ddl.tensorflow.keras as hvd                                  # doctest: +SKIP
+    >>> model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss=...)  # doctest: +SKIP
+    >>> model.fit(ds, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
+import keras
+
+import tensorflow as tf
+from ddl.base.ops import ReduceOp
 from ddl.runtime import process
-from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
-from ddl.tensorflow import (
-    Average,
-    Compression,
-    Sum,
-    allgather,
-    allreduce,
-    broadcast,
-    broadcast_variables,
+from ddl.runtime.basics import (
+    ccl_built,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rocm_built,
+    start_timeline,
+    stop_timeline,
 )
+from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
+from ddl.runtime.process_sets import (
+    ProcessSet,
+    add_process_set,
+    global_process_set,
+    remove_process_set,
+)
+from ddl.tensorflow import Average, Compression, Sum, broadcast_variables
+from ddl.tensorflow import mpi_ops as _ops
+from ddl.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 from . import callbacks
 from .optimizer import DistributedOptimizer
 
-__all__ = [
+
+def allreduce(value: Any, name: str | None = None, average: bool | None = None, prescale_factor: float = 1.0,
+              postscale_factor: float = 1.0, op: Any = None, compression: Any = None) -> tf.Tensor:
+    """Reduce ``value`` (a tensor, array or number) over all ranks (Horovod's Keras form)."""
+    return _ops.allreduce(tf.constant(value), average=average, compression=compression, op=op,
+                          prescale_factor=prescale_factor, postscale_factor=postscale_factor, name=name)
+
+
+def allgather(value: Any, name: str | None = None) -> tf.Tensor:
+    """Concatenate every rank's ``value`` on axis 0."""
+    return _ops.allgather(tf.constant(value), name=name)
+
+
+def broadcast(value: Any, root_rank: int, name: str | None = None) -> tf.Tensor:
+    """``root_rank``'s ``value`` on every rank."""
+    return _ops.broadcast(tf.constant(value), root_rank, name=name)
+
+
+def reducescatter(value: Any, name: str | None = None, op: Any = ReduceOp.AVERAGE) -> tf.Tensor:
+    """Reduce ``value`` and return this rank's rows of axis 0."""
+    return _ops.reducescatter(tf.constant(value), op=op, name=name)
+
+
+def broadcast_global_variables(root_rank: int) -> None:
+    """Horovod's TF 1 global-variable broadcast: Keras 3 has no global variables.
+
+    Raises:
+        RuntimeError: always; use ``callbacks.BroadcastGlobalVariablesCallback(root_rank)``
+            or ``broadcast_variables(model.variables + optimizer.variables, root_rank)``.
+    """
+    raise RuntimeError("hvd.broadcast_global_variables() needs TF 1 global variables, which Keras 3 does not have; "
+                       "use hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank) in model.fit, or "
+                       "hvd.broadcast_variables(model.variables + optimizer.variables, root_rank)")
+
+
+def load_model(filepath: str, custom_optimizers: Any = None, custom_objects: Any = None, compression: Any = None,
+               legacy_opts: bool = False) -> keras.Model:
+    """Load a saved Keras model with its optimizer wrapped in :class:`DistributedOptimizer`.
+
+    A model saved with a ddl ``DistributedOptimizer`` comes back with it; one saved with a
+    plain optimizer gets it wrapped (with ``compression``). ``custom_optimizers`` are
+    optimizer classes to resolve by name; ``legacy_opts`` is accepted for the signature.
+    """
+    objects: dict[str, Any] = {"DistributedOptimizer": DistributedOptimizer}
+    for cls in custom_optimizers or []:
+        objects[cls.__name__] = cls
+    objects.update(custom_objects or {})
+    model = keras.models.load_model(filepath, custom_objects=objects)
+    opt = getattr(model, "optimizer", None)
+    if opt is not None and not isinstance(opt, DistributedOptimizer):
+        model.optimizer = DistributedOptimizer(opt, compression=compression)
+    return model
+
+
+def __getattr__(name: str) -> Any:
+    # ddl.tensorflow.keras.elastic (the elastic training work) loads on first use.
+    if name == "elastic":
+        return importlib.import_module("ddl.tensorflow.keras.elastic")
+    raise AttributeError(f"module 'ddl.tensorflow.keras' has no attribute {name!r}")
+
+
+__all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     *process.__all__,
-    "Average", "Compression", "DistributedOptimizer", "Sum", "allgather", "allreduce", "broadcast",
-    "broadcast_variables", "callbacks",
+    "Average", "Compression", "DistributedOptimizer", "ProcessSet", "Sum", "SyncBatchNormalization",
+    "add_process_set", "allgather", "allreduce", "broadcast", "broadcast_global_variables", "broadcast_variables",
+    "callbacks", "ccl_built", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
+    "load_model", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "reducescatter",
+    "remove_process_set", "rocm_built", "start_timeline", "stop_timeline",
 ]

@@ -34,7 +34,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
             one update (the wrapped optimizer's ``iterations`` counts updates).
         average_aggregated_gradients: with ``backward_passes_per_step > 1``, divide the
             accumulated sum by the number of passes (True: k batches of B act like one
-            batch of k*B, as with Keras's ``gradient_accumulation_steps``).
+            batch of k*B, as with Keras's ``gradient_accumulation_steps``; Horovod's
+            default, False, sums them).
+        device_dense, device_sparse, gradient_predivide_factor, num_groups, groups,
+            scale_local_gradients: accepted for Horovod's signature (the reduction is one
+            fused host call; a predivide factor changes nothing in exact arithmetic).
+        process_set: reduce over this ``ddl.ProcessSet`` only.
         op: ``ddl.Average`` (default) or ``ddl.Sum`` over ranks.
         compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16`` on the wire.
         sparse_as_dense: reduce ``tf.IndexedSlices`` (Embedding) as dense tensors instead
@@ -49,9 +54,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         >>> model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")  # doctest: +SKIP
     """
 
-    def __init__(self, optimizer: Any, *, backward_passes_per_step: int = 1, average_aggregated_gradients: bool = True,
-                 op: Any = ReduceOp.AVERAGE, compression: Any = None, sparse_as_dense: bool = False,
-                 name: str | None = None) -> None:
+    def __init__(self, optimizer: Any, name: str | None = None, device_dense: str = "", device_sparse: str = "",
+                 compression: Any = None, sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
+                 op: Any = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
+                 average_aggregated_gradients: bool = False, num_groups: int = 0, groups: Any = None,
+                 process_set: Any = None, scale_local_gradients: bool = True) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a ddl DistributedOptimizer; wrap it once")
         if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -69,6 +76,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self.sparse_as_dense = bool(sparse_as_dense)
         self._op = check_gradient_op(op)
         self._compression = as_compressor(compression)
+        self._process_set = None if process_set is None or process_set.process_set_id == 0 else process_set
         self._prefix = ""  # from the variables, at build
 
     @tracking.no_automatic_dependency_tracking  # type: ignore[misc,untyped-decorator]
@@ -109,7 +117,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
 
     def _reduce(self, grads: list[Any], tvs: list[Any]) -> list[Any]:
         out: list[Any] = reduce_gradients(grads, name=name_for(tvs, self._prefix), op=self._op,
-                                          compression=self._compression, sparse_as_dense=self.sparse_as_dense)
+                                          compression=self._compression, sparse_as_dense=self.sparse_as_dense,
+                                          process_set=self._process_set)
         return out
 
     def _accumulate(self, grads: list[Any], tvs: list[Any]) -> None:

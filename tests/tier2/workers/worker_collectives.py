@@ -137,7 +137,7 @@ if not SHM_OK:
     else:
         raise AssertionError("shm ran on a topology it cannot serve")
 for bad, err in ((lambda: ddl.allreduce(np.zeros(2), algorithm="nope"), ValueError),
-                 (lambda: ddl.allreduce(np.zeros(2, np.int32)), TypeError),
+                 (lambda: ddl.allreduce(np.zeros(2, np.int32), op=ddl.Adasum), TypeError),
                  (lambda: ddl.allreduce(np.zeros(2, np.complex64)), TypeError)):
     try:
         bad()
@@ -146,6 +146,9 @@ for bad, err in ((lambda: ddl.allreduce(np.zeros(2), algorithm="nope"), ValueErr
     else:
         raise AssertionError("bad input was accepted")
 assert np.allclose(ddl.allreduce(np.ones(4), op=ddl.Sum), p)
+# Horovod's rule: Average on integers divides and truncates toward zero (-(p-1)/2 -> toward 0).
+avg = ddl.allreduce(np.array([r, -r], np.int8))
+assert avg.dtype == np.int8 and avg.tolist() == [(p - 1) // 2, -((p - 1) // 2)], avg
 
 topo = ddl.topology()
 print(f"PASS rank {r}/{p} topology {topo} shm {'ran' if SHM_OK else 'refused'} local {ddl.local_rank()}/{ddl.local_size()} "

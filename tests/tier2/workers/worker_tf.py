@@ -66,7 +66,8 @@ def train_fit(make_model, make_opt, *, distributed: bool, seed: int = 0, k: int 
     opt = make_opt()
     steps = STEPS // k  # with k passes per update, k batches of B/k make one update on B samples
     if distributed:
-        opt = dk.DistributedOptimizer(opt, backward_passes_per_step=k, **options)
+        # k batches of B/k act as one batch of B only when the k gradients are averaged.
+        opt = dk.DistributedOptimizer(opt, backward_passes_per_step=k, average_aggregated_gradients=True, **options)
         x, y, batch = shard(x[: steps * B], B), shard(Y[: steps * B], B), B // P // k
     else:
         x, y, batch = x[: steps * B], Y[: steps * B], B
@@ -246,7 +247,7 @@ def graph_collectives(x):
     total = dtf.allreduce(x, op=ddl.Sum, name="g.sum")
     rows = dtf.allgather(tf.fill([R + 1, 2], tf.cast(R, tf.int64)), name="g.gather")
     root = dtf.broadcast(x + R, root_rank=P - 1, name="g.bcast")
-    part = dtf.reducescatter(tf.ones([2 * P, 3]), name="g.rs")
+    part = dtf.reducescatter(tf.ones([2 * P, 3]), name="g.rs", op=ddl.Sum)  # Horovod's default: Average
     both = dtf.grouped_allreduce([x, tf.ones([2, 2], tf.float64)], op=ddl.Sum, name="g.group")
     assert total.shape == (4,) and rows.shape.as_list() == [None, 2] and part.shape == (2, 3)
     return total, rows, root, part, both

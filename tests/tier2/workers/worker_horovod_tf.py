@@ -1,0 +1,118 @@
+"""Horovod's TensorFlow/Keras API under mpiexec (run at 2 ranks): SyncBatchNormalization equals
+one process, a model built at its first batch trains with every callback, TF collectives."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import ddl.tensorflow as hvd  # noqa: E402
+import ddl.tensorflow.keras as hvdk  # noqa: E402
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+hvd.init()
+R, P = hvd.rank(), hvd.size()
+assert P == 2, "this worker runs at 2 ranks"
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.max(np.abs(a - b)) / max(float(np.max(np.abs(b))), 1e-30))
+
+
+def check_sync_batch_normalization() -> None:
+    """2 ranks on 5 samples each == one process on 10 with keras.layers.BatchNormalization."""
+    def make(bn: type) -> keras.Model:
+        keras.utils.set_random_seed(0)
+        return keras.Sequential([keras.Input((6, 6, 2), dtype="float64"),
+                                 keras.layers.Conv2D(3, 3, use_bias=False, dtype="float64"),  # a bias before BN only trains noise
+                                 bn(momentum=0.8, dtype="float64"),
+                                 keras.layers.ReLU(dtype="float64"), keras.layers.Flatten(dtype="float64"),
+                                 keras.layers.Dense(4, dtype="float64")])
+
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((10, 6, 6, 2)) for _ in range(3)]
+    ys = [rng.standard_normal((10, 4)) for _ in range(3)]
+    ref, sync = make(keras.layers.BatchNormalization), make(hvd.SyncBatchNormalization)
+    ref_opt, opt = keras.optimizers.SGD(0.1, momentum=0.9), keras.optimizers.SGD(0.1, momentum=0.9)
+    lo, hi = 5 * R, 5 * R + 5
+    for x, y in zip(xs, ys, strict=True):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(ref(x, training=True) - y))
+        ref_opt.apply(tape.gradient(loss, ref.trainable_variables), ref.trainable_variables)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(sync(x[lo:hi], training=True) - y[lo:hi]))
+        dtape = hvd.DistributedGradientTape(tape)
+        opt.apply(dtape.gradient(loss, sync.trainable_variables), sync.trainable_variables)
+    diffs = {b.path: rel(np.asarray(a), np.asarray(b)) for a, b in zip(sync.variables, ref.variables, strict=True)}
+    worst = max(diffs.values())
+    assert worst <= 1e-5, diffs
+    print(f"EQUIV syncbatchnormalization ranks={P} max_rel_diff={worst:.2e}", flush=True)
+
+
+def check_unbuilt_model_with_every_callback() -> None:
+    """Horovod's canonical Keras example: a Sequential without an input shape is built at
+    its first batch; the broadcast callback must wait for it (it crashed every rank before)."""
+    keras.utils.set_random_seed(10 + R)  # different initial weights on each rank
+    model = keras.Sequential([keras.layers.Conv2D(4, 3, activation="relu"), keras.layers.Flatten(),
+                              keras.layers.Dense(3)])
+    opt = hvdk.DistributedOptimizer(keras.optimizers.Adam(0.001 * P))
+    model.compile(optimizer=opt, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    rng = np.random.default_rng(R)
+    x, y = rng.standard_normal((32, 8, 8, 1)).astype("float32"), rng.integers(0, 3, 32)
+    with tempfile.TemporaryDirectory() as tmp:
+        best = hvdk.callbacks.BestModelCheckpoint(monitor="loss", filepath=os.path.join(tmp, "best.keras"))
+        callbacks = [hvdk.callbacks.BroadcastGlobalVariablesCallback(0), hvdk.callbacks.MetricAverageCallback(),
+                     hvdk.callbacks.LearningRateWarmupCallback(0.001 * P, warmup_epochs=1),
+                     hvdk.callbacks.LearningRateScheduleCallback(0.001 * P, multiplier=lambda e: 0.25, start_epoch=1)]
+        history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[*callbacks, *([best] if R == 0 else [])])
+        # Warm-up from lr/size at the last batch of epoch 0 (epoch 0.75), then the schedule's lr/4.
+        expect = [0.001 * (1 + 0.75 * (P - 1)), 0.00025 * P]
+        assert np.allclose(history.history["lr"], expect, rtol=1e-6), history.history
+        if R == 0:
+            assert os.path.exists(os.path.join(tmp, "best.keras"))
+            loaded = hvdk.load_model(os.path.join(tmp, "best.keras"))
+            assert isinstance(loaded.optimizer, hvdk.DistributedOptimizer), type(loaded.optimizer)
+    flat = np.concatenate([np.asarray(v).reshape(-1) for v in model.trainable_variables])
+    everyone = hvd.allgather(flat[None]).numpy()
+    assert np.array_equal(everyone[0], everyone[1])
+    print(f"PASS keras unbuilt model with callbacks rank {R}", flush=True)
+
+
+def check_collectives() -> None:
+    out, received = hvd.alltoall(tf.range(5) + 10 * R, splits=[2, 3] if R == 0 else [4, 1])
+    assert received.numpy().tolist() == ([2, 4] if R == 0 else [3, 1]), received
+    expect = [0, 1, 10, 11, 12, 13] if R == 0 else [2, 3, 4, 14]
+    assert out.numpy().tolist() == expect, out
+    sl = hvd.allreduce(tf.IndexedSlices(tf.ones((1, 2)) * (R + 1), tf.constant([R]), tf.constant([2, 2])))
+    assert np.array_equal(tf.convert_to_tensor(sl).numpy(), [[0.5, 0.5], [1.0, 1.0]])
+    assert hvd.allreduce(tf.constant([3, -3], tf.int8), op=hvd.Average).numpy().tolist() == [3, -3]
+    scaled = hvd.allreduce(tf.ones(2), op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25)
+    assert scaled.numpy().tolist() == [1.0, 1.0]
+
+    @tf.function
+    def in_graph(x: tf.Tensor) -> tf.Tensor:
+        return hvd.reducescatter(x, op=hvd.Sum)
+
+    assert in_graph(tf.ones((4, 2))).numpy().tolist() == [[2.0, 2.0], [2.0, 2.0]]
+    steps = 2 + R
+    for s in range(steps):
+        got = hvd.allreduce(tf.ones(2) * (R + 1), name=f"tf.s{s}")
+    # Horovod's rule: after rank 0 joined, the Average still divides by both ranks.
+    assert float(got[0]) == (1.5 if steps == 2 else 1.0), got
+    assert int(hvd.join()) == 1
+    print(f"PASS tf collectives rank {R}", flush=True)
+
+
+for check in (check_sync_batch_normalization, check_unbuilt_model_with_every_callback, check_collectives):
+    check()
+hvd.shutdown()
+print(f"PASS horovod tensorflow rank {R}/{P}", flush=True)
+sys.exit(0)

@@ -1,0 +1,177 @@
+"""Horovod's torch API under mpiexec (run at 3 ranks): SyncBatchNorm and join equal one
+process, process sets, the Adasum optimizer, a torch.compile'd model under DistributedOptimizer."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import torch
+from torch import nn
+
+import ddl.torch as hvd
+from ddl.reduction import adasum
+
+torch.set_num_threads(1)
+hvd.init()
+R, P = hvd.rank(), hvd.size()
+assert P == 3, "this worker runs at 3 ranks"
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach(), b.detach()
+    return float((a - b).abs().max() / max(float(b.abs().max()), 1e-30))
+
+
+def check_sync_batch_norm() -> None:
+    """3 ranks on 4 samples each == one process on 12 with torch.nn.BatchNorm2d (training mode)."""
+    def make(bn: type) -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(2, 3, 3), bn(3), nn.ReLU(), nn.Flatten(), nn.Linear(3 * 4 * 4, 5)).double()
+
+    gen = torch.Generator().manual_seed(1)
+    xs = [torch.randn(12, 2, 6, 6, generator=gen, dtype=torch.float64) for _ in range(4)]
+    ys = [torch.randint(0, 5, (12,), generator=gen) for _ in range(4)]
+    ref = make(nn.BatchNorm2d)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.2, momentum=0.9)
+    sync = hvd.SyncBatchNorm.convert_sync_batchnorm(make(nn.BatchNorm2d))
+    assert isinstance(sync[1], hvd.SyncBatchNorm)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(sync.parameters(), lr=0.2, momentum=0.9),
+                                   named_parameters=sync.named_parameters())
+    lo, hi = 4 * R, 4 * R + 4
+    for x, y in zip(xs, ys, strict=True):
+        ref_opt.zero_grad()
+        nn.functional.cross_entropy(ref(x), y).backward()
+        ref_opt.step()
+        opt.zero_grad()
+        nn.functional.cross_entropy(sync(x[lo:hi]), y[lo:hi]).backward()
+        opt.step()
+    worst = max(rel(a, b) for a, b in zip(sync.state_dict().values(), ref.state_dict().values(), strict=True)
+                if a.is_floating_point())
+    assert worst <= 1e-5, worst
+    sync.eval()
+    ref.eval()
+    assert rel(sync(xs[0]), ref(xs[0])) <= 1e-5  # eval mode uses the synced running statistics
+    print(f"EQUIV syncbatchnorm ranks={P} max_rel_diff={worst:.2e}", flush=True)
+
+
+def check_join() -> None:
+    """Ranks with 3, 5 and 7 batches finish together and equal one process over the same batches
+    (run with DDL_JOIN_AVERAGE=contributors: Average divides by the ranks still working)."""
+    steps = [3, 5, 7]
+    gen = torch.Generator().manual_seed(2)
+    data = [[(torch.randn(6, 4, generator=gen, dtype=torch.float64), torch.randn(6, 2, generator=gen,
+                                                                                   dtype=torch.float64))
+             for _ in range(steps[r])] for r in range(P)]
+
+    def make() -> nn.Module:
+        torch.manual_seed(3)
+        return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+
+    model = make()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters())
+    for x, y in data[R]:
+        opt.zero_grad()
+        nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+    start = time.monotonic()
+    last = hvd.join()
+    waited = time.monotonic() - start
+    # Joined ranks stopped updating; the usual Horovod ending: take the last rank's model.
+    hvd.broadcast_parameters(model.state_dict(), root_rank=last)
+    ref = make()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for s in range(max(steps)):
+        working = [r for r in range(P) if s < steps[r]]
+        x = torch.cat([data[r][s][0] for r in working])
+        y = torch.cat([data[r][s][1] for r in working])
+        ref_opt.zero_grad()
+        nn.functional.mse_loss(ref(x), y).backward()
+        ref_opt.step()
+    worst = max(rel(a, b) for a, b in zip(model.parameters(), ref.parameters(), strict=True))
+    assert last == 2, last
+    assert worst <= 1e-12, worst
+    print(f"EQUIV join batches={steps} last={last} max_rel_diff={worst:.2e} waited={waited:.2f}s", flush=True)
+
+
+def check_process_sets() -> None:
+    evens = hvd.add_process_set([0, 2])
+    assert evens.ranks == [0, 2] and evens.included() == (R != 1)
+    if evens.included():
+        total = hvd.allreduce(torch.tensor([float(R)]), op=hvd.Sum, process_set=evens)
+        assert float(total) == 2.0, total
+        root = hvd.broadcast(torch.tensor([R]), root_rank=2, process_set=evens)
+        assert int(root) == 2
+        assert hvd.allgather(torch.tensor([R]), process_set=evens).tolist() == [0, 2]
+        assert evens.rank() == (0 if R == 0 else 1) and evens.size() == 2
+        model = nn.Linear(3, 1)
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), process_set=evens)
+        model(torch.ones(2, 3) * (R + 1)).sum().backward()
+        opt.step()
+        w = hvd.allgather(model.weight.detach(), process_set=evens)
+        assert torch.equal(w[0], w[1])
+    else:
+        try:
+            hvd.allreduce(torch.ones(1), process_set=evens)
+            raise AssertionError("a rank outside the set got through")
+        except ValueError as exc:
+            assert "not in" in str(exc)
+    # The world goes on alongside, and the set can go.
+    assert float(hvd.allreduce(torch.ones(1), op=hvd.Sum)) == P
+    assert hvd.remove_process_set(evens) and evens.process_set_id is None
+    try:
+        hvd.add_process_set([0, 1] if R == 0 else [0, 2])
+        raise AssertionError("different sets on different ranks were accepted")
+    except (hvd.MismatchError, ValueError) as exc:
+        assert "add_process_set" in str(exc) or "match" in str(exc), exc
+    print(f"PASS process_sets rank {R}", flush=True)
+
+
+def check_adasum() -> None:
+    torch.manual_seed(4)
+    model = nn.Linear(5, 2).double()
+    start = [p.detach().clone() for p in model.parameters()]
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5), op=hvd.Adasum)
+    x = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(10 + R))
+    model(x).pow(2).sum().backward()
+    grads = [p.grad.detach().clone() for p in model.parameters()]
+    opt.step()
+    everyone = [hvd.allgather(g.reshape(1, -1)) for g in grads]
+    for p, s, g in zip(model.parameters(), start, everyone, strict=True):
+        expect = s.reshape(-1) + torch.from_numpy(adasum.combine([-0.5 * g[q].numpy() for q in range(P)]))
+        assert rel(p.detach().reshape(-1), expect) <= 1e-12
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    gathered = hvd.allgather(flat.reshape(1, -1))
+    assert all(torch.equal(gathered[0], gathered[q]) for q in range(P))
+    print(f"PASS adasum rank {R}", flush=True)
+
+
+def check_compile() -> None:
+    """A torch.compile'd model trains under DistributedOptimizer (hooks outside the graph) like eager."""
+    def make() -> nn.Module:
+        torch.manual_seed(5)
+        return nn.Sequential(nn.Linear(6, 16), nn.GELU(), nn.Linear(16, 3))
+
+    gen = torch.Generator().manual_seed(6)
+    batches = [(torch.randn(9, 6, generator=gen), torch.randint(0, 3, (9,), generator=gen)) for _ in range(4)]
+    results = []
+    for compiled in (False, True):
+        model = make()
+        run = torch.compile(model, backend="aot_eager") if compiled else model
+        opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01),
+                                       named_parameters=model.named_parameters())
+        for x, y in batches:
+            opt.zero_grad()
+            nn.functional.cross_entropy(run(x[3 * R : 3 * R + 3]), y[3 * R : 3 * R + 3]).backward()
+            opt.step()
+        results.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    worst = rel(results[1], results[0])
+    assert worst <= 1e-6, worst
+    print(f"EQUIV torch.compile ranks={P} max_rel_diff={worst:.2e}", flush=True)
+
+
+for check in (check_sync_batch_norm, check_join, check_process_sets, check_adasum, check_compile):
+    check()
+hvd.shutdown()
+print(f"PASS horovod torch rank {R}/{P}", flush=True)
+sys.exit(0)
