@@ -29,3 +29,23 @@ class RemoteError(DDLError):
 
 class SettingsMismatchError(DDLError):
     """Ranks were started with settings that change the sequence of MPI calls."""
+
+
+# Elastic training (``ddlrun --elastic``). The names are Horovod's, so that code written for
+# ``hvd.elastic`` catches the same exceptions; the Horovod API issue defines them too.
+class HorovodInternalError(DDLError):
+    """A collective failed because a rank was lost; ``elastic.run`` restores the last commit."""
+
+
+class HostsUpdatedInterrupt(DDLError):
+    """The hosts changed (one joined, or one is leaving); raised by ``state.commit()`` on every rank
+    at the same commit, after the state was saved, so nothing is lost.
+
+    Attributes:
+        skip_sync: the state was just committed on every rank, so the next world need not
+            broadcast it again (Horovod's attribute; ddl's next world syncs anyway, it is cheap).
+    """
+
+    def __init__(self, message: str = "the hosts of the elastic job changed", *, skip_sync: bool = False) -> None:
+        super().__init__(message)
+        self.skip_sync = skip_sync
