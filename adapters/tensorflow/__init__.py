@@ -18,6 +18,8 @@ from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ..
 from .collectives import allgather, allreduce, broadcast, grouped_allreduce, reducescatter
 from .tape import DistributedGradientTape, broadcast_variables
 
+from . import elastic  # noqa: E402 - Horovod's hvd.elastic: run, the state objects
+
 __all__ = [
     *process.__all__,
     "Average", "Compression", "DistributedGradientTape", "Max", "Min", "MismatchError", "Product", "Sum",

@@ -35,6 +35,8 @@ from .collectives import (
 )
 from .optimizer import DistributedOptimizer
 
+from . import elastic  # noqa: E402 - ddl.torch.elastic: TorchState, run, ElasticSampler (Horovod's hvd.elastic)
+
 __all__ = [
     *process.__all__,
     "Average", "Compression", "DistributedOptimizer", "MismatchError", "Max", "Min", "Product", "Sum",

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Sequence
 
-from ddl.runtime.elastic_wire import LineReader, Message, send
+from ddl.runtime.elastic_wire import LineReader, Message, encode
 
 Event = tuple[int, Message | None]
 
@@ -65,15 +65,25 @@ class EventServer:
                 self.events.put((cid, message))
 
     def send(self, cid: int, message: Message) -> bool:
-        """Send to connection ``cid``; False when it is gone (or too slow: 2 s)."""
+        """Send to connection ``cid`` without waiting; False when it is gone.
+
+        Never blocks the supervisor's loop (a host cut off from the network would): the
+        messages are small, so a full send buffer means the peer has not read for a long
+        time; the connection is then dropped, and the agent counts as lost.
+        """
         with self._lock:
             conn = self._connections.get(cid)
         if conn is None:
             return False
+        data = encode(message)
         try:
-            conn.settimeout(2.0)
-            send(conn, message)
+            while data:
+                sent = conn.send(data, socket.MSG_DONTWAIT)
+                data = data[sent:]
             return True
+        except BlockingIOError:
+            self.drop(cid)
+            return False
         except OSError:
             return False
 

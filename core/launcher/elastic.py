@@ -298,7 +298,11 @@ class Supervisor:
         elif kind == "commit" and not world.first_commit_logged and rank == 0:
             world.first_commit_logged = True
             self.log(f"world {world.number}: first commit ({int(message['serial'])})")
+        elif kind == "reset" and rank == 0:
+            self.log(f"world {world.number}: the ranks leave at commit {int(message['serial'])} for the next world")
         elif kind == "exit":
+            if self.options.verbose:
+                self.log(f"world {world.number}: rank {rank} ended ({message['cause']}, status {message['code']})")
             self._rank_exit(world, rank, int(message["code"]), str(message["cause"]))
 
     def _rank_exit(self, world: World, rank: int, code: int, cause: str) -> None:

@@ -29,7 +29,7 @@ from ddl.base.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl.runtime.api import allgather_object, broadcast_object
 from ddl.runtime.elastic_store import CommitStore
 from ddl.runtime.elastic_wire import AGENT_SOCKET, RESET_EXIT, LineReader, request, send
-from ddl.runtime.lifecycle import context
+from ddl.runtime.lifecycle import context, shutdown
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -73,9 +73,10 @@ _link_lock = threading.Lock()
 def agent_link() -> AgentLink | None:
     """The link to this host's agent under ``ddlrun --elastic``, else None (connects on first use)."""
     global _link
-    store = context().config.elastic_store
-    if store is None:
-        return None
+    config = context().config
+    if config.elastic_store is None or config.elastic_world == 0:
+        return None  # not under ddlrun --elastic (a store alone: commits are kept, nobody to talk to)
+    store = config.elastic_store
     with _link_lock:
         if _link is None:
             _link = AgentLink(os.path.join(store, AGENT_SOCKET))
@@ -235,6 +236,21 @@ class ObjectState(State):
             setattr(self, name, copy.deepcopy(value))
 
 
+def _leave_for_next_world() -> None:
+    """End this process at once with status 75, for ``ddlrun`` to start the next world.
+
+    Every rank gets here at the same commit, so ``ddl.shutdown`` agrees with all of them;
+    then ``os._exit``: the interpreter's own teardown of a process that imported PyTorch
+    or TensorFlow takes seconds on a busy host, and the next world waits for the slowest
+    rank to leave. (So ``finally`` blocks around the training call and ``atexit``
+    handlers do not run; the next world starts the program afresh.)
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    shutdown()
+    os._exit(RESET_EXIT)
+
+
 def run(func: F) -> F:
     """Decorate the training function ``func(state, ...)`` of an elastic job (``hvd.elastic.run``).
 
@@ -265,9 +281,7 @@ def run(func: F) -> F:
             if isinstance(exc, HorovodInternalError):
                 state.restore()
             link.report("reset", serial=state.commits, why=type(exc).__name__)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            raise SystemExit(RESET_EXIT) from None
+            _leave_for_next_world()
         if link is not None:
             link.report("done", serial=state.commits)
         return result

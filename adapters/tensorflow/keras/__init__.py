@@ -23,6 +23,8 @@ from ddl.tensorflow import (
 from . import callbacks
 from .optimizer import DistributedOptimizer
 
+from . import elastic  # noqa: E402 - Horovod's hvd.elastic: run, the state objects
+
 __all__ = [
     *process.__all__,
     "Average", "Compression", "DistributedOptimizer", "Sum", "allgather", "allreduce", "broadcast",
