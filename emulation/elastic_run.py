@@ -15,6 +15,7 @@ checks the targets; ``--runs 2`` also compares the final weights of two runs.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -45,7 +46,7 @@ def example_arguments(example: str, *, steps: int, join_step: int, step_seconds:
             "--step-seconds", str(step_seconds)]
 _LOG = re.compile(r"ddlrun: elastic \[\s*([\d.]+) s\] (.*)")
 _STEP = re.compile(r"step\s+(\d+) world (\d+) size (\d+) .*t=([\d.]+)")
-_FINAL = re.compile(r"final rank (\d+) of (\d+): step (\d+),.*weights (\w+)")
+_FINAL = re.compile(r"final rank (\d+) of (\d+): step (\d+),.*?weights ([0-9a-f]{16})")
 
 
 @dataclasses.dataclass
@@ -140,10 +141,8 @@ def kill_host(cluster: Cluster, host: str) -> None:
     """SIGKILL every process in ``host``'s namespace (its agent, its ranks, hydra's proxies)."""
     for _ in range(3):
         for pid in cluster.pids(host):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def set_link(cluster: Cluster, host: str, *, up: bool) -> None:

@@ -15,10 +15,9 @@ from ddl import Average, Compression, Max, Min, MismatchError, Product, Sum
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
 
+from . import elastic as elastic  # Horovod's hvd.elastic: run, the state objects
 from .collectives import allgather, allreduce, broadcast, grouped_allreduce, reducescatter
 from .tape import DistributedGradientTape, broadcast_variables
-
-from . import elastic  # noqa: E402 - Horovod's hvd.elastic: run, the state objects
 
 __all__ = [
     *process.__all__,

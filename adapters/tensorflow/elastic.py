@@ -26,6 +26,9 @@ def _tracks(value: Any) -> bool:
 class _VariablesState(ObjectState):
     """Plain values, objects with a ``state_dict``, and lists of variables saved as numpy copies."""
 
+    _objects: dict[str, Any]
+    _saved_objects: dict[str, Any]
+
     def __init__(self, **values: Any) -> None:
         objects = {k: v for k, v in values.items() if _tracks(v)}
         object.__setattr__(self, "_objects", objects)
@@ -75,6 +78,9 @@ class TensorFlowKerasState(_VariablesState):
             ``load_state_dict`` (``ElasticDataset``), kept with the state.
     """
 
+    model: Any
+    optimizer: Any
+
     def __init__(self, model: Any, optimizer: Any = None, **values: Any) -> None:
         if not getattr(model, "built", True):
             raise ValueError("the model must be built first: call model.build(input_shape) or run it on a batch")
@@ -99,6 +105,8 @@ class TensorFlowKerasState(_VariablesState):
 
 class TensorFlowState(_VariablesState):
     """State of a list of ``tf.Variable`` (eager), and plain values."""
+
+    variables: list[Any]
 
     def __init__(self, variables: Sequence[tf.Variable], **values: Any) -> None:
         object.__setattr__(self, "variables", list(variables))

@@ -13,6 +13,7 @@ from ddl import Average, Compression, Max, Min, MismatchError, Product, Sum
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
 
+from . import elastic as elastic  # TorchState, run, ElasticSampler (Horovod's hvd.elastic)
 from .broadcast import (
     broadcast_object as broadcast_object,  # replaces the core's: tensors go to CPU first
 )
@@ -34,8 +35,6 @@ from .collectives import (
     synchronize,
 )
 from .optimizer import DistributedOptimizer
-
-from . import elastic  # noqa: E402 - ddl.torch.elastic: TorchState, run, ElasticSampler (Horovod's hvd.elastic)
 
 __all__ = [
     *process.__all__,

@@ -20,8 +20,8 @@ from collections.abc import Iterator, Sized
 from typing import Any
 
 import numpy as np
-import torch
 
+import torch
 from ddl.base.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl.runtime.elastic import ObjectState, State, run, updates_pending, world_number
 from ddl.runtime.elastic_shards import deal, epoch_order
@@ -118,6 +118,8 @@ class TorchState(ObjectState):
     Example:
         >>> state = TorchState(model=model, optimizer=opt, epoch=0, step=0)   # doctest: +SKIP
     """
+
+    _handlers: dict[str, _Handler]
 
     def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
                  **values: Any) -> None:

@@ -20,6 +20,7 @@ vanished: ``mpiexec`` tore the world down because of a failure elsewhere).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import os
@@ -31,7 +32,6 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from ddl.launcher.preload import allow_mpi, imports_of, preload, python_target, run_target
@@ -86,10 +86,8 @@ class Agent:
 
     # -- to ddlrun ---------------------------------------------------------------------
     def tell(self, message: Message) -> None:
-        try:
+        with contextlib.suppress(OSError):  # the silence counts: ddlrun's timeout and ours handle a lost link
             send(self.supervisor, {**message, "host": self.host, "at": time.time()})
-        except OSError:
-            pass  # the silence counts: ddlrun's timeout and ours handle a lost link
 
     def warm_up(self) -> None:
         """Preload the program's modules, beating meanwhile (a thread, joined before any fork)."""
@@ -184,10 +182,8 @@ class Agent:
         return None
 
     def _forget(self, sock: socket.socket) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(sock)
-        except (KeyError, ValueError):
-            pass
         self.readers.pop(sock, None)
         self.pending_links.discard(sock)
         sock.close()
@@ -223,22 +219,20 @@ class Agent:
                 if rank.stub is sock and rank.killed_because is None:
                     self._kill(rank, "stub", signal.Signals(int(message["sig"])))
         elif kind == "rank":
-            rank = self.ranks.get(int(message["pid"]))
-            if rank is not None:
-                rank.link = sock
-                if rank.world <= self.update_world:
+            linked = self.ranks.get(int(message["pid"]))
+            if linked is not None:
+                linked.link = sock
+                if linked.world <= self.update_world:
                     self._to(sock, {"t": "update"})
         else:  # synced, commit, reset, done: progress, for ddlrun
-            rank = next((r for r in self.ranks.values() if r.link is sock), None)
-            if rank is not None:
-                self.tell({**message, "world": rank.world, "rank": rank.rank})
+            sender = next((r for r in self.ranks.values() if r.link is sock), None)
+            if sender is not None:
+                self.tell({**message, "world": sender.world, "rank": sender.rank})
         return None
 
     def _to(self, sock: socket.socket, message: Message) -> None:
-        try:
+        with contextlib.suppress(OSError):
             send(sock, message)
-        except OSError:
-            pass
 
     # -- ranks -----------------------------------------------------------------------------
     def _fork(self, launch: Launch, stub: socket.socket) -> Launch | None:
@@ -257,10 +251,8 @@ class Agent:
 
     def _become_rank(self, agent_pid: int, keep: list[int]) -> None:
         """In the forked child: die with the agent, drop the agent's sockets and handlers."""
-        try:
+        with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
         if os.getppid() != agent_pid:  # the agent died before the line above took effect
             os._exit(1)
         for sock in [*self.readers, *self.pending_links, self.listener]:
@@ -272,10 +264,8 @@ class Agent:
 
     def _kill(self, rank: Rank, why: str, sig: signal.Signals = signal.SIGKILL) -> None:
         rank.killed_because = why
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(rank.pid, sig)
-        except ProcessLookupError:
-            pass
 
     def _reap(self) -> None:
         while self.ranks:
@@ -306,16 +296,14 @@ class Agent:
             self.listener.close()
         shutil.rmtree(self.folder, ignore_errors=True)
         parent = self.folder.parent
-        try:
+        with contextlib.suppress(OSError):
             parent.rmdir()  # the job's folder, once no host of this machine uses it
-        except OSError:
-            pass
 
 
 def run_rank(launch: Launch) -> int:
     """In a forked rank: take the stub's stdio and PMI socket and environment, run the program."""
-    for target, fd in zip((0, 1, 2), launch.fds[:3], strict=False):
-        os.dup2(fd, target)
+    for number, fd in zip((0, 1, 2), launch.fds[:3], strict=False):
+        os.dup2(fd, number)
         if fd > 2:
             os.close(fd)
     env = dict(launch.env)

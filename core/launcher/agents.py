@@ -160,10 +160,8 @@ def kill_process(process: subprocess.Popen[bytes], *, grace: float = 0.0, wait: 
         return
     if grace > 0:
         _kill_group(process.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
     _kill_group(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(timeout=5)

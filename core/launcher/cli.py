@@ -20,6 +20,7 @@ from typing import Any
 
 from ddl.base.config import job_from_env, search_path
 from ddl.base.cpus import available_cpus
+from ddl.launcher import elastic
 from ddl.launcher.command import (
     FLAGGED,
     Launch,
@@ -30,7 +31,6 @@ from ddl.launcher.command import (
     setting_help,
     validate_options,
 )
-from ddl.launcher import elastic
 from ddl.launcher.hosts import HostListError, HostSlots, parse_host_list, read_hostfile
 from ddl.launcher.mpi import MpiNotFoundError, detect_mpi
 
@@ -166,8 +166,8 @@ def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
         settings = {field: getattr(args, field) for field in FLAGGED if field != "verbose"}
         options = elastic.options_from_args(args, command=tuple(command), hosts=hosts,
                                             settings={k: v for k, v in settings.items() if v not in (None, False)})
-        validate_options(LaunchOptions(np=options.max_np, command=options.command, hosts=(),
-                                       **{k: v for k, v in options.settings.items()}))
+        settings_given: dict[str, Any] = dict(options.settings)
+        validate_options(LaunchOptions(np=options.max_np, command=options.command, hosts=(), **settings_given))
         check_resolvable(given)
     except (LaunchError, HostListError, ValueError) as exc:
         if not command:

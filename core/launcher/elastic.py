@@ -22,6 +22,7 @@ as without ``--elastic``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -36,7 +37,13 @@ from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
-from ddl.launcher.agents import AgentHandle, EventServer, advertised_address, kill_process, start_process
+from ddl.launcher.agents import (
+    AgentHandle,
+    EventServer,
+    advertised_address,
+    kill_process,
+    start_process,
+)
 from ddl.launcher.command import PYTHON_NAMES, LaunchOptions, MpiInfo, build_launch
 from ddl.launcher.hosts import HostSlots, format_host_list
 from ddl.launcher.membership import DiscoveryError, Membership, WorldPlan, run_discovery
@@ -315,6 +322,10 @@ class Supervisor:
             self._end_world(world, "reset", stop=False)
         elif cause == "exit" and code not in (0, RESET_EXIT) and world.error is None:
             world.error = (rank, code, time.monotonic())
+        elif cause == "stub" and world.ending is None and world.error is None:
+            # mpiexec ended this rank's stub by itself: MPI_Abort (an uncaught exception), or a
+            # failure elsewhere that will show as a lost host within the settling time.
+            world.error = (rank, 0, time.monotonic())
 
     # -- worlds ----------------------------------------------------------------------------
     def _ready(self) -> list[str]:
@@ -383,8 +394,9 @@ class Supervisor:
                 world.ending = "done"
             elif world.error is not None and now - world.error[2] > SETTLE_SECONDS:
                 rank, code, _ = world.error
-                self.log(f"world {world.number}: rank {rank} exited with status {code} (an error of the program, "
-                         "not a lost host); ending the job")
+                how = (f"rank {rank} exited with status {code}" if code else
+                       f"mpiexec ended rank {rank} (MPI_Abort: an uncaught exception on some rank)")
+                self.log(f"world {world.number}: {how}: an error of the program, not a lost host; ending the job")
                 self._end_world(world, "error", stop=True)
             elif world.process.poll() is not None and len(world.exits) < world.plan.np:
                 # Ranks report their end through the agents before their stubs end; allow a moment.
@@ -455,9 +467,8 @@ class Supervisor:
             self.result = 0
             return
         if why == "error":
-            self.result = world.error[1] if world.error else 1
-            if self.result == 0:
-                self.result = 1
+            code = world.error[1] if world.error else 0
+            self.result = code or world.process.returncode or 1
             return
         self.resets += 1
         if self.options.reset_limit is not None and self.resets > self.options.reset_limit:
@@ -479,10 +490,8 @@ class Supervisor:
         deadline = time.monotonic() + 5
         for agent in self.agents.values():
             left = max(0.0, deadline - time.monotonic())
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.process.wait(timeout=left)
-            except subprocess.TimeoutExpired:
-                pass
             kill_process(agent.process)
         self.server.close()
 

@@ -113,11 +113,11 @@ def imports_of(target: PythonTarget) -> list[str]:
         >>> imports_of(PythonTarget("path", str(p), [str(p)]))
         ['numpy', 'ddl', 'ddl.torch', 'json']
     """
+    names: list[str] = []
     if target.kind == "code":
-        source, names = target.target, []
+        source = target.target
     else:
         path = target.target
-        names = []
         if target.kind == "module":
             spec = importlib.util.find_spec(target.target)
             if spec is None or spec.origin is None or not spec.origin.endswith(".py"):

@@ -9,6 +9,7 @@ have seen had it started the rank itself. Standard library only: it starts in ~5
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -56,10 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     send(sock, {"t": "launch", "argv": command, "env": dict(os.environ), "cwd": os.getcwd()}, fds)
 
     def forward(signum: int, frame: object) -> None:
-        try:
+        with contextlib.suppress(OSError):
             send(sock, {"t": "signal", "sig": signum})
-        except OSError:
-            pass
 
     for sig in _FORWARDED:
         signal.signal(sig, forward)
@@ -87,10 +86,8 @@ def _end_as(code: int) -> int:
     if code >= 0:
         return code
     sig = -code
-    try:
+    with contextlib.suppress(OSError, ValueError):  # SIGKILL and SIGSTOP keep their default anyway
         signal.signal(sig, signal.SIG_DFL)
-    except (OSError, ValueError):
-        pass  # SIGKILL and SIGSTOP keep their default anyway
     os.kill(os.getpid(), sig)  # end by the same signal, as the rank did
     return 128 + sig
 

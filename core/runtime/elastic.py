@@ -16,6 +16,7 @@ Horovod's do.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import os
@@ -59,11 +60,8 @@ class AgentLink:
 
     def report(self, kind: str, **fields: Any) -> None:
         """Tell the agent (and through it ``ddlrun``) about progress; a gone agent is ignored."""
-        with self._lock:
-            try:
-                send(self._sock, {"t": kind, **fields})
-            except OSError:
-                pass
+        with self._lock, contextlib.suppress(OSError):
+            send(self._sock, {"t": kind, **fields})
 
 
 _link: AgentLink | None = None

@@ -21,9 +21,8 @@ from ddl.tensorflow import (
 )
 
 from . import callbacks
+from . import elastic as elastic  # Horovod's hvd.elastic: KerasState and its callbacks
 from .optimizer import DistributedOptimizer
-
-from . import elastic  # noqa: E402 - Horovod's hvd.elastic: run, the state objects
 
 __all__ = [
     *process.__all__,

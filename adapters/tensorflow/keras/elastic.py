@@ -97,10 +97,16 @@ def record_batch(state: State, batch: int) -> None:
         data.record_batch()
 
 
-def end_epoch(state: State, epoch: int) -> None:
-    """Close epoch ``epoch`` of this ``fit`` once: ``state.epoch`` + 1, ``state.batch`` 0, the next order."""
+def end_epoch(state: State, epoch: int, steps: int | None) -> None:
+    """Close epoch ``epoch`` of this ``fit`` once: ``state.epoch`` + 1, ``state.batch`` 0, the next order.
+
+    Keras ends an epoch stopped early (``stop_training``) with ``on_epoch_end`` too: when
+    fewer than ``steps`` batches ran, the epoch is not over and nothing changes.
+    """
     last_batch, last_epoch = getattr(state, "_recorded", (None, None))
     if last_epoch == epoch:
+        return
+    if steps is not None and (last_batch is None or last_batch + 1 < steps):
         return
     object.__setattr__(state, "_recorded", (None, epoch))
     if hasattr(state, "epoch"):
@@ -136,7 +142,7 @@ class UpdateEpochStateCallback(keras.callbacks.Callback):  # type: ignore[misc]
         _new_fit(self.state)
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        end_epoch(self.state, epoch)
+        end_epoch(self.state, epoch, self.params.get("steps"))
 
 
 class CommitStateCallback(keras.callbacks.Callback):  # type: ignore[misc]
@@ -165,7 +171,7 @@ class CommitStateCallback(keras.callbacks.Callback):  # type: ignore[misc]
             self.batches_remaining = self.batches_per_commit
 
     def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-        end_epoch(self.state, epoch)
+        end_epoch(self.state, epoch, self.params.get("steps"))
         self.state.commit()
 
 
