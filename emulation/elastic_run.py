@@ -82,7 +82,7 @@ class Outcome:
 
 
 def run_once(cluster: Cluster, command: list[str], *, kill_step: int, relist_step: int, partition: bool,
-             extra: list[str], timeout: float) -> Outcome:
+             extra: list[str], timeout: float, ddlrun_flags: tuple[str, ...] = ()) -> Outcome:
     """One target run on ``cluster`` (3 hosts); the last host is lost at ``kill_step``."""
     assert cluster.workdir is not None
     victim = cluster.hosts[-1]
@@ -96,7 +96,7 @@ def run_once(cluster: Cluster, command: list[str], *, kill_step: int, relist_ste
     if cmd[0] == "ddl-caffe":
         cmd[0] = str(Path(python).parent / "ddl-caffe")
     argv = [python, "-m", "ddl.launcher.cli", "--elastic", "-np", "3", "--min-np", "2", "--max-np", "3",
-            "--host-discovery-script", str(discovery), "--calibration", "off", *cmd, *extra]
+            "--host-discovery-script", str(discovery), *ddlrun_flags, *cmd, *extra]
     job = subprocess.Popen(cluster.launch_argv(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=cluster.env())
     timer = threading.Timer(timeout, lambda: job.send_signal(signal.SIGTERM))
@@ -182,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--relist-step", type=int, default=30)
     parser.add_argument("--join-step", type=int, default=40)
     parser.add_argument("--partition", action="store_true", help="lose the host by its link, not by SIGKILL")
+    parser.add_argument("--cold-start", action="store_true", help="ddlrun --cold-start: ranks exec'd, not forked")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="measure the cost model in each world (ddl's default); else --calibration off, "
+                             "which also makes auto's choices, and so the weights, the same in every run")
     parser.add_argument("--step-seconds", type=float, default=0.2)
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--timeout", type=float, default=300)
@@ -194,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
             extra = example_arguments(args.example, steps=args.steps, join_step=args.join_step,
                                       step_seconds=args.step_seconds)
             out = run_once(cluster, EXAMPLES[args.example], kill_step=args.kill_step, relist_step=args.relist_step,
-                           partition=args.partition, extra=extra, timeout=args.timeout)
+                           partition=args.partition, extra=extra, timeout=args.timeout,
+                           ddlrun_flags=(*(("--cold-start",) if args.cold_start else ()),
+                                         *(() if args.calibrate else ("--calibration", "off"))))
             outcomes.append(out)
             if args.show_output:
                 print("\n".join(out.output))

@@ -36,7 +36,8 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
     train.add_argument("--commit-every", "-commit_every", type=int, default=10, metavar="N",
                        help="with --elastic: iterations between commits (default 10)")
     train.add_argument("--wait-for-hosts-at", "-wait_for_hosts_at", type=int, default=0, metavar="ITER",
-                       help="with --elastic: hold at this iteration until ddlrun announces new hosts (demos, tests)")
+                       help="with --elastic, in a world smaller than the first: hold at this iteration until "
+                            "ddlrun announces new hosts (demos, tests)")
 
 
 class CaffeState(State):
@@ -50,6 +51,7 @@ class CaffeState(State):
                                  "HDF5Data, whose rows are split per rank once: convert it to LMDB (ddl-caffe convert)")
         self.solver = solver
         self.records = {layer.name: 0 for layer in self._data_layers()}
+        self.first_size = ddl.size()  # the world size the job started with (travels with the state)
         self._saved: dict[str, Any] = {}
         self.save()
 
@@ -67,6 +69,7 @@ class CaffeState(State):
             "params": [p.tensor.detach().clone() for p in s.params],
             "history": [h.detach().clone() for h in s.history],
             "iter": s.iter, "current_step": s.current_step, "records": dict(self.records),
+            "first_size": self.first_size,
         }
 
     def restore(self) -> None:
@@ -78,6 +81,7 @@ class CaffeState(State):
                 h.copy_(value)
         s.iter, s.current_step = int(saved["iter"]), int(saved["current_step"])
         self.records = dict(saved["records"])
+        self.first_size = int(saved["first_size"])
         reshard(self._data_layers(), self.records, rank=ddl.rank(), size=ddl.size())
 
     def saved_bytes(self) -> bytes:
@@ -120,7 +124,7 @@ def train(a: argparse.Namespace, solver: Solver) -> None:
             print(f"step {iteration:5d} world {world_number()} size {ddl.size()} loss {loss:.4f} t={time.time():.3f}",
                   flush=True)
         if iteration % a.commit_every == 0 or iteration == sp.max_iter:
-            if iteration == a.wait_for_hosts_at:
+            if iteration == a.wait_for_hosts_at and ddl.size() < state.first_size:
                 while not updates_pending():
                     time.sleep(0.05)
             state.commit()

@@ -69,8 +69,8 @@ class Agent:
     """The agent of this host (see the module docstring); :meth:`serve` runs it."""
 
     def __init__(self, *, address: tuple[str, int], job: str, root: str, host: str, timeout: float,
-                 command: Sequence[str]) -> None:
-        self.host, self.timeout, self.command = host, timeout, list(command)
+                 command: Sequence[str], cold: bool = False) -> None:
+        self.host, self.timeout, self.command, self.cold = host, timeout, list(command), cold
         self.folder = host_folder(root, job, socket.gethostname())
         self.folder.mkdir(parents=True, exist_ok=True)
         self.supervisor = socket.create_connection(address, timeout=10)
@@ -101,7 +101,7 @@ class Agent:
         beater = threading.Thread(target=beat, name="ddl-agent-beat", daemon=True)
         beater.start()
         start = time.perf_counter()
-        target = python_target(self.command)
+        target = None if self.cold else python_target(self.command)
         names = imports_of(target) if target else []
         if target is not None and target.kind == "path":
             sys.path[0] = os.path.dirname(os.path.abspath(target.target))
@@ -300,8 +300,9 @@ class Agent:
             parent.rmdir()  # the job's folder, once no host of this machine uses it
 
 
-def run_rank(launch: Launch) -> int:
-    """In a forked rank: take the stub's stdio and PMI socket and environment, run the program."""
+def run_rank(launch: Launch, *, cold: bool = False) -> int:
+    """In a forked rank: take the stub's stdio and PMI socket and environment, run the program
+    (in this warm interpreter, or with ``exec`` when ``cold`` or not a Python program)."""
     for number, fd in zip((0, 1, 2), launch.fds[:3], strict=False):
         os.dup2(fd, number)
         if fd > 2:
@@ -314,7 +315,7 @@ def run_rank(launch: Launch) -> int:
     os.environ.update(env)
     os.chdir(launch.cwd)
     allow_mpi()
-    target = python_target(launch.argv)
+    target = None if cold else python_target(launch.argv)
     if target is None:
         try:
             os.execvpe(launch.argv[0], launch.argv, env)
@@ -336,13 +337,14 @@ def main(argv: list[str] | None = None) -> Any:
     parser.add_argument("--root", required=True)
     parser.add_argument("--host", required=True, help="this host's name in ddlrun's host list")
     parser.add_argument("--timeout", type=float, required=True)
+    parser.add_argument("--cold", action="store_true", help="no preloading: every rank starts with exec")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     address, _, port = args.connect.rpartition(":")
     signal.signal(signal.SIGTERM, _exit_on_term)
     agent = Agent(address=(address, int(port)), job=args.job, root=args.root, host=args.host,
-                  timeout=args.timeout, command=command)
+                  timeout=args.timeout, command=command, cold=args.cold)
     try:
         agent.warm_up()
         launch = agent.serve()
@@ -351,7 +353,7 @@ def main(argv: list[str] | None = None) -> Any:
         raise
     if launch is None:
         return 0
-    return run_rank(launch)
+    return run_rank(launch, cold=args.cold)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ class ElasticOptions:
     timeout: float = 5.0
     cooldown: tuple[float, float] | None = None
     reset_limit: int | None = None
+    cold_start: bool = False
     discovery_interval: float = 1.0
     store_root: str = "/dev/shm"
 
@@ -221,7 +222,8 @@ class Supervisor:
     def _start_agent(self, host: str) -> None:
         command = (self.python, "-m", "ddl.launcher.agent", "--connect", f"{self.address}:{self.server.port}",
                    "--job", self.job, "--root", self.options.store_root, "--host", host,
-                   "--timeout", f"{self.options.timeout:g}", "--", *self.command)
+                   "--timeout", f"{self.options.timeout:g}", *(["--cold"] if self.options.cold_start else []),
+                   "--", *self.command)
         launch = self._launch(1, () if host == LOCALHOST else (HostSlots(host, 1),), command, {})
         self.agents[host] = AgentHandle(host=host, process=start_process(launch.argv, launch.env),
                                         started=time.monotonic())
@@ -540,12 +542,16 @@ def add_arguments(parser: Any) -> None:
     group.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
                        help="a failed host may return after MIN seconds, doubling per failure up to MAX "
                             "(default: only when the discovery script lists it again)")
+    group.add_argument("--cold-start", action="store_true", default=None,
+                       help="start each rank of each world with exec, not as a fork of its host agent's "
+                            "pre-imported interpreter (for programs that must not fork; recovery then pays "
+                            "the imports again)")
     group.add_argument("--reset-limit", type=int, metavar="N", default=None,
                        help="end the job after this many changes of hosts (default: no limit)")
 
 
 ELASTIC_ONLY = ("min_np", "max_np", "host_discovery_script", "slots", "start_timeout", "elastic_timeout",
-                "blacklist_cooldown_range", "reset_limit")
+                "blacklist_cooldown_range", "reset_limit", "cold_start")
 
 
 def options_from_args(args: Any, *, command: tuple[str, ...], hosts: tuple[HostSlots, ...],
@@ -578,5 +584,6 @@ def options_from_args(args: Any, *, command: tuple[str, ...], hosts: tuple[HostS
         slots=slots, settings=dict(settings), verbose=bool(args.verbose),
         start_timeout=args.start_timeout or 120.0, timeout=args.elastic_timeout or 5.0,
         cooldown=(float(cooldown[0]), float(cooldown[1])) if cooldown else None, reset_limit=args.reset_limit,
+        cold_start=bool(args.cold_start),
         store_root="/dev/shm" if os.path.isdir("/dev/shm") else "/tmp",
     )

@@ -31,7 +31,8 @@ parser.add_argument("--commit-every", type=int, default=5, help="batches between
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep after each step (a slower model)")
 parser.add_argument("--wait-for-hosts-at", type=int, default=0, metavar="STEP",
-                    help="hold at this step until ddlrun announces new hosts (demos and tests: a join at a chosen step)")
+                    help="in a world smaller than the first, hold at this step until ddlrun announces new hosts "
+                         "(demos and tests: a join at a chosen step)")
 args = parser.parse_args()
 
 dk.init()
@@ -59,7 +60,7 @@ model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentro
               jit_compile=False)
 
 # elastic: what travels from world to world (the optimizer comes with the model)
-state = elastic.KerasState(model, data=data, epoch=0, batch=0, step=0)
+state = elastic.KerasState(model, data=data, epoch=0, batch=0, step=0, first_size=dk.size())
 
 
 def scale_learning_rate() -> None:
@@ -83,7 +84,7 @@ class Steps(keras.callbacks.Callback):
                   f"loss {float(logs['loss']):.4f} t={time.time():.3f}", flush=True)
         if args.step_seconds:
             time.sleep(args.step_seconds)
-        if state.step == args.wait_for_hosts_at:
+        if state.step == args.wait_for_hosts_at and dk.size() < state.first_size:
             while not elastic.updates_pending():
                 time.sleep(0.05)
         if state.step >= args.steps:

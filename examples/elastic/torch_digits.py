@@ -30,7 +30,8 @@ parser.add_argument("--commit-every", type=int, default=5, help="steps between c
 parser.add_argument("--seed", type=int, default=0)
 parser.add_argument("--step-seconds", type=float, default=0.0, help="sleep after each step (a slower model)")
 parser.add_argument("--wait-for-hosts-at", type=int, default=0, metavar="STEP",
-                    help="hold at this step until ddlrun announces new hosts (demos and tests: a join at a chosen step)")
+                    help="in a world smaller than the first, hold at this step until ddlrun announces new hosts "
+                         "(demos and tests: a join at a chosen step)")
 args = parser.parse_args()
 
 dt.init()
@@ -58,7 +59,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * dt.size(), momentum
 optimizer = dt.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
 
 # elastic: the state that travels from world to world, and what to redo when the world changes
-state = elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0)
+state = elastic.TorchState(model=model, optimizer=optimizer, sampler=sampler, epoch=0, step=0, first_size=dt.size())
 
 
 def scale_learning_rate() -> None:
@@ -89,7 +90,7 @@ def train(state: elastic.TorchState) -> None:
             if args.step_seconds:
                 time.sleep(args.step_seconds)
             if state.step % args.commit_every == 0:
-                if state.step == args.wait_for_hosts_at:
+                if state.step == args.wait_for_hosts_at and dt.size() < state.first_size:
                     while not elastic.updates_pending():
                         time.sleep(0.05)
                 state.commit()  # elastic: a lost host costs at most the steps since here

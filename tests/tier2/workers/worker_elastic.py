@@ -36,7 +36,7 @@ parser.add_argument("--size", type=int, default=4096)
 args = parser.parse_args()
 
 ddl.init()
-state = elastic.ObjectState(step=0, weights=np.zeros(args.size, np.float32))
+state = elastic.ObjectState(step=0, weights=np.zeros(args.size, np.float32), first_size=ddl.size())
 print(f"WORLD {elastic.world_number()} rank={ddl.rank()} size={ddl.size()} host={socket.gethostname()} "
       f"t={time.time():.3f}", flush=True)
 
@@ -66,7 +66,7 @@ def train(state: elastic.ObjectState) -> np.ndarray:
         print(f"STEP {state.step} world={elastic.world_number()} size={ddl.size()} rank={ddl.rank()} "
               f"t={time.time():.3f}", flush=True)
         if state.step % args.commit_every == 0:
-            if state.step == args.join_step:
+            if state.step == args.join_step and ddl.size() < state.first_size:
                 deadline = time.monotonic() + 120
                 while not elastic.updates_pending() and time.monotonic() < deadline:
                     time.sleep(0.05)
