@@ -32,8 +32,8 @@ _LAZY: dict[str, str] = {
                      "init", "is_initialized", "local_rank", "local_size", "rank", "shutdown", "size", "topology"),
                     "ddl.runtime.process"),
     "Compression": "ddl.engine.compression",
-    **dict.fromkeys(("DDLError", "MismatchError", "NotInitializedError", "RemoteError", "SettingsMismatchError",
-                     "TopologyError"), "ddl.base.errors"),
+    **dict.fromkeys(("DDLError", "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError",
+                     "NotInitializedError", "RemoteError", "SettingsMismatchError", "TopologyError"), "ddl.base.errors"),
     "GroupHandle": "ddl.engine.handle", "Handle": "ddl.engine.handle",
     **dict.fromkeys(("Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "ddl.base.ops"),
 }
@@ -41,6 +41,8 @@ _LAZY: dict[str, str] = {
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come from _LAZY
     from ddl.base.errors import (
         DDLError,
+        HorovodInternalError,
+        HostsUpdatedInterrupt,
         MismatchError,
         NotInitializedError,
         RemoteError,
@@ -95,7 +97,8 @@ def __dir__() -> list[str]:
 
 # A literal, for type checkers; a test checks it names exactly the lazy names.
 __all__ = [
-    "Average", "Compression", "DDLError", "GroupHandle", "Handle", "Max", "Min", "MismatchError",
+    "Average", "Compression", "DDLError", "GroupHandle", "Handle", "HorovodInternalError", "HostsUpdatedInterrupt",
+    "Max", "Min", "MismatchError",
     "NotInitializedError", "Product", "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum",
     "TopologyError", "allgather", "allgather_object", "allreduce", "allreduce_", "allreduce_async",
     "barrier", "broadcast", "broadcast_", "broadcast_object", "context", "cross_rank", "cross_size",

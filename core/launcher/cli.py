@@ -20,7 +20,7 @@ from typing import Any
 
 from ddl.base.config import job_from_env, search_path
 from ddl.base.cpus import available_cpus
-from ddl.launcher import elastic
+from ddl.launcher import elastic, elastic_flags
 from ddl.launcher.command import (
     FLAGGED,
     Launch,
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             parser.add_argument(flag, dest=row.field, metavar=row.metavar,
                                 help=f"{setting_help(row)} ({row.env}; default {row.default_text()})")
-    elastic.add_arguments(parser)
+    elastic_flags.add_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="the program every rank runs; 'python'/'python3' becomes ddlrun's interpreter")
     return parser
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         command = command[1:]
     if args.elastic:
         return _elastic(parser, args, command)
-    given_elastic = [f"--{name.replace('_', '-')}" for name in elastic.ELASTIC_ONLY if getattr(args, name) is not None]
+    given_elastic = [f"--{name.replace('_', '-')}" for name in elastic_flags.ELASTIC_ONLY if getattr(args, name) is not None]
     if given_elastic:
         _error(f"{', '.join(given_elastic)} only apply with --elastic")
         return USAGE_ERROR
@@ -164,7 +164,7 @@ def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
         if not hosts and not args.host_discovery_script:
             hosts = placement(args.np or 1, given, job_from_env())[1]  # the Slurm allocation's, if any
         settings = {field: getattr(args, field) for field in FLAGGED if field != "verbose"}
-        options = elastic.options_from_args(args, command=tuple(command), hosts=hosts,
+        options = elastic_flags.options_from_args(args, command=tuple(command), hosts=hosts,
                                             settings={k: v for k, v in settings.items() if v not in (None, False)})
         settings_given: dict[str, Any] = dict(options.settings)
         validate_options(LaunchOptions(np=options.max_np, command=options.command, hosts=(), **settings_given))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ddl.launcher import cli
-from ddl.launcher.elastic import check_bounds
+from ddl.launcher.elastic_flags import check_bounds
 from ddl.launcher.hosts import HostSlots
 from ddl.launcher.membership import (
     DiscoveryError,

@@ -178,27 +178,42 @@ def test_a_host_lost_by_sigkill_then_listed_again_rejoins(cluster: Cluster) -> N
     check_nothing_left(cluster)
 
 
-def test_a_partitioned_host_is_left_behind_and_fences_itself(cluster: Cluster) -> None:
-    """h3's link goes down at step 12 (h3 runs on, unreachable, still listed by discovery): the
-    others run on exactly; h3's agent ends its rank; the failed host is not used again."""
+def test_a_new_host_joins_then_its_link_goes_down(cluster: Cluster) -> None:
+    """h3, listed only once the job runs, joins at the commit of step 10; two steps later its link goes down (it
+    runs on, unreachable, still listed): the others run on exactly, h3's agent ends its own rank, and
+    the failed host is not used again while discovery still lists it."""
 
     def react(line: str, run: Run, listing: Path) -> None:
         m = _STEP.search(line)
-        if m and m[2] == "1" and m[1] == "12" and "cut" not in run.marks:
-            run.marks["cut"] = time.time()
-            set_link(cluster, "h3", up=False)
+        if not m or m[4] != "0":
+            return
+        if m[2] == "1" and m[1] == "3" and "add" not in run.marks:
+            run.marks["add"] = time.time()
+            listing.write_text("h1:1\nh2:1\nh3:1\n")
+        if m[3] == "3":
+            run.marks["steps on 3"] = run.marks.get("steps on 3", 0) + 1
+            if run.marks["steps on 3"] == 2:
+                run.marks["cut"] = time.time()
+                run.marks["cut world"] = int(m[2])
+                set_link(cluster, "h3", up=False)
 
     try:
-        run = elastic_job(cluster, ["h1", "h2", "h3"], "-np", "3", "--min-np", "2", "--max-np", "3",
-                          "--elastic-timeout", "3", react=react, worker=["--steps", "25", "--step-seconds", "0.2"])
+        run = elastic_job(cluster, ["h1", "h2"], "-np", "2", "--min-np", "2", "--max-np", "3",
+                          "--elastic-timeout", "3", react=react,
+                          worker=["--steps", "30", "--join-step", "10", "--step-seconds", "0.2"])
     finally:
         set_link(cluster, "h3", up=True)
-    check_exact(run, steps=25, ranks=2)
-    step, seconds = first_step_after(run, "cut", world=2)
-    print(f"h3 cut off at step 12: world 2 ran step {step} {seconds:.2f} s later")
-    assert step == 11 and seconds < 10, (step, seconds)
-    assert "world 1: lost host h3" in run.text
-    assert not any(w > 2 for _, w, _, _ in run.steps()), "h3 failed: it must not return while still listed"
+    check_exact(run, steps=30, ranks=2)
+    assert "cut" in run.marks, "h3 never joined: " + run.text[-3000:]
+    joined, after = int(run.marks["cut world"]), int(run.marks["cut world"]) + 1
+    assert joined == 2 and [s for s, w, _, _ in run.steps() if w == 2][0] == 11, run.steps()
+    step, seconds = first_step_after(run, "cut", world=after)
+    reached = max(s for s, w, _, _ in run.steps() if w == joined)
+    print(f"h3 joined in world {joined}; its link went down after step {reached}: world {after} ran step {step} "
+          f"{seconds:.2f} s later")
+    assert reached - 5 <= step - 1 <= reached and seconds < 10, (step, reached, seconds)
+    assert f"world {joined}: lost host h3" in run.text
+    assert all(size == 2 for _, w, size, _ in run.steps() if w >= after), "h3 failed: it must not return while listed"
     check_nothing_left(cluster)
 
 

@@ -6,7 +6,7 @@ as a data shard would be) into the weights: float32 sums of small integers are e
 any order, so the test can compute the final weights from which world size ran each step
 and compare them to the bit. ``STEP`` lines carry the wall time, so the test can time a
 recovery from the moment it broke a host. ``--join-step N`` holds the ranks at step N
-until ddlrun has announced new hosts (a join at the same commit in every run);
+until ddlrun has announced new hosts (once: a join at the same commit in every run);
 ``--fail-step N`` raises an error of the program on rank 0; ``--die-in-commit N`` makes
 the host named by ``--die-on`` crash (its agent and this rank, SIGKILL) half-way through
 writing commit N.
@@ -36,7 +36,7 @@ parser.add_argument("--size", type=int, default=4096)
 args = parser.parse_args()
 
 ddl.init()
-state = elastic.ObjectState(step=0, weights=np.zeros(args.size, np.float32), first_size=ddl.size())
+state = elastic.ObjectState(step=0, weights=np.zeros(args.size, np.float32), held=False)
 print(f"WORLD {elastic.world_number()} rank={ddl.rank()} size={ddl.size()} host={socket.gethostname()} "
       f"t={time.time():.3f}", flush=True)
 
@@ -66,10 +66,11 @@ def train(state: elastic.ObjectState) -> np.ndarray:
         print(f"STEP {state.step} world={elastic.world_number()} size={ddl.size()} rank={ddl.rank()} "
               f"t={time.time():.3f}", flush=True)
         if state.step % args.commit_every == 0:
-            if state.step == args.join_step and ddl.size() < state.first_size:
+            if state.step == args.join_step and not state.held:
                 deadline = time.monotonic() + 120
                 while not elastic.updates_pending() and time.monotonic() < deadline:
                     time.sleep(0.05)
+                state.held = True  # committed with this commit: the next world does not hold again
             if state.step == args.die_in_commit and socket.gethostname() == args.die_on:
                 elastic_store.CommitStore.write = crash_in_the_middle_of_writing  # type: ignore[method-assign]
             state.commit()
