@@ -45,7 +45,7 @@ def example_arguments(example: str, *, steps: int, join_step: int, step_seconds:
     return ["--steps", str(steps), "--commit-every", "5", "--wait-for-hosts-at", str(join_step),
             "--step-seconds", str(step_seconds)]
 _LOG = re.compile(r"ddlrun: elastic \[\s*([\d.]+) s\] (.*)")
-_STEP = re.compile(r"step\s+(\d+) world (\d+) size (\d+) .*t=([\d.]+)")
+_STEP = re.compile(r"step\s+(\d+) world (\d+) size (\d+) .*?t=(\d+\.\d{3})")
 _FINAL = re.compile(r"final rank (\d+) of (\d+): step (\d+),.*?weights ([0-9a-f]{16})")
 
 
@@ -126,7 +126,7 @@ def run_once(cluster: Cluster, command: list[str], *, kill_step: int, relist_ste
                     if link_down:
                         set_link(cluster, victim, up=True)
                     listing.write_text("".join(f"{h}:1\n" for h in cluster.hosts))
-            if m := _FINAL.search(line):
+            for m in _FINAL.finditer(line):  # hydra may join two ranks' lines into one
                 out.finals[int(m.group(1))] = (int(m.group(2)), int(m.group(3)), m.group(4))
         out.rc = job.wait()
     finally:
