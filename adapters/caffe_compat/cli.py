@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     _flag(tr, "snapshot", help=".solverstate (or .solverstate.h5) to resume from")
     _flag(tr, "iterations", type=int, help="override the solver's max_iter")
     _flag(tr, "ddl", default="", help='IBM Caffe-DDL options, e.g. "-mode r:2x2"')
+    from .elastic import add_arguments as add_elastic_arguments
+    add_elastic_arguments(tr)
     te = sub.add_parser("test", help="score a model on its TEST-phase data")
     tm = sub.add_parser("time", help="benchmark per-layer forward/backward times")
     ex = sub.add_parser("export", help="write a net and its weights as ONNX, checked in onnxruntime")
@@ -129,6 +131,10 @@ def _train(a: argparse.Namespace) -> int:
     if a.weights:
         load_weights(solver.net, a.weights)
         solver.sync_params()
+    if a.elastic:
+        from .elastic import train as train_elastic
+        train_elastic(a, solver)
+        return 0
     if rank == 0:
         log.info("Starting Optimization")
     bar = caffelog.progress(sp.max_iter, solver.iter) if rank == 0 else None

@@ -84,6 +84,14 @@ class Config:
         "DDL_ALLOW_SINGLETONS", False, boolean,
         "let a Slurm step of several tasks run as independent one-rank worlds (srun --mpi=none sweeps)",
         unit="bool")
+    elastic_world: int = setting(
+        "DDL_ELASTIC_WORLD", 0, whole(0, 1),
+        "set by ddlrun --elastic: this world's number (1 for the first, one more after each change of "
+        "hosts); 0 outside an elastic job", metavar="N")
+    elastic_store: str | None = setting(
+        "DDL_ELASTIC_STORE", None, text,
+        "set by ddlrun --elastic: this host's folder (on tmpfs) for the committed elastic state and the "
+        "agent's socket; unset: elastic state lives in memory only", metavar="DIR")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Config:

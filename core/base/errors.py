@@ -31,21 +31,21 @@ class SettingsMismatchError(DDLError):
     """Ranks were started with settings that change the sequence of MPI calls."""
 
 
+# Elastic training (``ddlrun --elastic``). The names are Horovod's, so that code written for
+# ``hvd.elastic`` catches the same exceptions; the Horovod API issue defines them too.
 class HorovodInternalError(DDLError):
-    """A collective failed in a way the job may recover from (Horovod's name).
+    """A collective failed because a rank was lost; ``elastic.run`` restores the last commit."""
 
-    Elastic training catches it to restore the last committed state and go on with
-    the ranks that remain.
+
+class HostsUpdatedInterrupt(DDLError):
+    """The hosts changed (one joined, or one is leaving); raised by ``state.commit()`` on every rank
+    at the same commit, after the state was saved, so nothing is lost.
+
+    Attributes:
+        skip_sync: the state was just committed on every rank, so the next world need not
+            broadcast it again (Horovod's attribute; ddl's next world syncs anyway, it is cheap).
     """
 
-
-class HostsUpdatedInterrupt(RuntimeError):
-    """The set of hosts in an elastic job changed (Horovod's name).
-
-    ``skip_sync``: True when no state needs restoring before going on (hosts were
-    only added).
-    """
-
-    def __init__(self, skip_sync: bool = False) -> None:
-        super().__init__("the hosts of this elastic job changed")
+    def __init__(self, skip_sync: bool = False, message: str = "the hosts of the elastic job changed") -> None:
+        super().__init__(message)
         self.skip_sync = skip_sync

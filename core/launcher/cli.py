@@ -20,6 +20,7 @@ from typing import Any
 
 from ddl.base.config import job_from_env, search_path
 from ddl.base.cpus import available_cpus
+from ddl.launcher import elastic, elastic_flags
 from ddl.launcher.command import (
     FLAGGED,
     Launch,
@@ -63,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             parser.add_argument(flag, dest=row.field, metavar=row.metavar,
                                 help=f"{setting_help(row)} ({row.env}; default {row.default_text()})")
+    elastic_flags.add_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="the program every rank runs; 'python'/'python3' becomes ddlrun's interpreter")
     return parser
@@ -108,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
+    if args.elastic:
+        return _elastic(parser, args, command)
+    given_elastic = [f"--{name.replace('_', '-')}" for name in elastic_flags.ELASTIC_ONLY if getattr(args, name) is not None]
+    if given_elastic:
+        _error(f"{', '.join(given_elastic)} only apply with --elastic")
+        return USAGE_ERROR
     try:
         given = _hosts(args)
         np_, hosts, where = placement(args.np, given, job_from_env())
@@ -146,6 +154,37 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ddlrun: {note}", file=sys.stderr)
         print(f"ddlrun: running {shlex.join(launch.argv)}", file=sys.stderr, flush=True)
     return run(launch)
+
+
+def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:
+    """``ddlrun --elastic``: the supervisor of :mod:`ddl.launcher.elastic`."""
+    try:
+        given = _hosts(args)
+        hosts = given
+        if not hosts and not args.host_discovery_script:
+            hosts = placement(args.np or 1, given, job_from_env())[1]  # the Slurm allocation's, if any
+        settings = {field: getattr(args, field) for field in FLAGGED if field != "verbose"}
+        options = elastic_flags.options_from_args(args, command=tuple(command), hosts=hosts,
+                                            settings={k: v for k, v in settings.items() if v not in (None, False)})
+        settings_given: dict[str, Any] = dict(options.settings)
+        validate_options(LaunchOptions(np=options.max_np, command=options.command, hosts=(), **settings_given))
+        check_resolvable(given)
+    except (LaunchError, HostListError, ValueError) as exc:
+        if not command:
+            parser.print_usage(sys.stderr)
+        _error(str(exc))
+        return USAGE_ERROR
+    try:
+        mpi = detect_mpi(python_executable=sys.executable, path=search_path())
+    except MpiNotFoundError as exc:
+        _error(str(exc))
+        return NOT_FOUND
+    except LaunchError as exc:
+        _error(str(exc))
+        return USAGE_ERROR
+    supervisor = elastic.Supervisor(options, mpi=mpi, base_env=os.environ, python_executable=sys.executable,
+                                    cpu_count=available_cpus(), is_root=_is_root())
+    return supervisor.run()
 
 
 def check_resolvable(hosts: tuple[HostSlots, ...]) -> None:

@@ -13,12 +13,15 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALL_PAGE = ROOT / "docs" / "install.md"
-#: Example -> the extra docs/install.md tells people to install for it (None: the core alone).
+#: Example (its path under examples/) -> the extra docs/install.md tells people to install for it
+#: (None: the core alone).
 EXAMPLE_EXTRAS: dict[str, str | None] = {
     "allreduce.py": None,
     "torch_digits.py": "torch",
     "keras_digits.py": "tensorflow",
-    "make_digits.py": "caffe",
+    "caffe/make_digits.py": "caffe",
+    "elastic/torch_digits.py": "torch",
+    "elastic/keras_digits.py": "tensorflow",
 }
 
 
@@ -44,13 +47,13 @@ def provided(extra: str | None) -> set[str]:
 
 
 def test_every_example_has_a_named_extra() -> None:
-    examples = sorted(p.name for p in (ROOT / "examples").rglob("*.py"))
+    examples = sorted(p.relative_to(ROOT / "examples").as_posix() for p in (ROOT / "examples").rglob("*.py"))
     assert examples == sorted(EXAMPLE_EXTRAS), "add the new example to EXAMPLE_EXTRAS and docs/install.md"
 
 
 @pytest.mark.parametrize(("name", "extra"), sorted(EXAMPLE_EXTRAS.items()))
 def test_example_imports_come_with_its_extra(name: str, extra: str | None) -> None:
-    modules = example_imports(next((ROOT / "examples").rglob(name)))
+    modules = example_imports(ROOT / "examples" / name)
     owners = importlib.metadata.packages_distributions()
     have = provided(extra)
     for module in sorted(modules):

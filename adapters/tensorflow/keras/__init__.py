@@ -42,6 +42,7 @@ from ddl.tensorflow import mpi_ops as _ops
 from ddl.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 from . import callbacks
+from . import elastic as elastic  # Horovod's hvd.elastic: KerasState and its callbacks
 from .optimizer import DistributedOptimizer
 
 

@@ -1,0 +1,173 @@
+"""Elastic training for PyTorch with Horovod's names: ``TorchState``, ``run``, ``ElasticSampler``.
+
+Run the script with ``ddlrun --elastic``: a lost host ends the world it was in, and the
+next world (the hosts left, and those that join) resumes from the last ``state.commit()``,
+which every host keeps on its tmpfs. See ``docs/guides/elastic.md``.
+
+Example:
+    >>> import ddl.torch as dt, ddl.torch.elastic as elastic          # doctest: +SKIP
+    >>> state = elastic.TorchState(model=model, optimizer=opt, sampler=sampler, epoch=0, step=0)  # doctest: +SKIP
+    >>> @elastic.run
+    ... def train(state):
+    ...     ...; state.commit()                                        # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import numpy as np
+
+import torch
+from ddl.base.errors import HorovodInternalError, HostsUpdatedInterrupt
+from ddl.runtime.elastic import ObjectState, State, run, updates_pending, world_number
+from ddl.runtime.elastic_shards import deal, epoch_order
+from ddl.runtime.process import rank, size
+
+
+class ElasticSampler(torch.utils.data.Sampler[int]):
+    """Deals what is left of the epoch over the ranks, again after every change of world size.
+
+    Like ``DistributedSampler``, one shuffled order per epoch (``seed + epoch``), the same on
+    every rank; unlike it, it remembers how many samples the world has processed this
+    epoch (:meth:`record_batch`), so that after a reset (tracked by a :class:`TorchState`)
+    the remaining samples are dealt over the new world: none is repeated or skipped. The
+    one exception is the epoch's last step when fewer samples remain than it takes to give
+    every rank as many batches (see :func:`ddl.runtime.elastic_shards.deal`): pass
+    ``batch_size`` so that happens only when it must.
+
+    Args:
+        dataset: the data (its length must not change).
+        shuffle: shuffle each epoch (default True).
+        seed: the shuffle's seed, the same on every rank.
+        batch_size: the loader's batch size per rank, if known (see above).
+    """
+
+    def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0, *, batch_size: int | None = None) -> None:
+        self.dataset, self.shuffle, self.seed, self.batch_size = dataset, shuffle, seed, batch_size
+        self.epoch = 0
+        self.processed_num = 0
+        self.num_replicas, self.rank = 1, 0
+        self.indices: list[int] = []
+        self.reset()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (call it at the *end* of the previous one, so a reset does not repeat it)."""
+        self.epoch = epoch
+        self.processed_num = 0
+        self.reset()
+
+    def record_batch(self, batch_idx: int, batch_size: int) -> None:
+        """Count one processed batch of ``batch_size`` per rank (the whole world's)."""
+        self.processed_num = min(len(self.dataset), self.processed_num + batch_size * self.num_replicas)
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "processed_num": self.processed_num}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.epoch = int(state_dict["epoch"])
+        self.processed_num = int(state_dict["processed_num"])
+        self.reset()
+
+    def reset(self) -> None:
+        """Deal the epoch's remaining samples over the current world (rank and size now)."""
+        self.num_replicas, self.rank = size(), rank()
+        order = epoch_order(len(self.dataset), epoch=self.epoch, seed=self.seed, shuffle=self.shuffle)
+        remaining = order[self.processed_num:]
+        self.indices = [int(i) for i in deal(remaining, rank=self.rank, size=self.num_replicas,
+                                             batch_size=self.batch_size)]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(list(self.indices))
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+class _Handler:
+    """How one object of a state is saved, restored and carried as bytes."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.saved: Any = None
+        self.save()
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self.saved))
+
+
+def _handler_for(value: Any) -> _Handler | None:
+    kinds = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, ElasticSampler)
+    return _Handler(value) if isinstance(value, kinds) else None
+
+
+class TorchState(ObjectState):
+    """State of a PyTorch training: models, optimizers, LR schedulers, samplers, and plain values.
+
+    Each keyword whose value is a ``torch.nn.Module``, ``torch.optim.Optimizer`` (a
+    ``DistributedOptimizer`` too), LR scheduler or :class:`ElasticSampler` is kept through
+    its ``state_dict``; any other value is a plain attribute (``state.epoch``). Assigning
+    such an object anew (``state.model = other``) tracks the new one.
+
+    Example:
+        >>> state = TorchState(model=model, optimizer=opt, epoch=0, step=0)   # doctest: +SKIP
+    """
+
+    _handlers: dict[str, _Handler]
+
+    def __init__(self, model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+                 **values: Any) -> None:
+        values = {"model": model, "optimizer": optimizer, **values}
+        handlers = {name: h for name, v in values.items() if (h := _handler_for(v)) is not None}
+        object.__setattr__(self, "_handlers", handlers)
+        for name, handler in handlers.items():
+            object.__setattr__(self, name, handler.value)
+        super().__init__(**{k: v for k, v in values.items() if k not in handlers})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        handlers: dict[str, _Handler] = self.__dict__.get("_handlers", {})
+        if name in handlers:
+            handlers[name] = _Handler(value)
+        object.__setattr__(self, name, value)
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def saved_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        torch.save({"objects": {name: h.saved for name, h in self._handlers.items()},
+                    "values": self._saved_state}, buffer)
+        return buffer.getvalue()
+
+    def load_saved_bytes(self, payload: bytes) -> None:
+        data = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+        for name, saved in data["objects"].items():
+            if name in self._handlers:
+                self._handlers[name].saved = saved
+        self._saved_state = data["values"]
+
+
+def preload() -> None:
+    """Warm-up for the elastic agent (entry point ``ddl.preload``): PyTorch imports much of
+    itself on first use (an optimizer's first construction: seconds), so pay that once there."""
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    torch.optim.SGD([parameter], lr=0.1, momentum=0.9)
+    torch.optim.Adam([parameter], lr=0.1)
+    np.zeros(1)
+
+
+__all__ = ["ElasticSampler", "HorovodInternalError", "HostsUpdatedInterrupt", "ObjectState", "State",
+           "TorchState", "run", "updates_pending", "world_number"]

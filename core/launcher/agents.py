@@ -1,0 +1,172 @@
+"""ddlrun's side of the elastic agents: a TCP server whose connections become events, and each host's agent.
+
+Every connection gets a reader thread that turns its lines into ``(connection id, message)``
+events on one queue (``None`` for a closed connection), so the supervisor's loop is single
+threaded and decides in one place. :class:`AgentHandle` is one host's agent: the
+``mpiexec -n 1`` that started it there, its connection, when it was last heard, whether
+it has finished importing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import queue
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+
+from ddl.runtime.elastic_wire import LineReader, Message, encode
+
+Event = tuple[int, Message | None]
+
+
+class EventServer:
+    """Accepts the agents' connections; :attr:`events` carries what they send."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("0.0.0.0", 0), backlog=256)
+        self.port = self.listener.getsockname()[1]
+        self.events: queue.Queue[Event] = queue.Queue()
+        self._connections: dict[int, socket.socket] = {}
+        self._lock = threading.Lock()
+        self._ids = 0
+        self._closed = False
+        threading.Thread(target=self._accept, name="ddlrun-elastic-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self._lock:
+                self._ids += 1
+                cid = self._ids
+                self._connections[cid] = conn
+            threading.Thread(target=self._read, args=(cid, conn), name=f"ddlrun-elastic-{cid}", daemon=True).start()
+
+    def _read(self, cid: int, conn: socket.socket) -> None:
+        reader = LineReader()
+        while True:
+            try:
+                messages = reader.receive(conn)
+            except (OSError, ValueError):
+                messages = None
+            if messages is None:
+                self.events.put((cid, None))
+                return
+            for message in messages:
+                self.events.put((cid, message))
+
+    def send(self, cid: int, message: Message) -> bool:
+        """Send to connection ``cid`` without waiting; False when it is gone.
+
+        Never blocks the supervisor's loop (a host cut off from the network would): the
+        messages are small, so a full send buffer means the peer has not read for a long
+        time; the connection is then dropped, and the agent counts as lost.
+        """
+        with self._lock:
+            conn = self._connections.get(cid)
+        if conn is None:
+            return False
+        data = encode(message)
+        try:
+            while data:
+                sent = conn.send(data, socket.MSG_DONTWAIT)
+                data = data[sent:]
+            return True
+        except BlockingIOError:
+            self.drop(cid)
+            return False
+        except OSError:
+            return False
+
+    def drop(self, cid: int) -> None:
+        with self._lock:
+            conn = self._connections.pop(cid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            conn.close()
+
+    def close(self) -> None:
+        self._closed = True
+        self.listener.close()
+        for cid in list(self._connections):
+            self.drop(cid)
+
+
+def advertised_address(hosts: Sequence[str]) -> str:
+    """The address of this machine that ``hosts`` route to (what agents connect to).
+
+    Found by asking the kernel which source address it would use toward the first host
+    that resolves (a UDP ``connect`` sends nothing); 127.0.0.1 for a job on this host only.
+    """
+    for host in hosts:
+        try:
+            target = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
+        except (OSError, UnicodeError):
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                probe.connect(target)
+                return str(probe.getsockname()[0])
+            except OSError:
+                continue
+    return "127.0.0.1"
+
+
+@dataclasses.dataclass
+class AgentHandle:
+    """One host's agent as ddlrun sees it."""
+
+    host: str
+    process: subprocess.Popen[bytes]
+    started: float
+    cid: int | None = None
+    folder: str | None = None
+    warm: bool = False
+    warm_seconds: float = 0.0
+    last_heard: float = 0.0
+    lost: str | None = None  # why it is gone, once it is
+
+    @property
+    def usable(self) -> bool:
+        return self.warm and self.lost is None
+
+    def heard(self) -> None:
+        self.last_heard = time.monotonic()
+
+
+def start_process(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """Start an ``mpiexec`` in its own session, so that it and what it starts can be killed together."""
+    return subprocess.Popen(argv, env=env, start_new_session=True)
+
+
+def kill_process(process: subprocess.Popen[bytes], *, grace: float = 0.0, wait: float = 0.0) -> None:
+    """End ``process`` and its process group: after ``wait`` seconds for it to end by itself,
+    SIGTERM, then SIGKILL after ``grace``."""
+    if wait > 0:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=wait)
+    if process.poll() is not None:
+        _kill_group(process.pid, signal.SIGKILL)
+        return
+    if grace > 0:
+        _kill_group(process.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace)
+    _kill_group(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=5)
+
+
+def _kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)

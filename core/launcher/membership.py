@@ -1,0 +1,150 @@
+"""Which hosts an elastic job's next world runs on: discovery, failed hosts, and the rank bounds.
+
+Pure: :class:`Membership` is told what discovery lists and which hosts failed, and plans
+each world. A failed host is left out until discovery stops listing it and lists it
+again (a scheduler replaced or repaired it) or, with a cooldown, until the cooldown has
+passed (Horovod's blacklist, with its doubling cooldown). Hosts of the previous world
+come first, in their order, so the survivors keep the lowest ranks (rank 0 stays on a
+host that holds the last commit); new hosts follow in discovery's order; ranks are
+allotted host by host up to ``max_np``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from collections.abc import Iterable, Sequence
+
+from ddl.launcher.hosts import HostListError, HostSlots, format_host_list, parse_hostfile
+
+
+class DiscoveryError(RuntimeError):
+    """The host discovery script failed or printed something that is not a host list."""
+
+
+def parse_discovery(text: str, *, default_slots: int, source: str) -> tuple[HostSlots, ...]:
+    """Hosts from a discovery script's output: ``host:slots`` lines, or ``host`` (``default_slots``).
+
+    Raises:
+        DiscoveryError: a malformed line (the message names it).
+
+    Example:
+        >>> parse_discovery("h1:2\\nh2\\n# spare\\n", default_slots=4, source="d.sh")
+        (HostSlots(name='h1', slots=2), HostSlots(name='h2', slots=4))
+    """
+    out: list[HostSlots] = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            if ":" in line or "slots=" in line:
+                out += parse_hostfile(line, source=f"{source} line {number}")
+            else:
+                out += parse_hostfile(f"{line}:{default_slots}", source=f"{source} line {number}")
+        except HostListError as exc:
+            raise DiscoveryError(str(exc)) from None
+    return tuple(out)
+
+
+def run_discovery(script: str, *, default_slots: int, timeout: float = 10.0) -> tuple[HostSlots, ...]:
+    """Run the discovery script and parse what it prints (Horovod's contract).
+
+    Raises:
+        DiscoveryError: it could not run, failed, timed out, or printed a malformed line.
+    """
+    try:
+        proc = subprocess.run([script], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DiscoveryError(f"host discovery script {script!r} did not run: {exc}") from None
+    if proc.returncode != 0:
+        raise DiscoveryError(f"host discovery script {script!r} exited with status {proc.returncode}: "
+                             f"{proc.stderr.strip()[-500:]}")
+    return parse_discovery(proc.stdout, default_slots=default_slots, source=script)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorldPlan:
+    """The hosts of one world, each with the ranks it runs there (in rank order)."""
+
+    hosts: tuple[HostSlots, ...]
+
+    @property
+    def np(self) -> int:
+        return sum(h.slots for h in self.hosts)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(h.name for h in self.hosts)
+
+    def host_of(self, rank: int) -> str:
+        """The host that runs ``rank`` (mpiexec fills each host's slots in turn)."""
+        for host in self.hosts:
+            if rank < host.slots:
+                return host.name
+            rank -= host.slots
+        raise IndexError(f"rank out of range for {format_host_list(self.hosts)}")
+
+    def __str__(self) -> str:
+        return f"{self.np} rank(s) on {format_host_list(self.hosts) or 'no host'}"
+
+
+class Membership:
+    """What discovery lists, what failed, and the plan of the next world.
+
+    Args:
+        max_np: the most ranks a world runs.
+        cooldown: (first, longest) seconds a failed host stays out; None: until discovery
+            lists it again after leaving it out.
+    """
+
+    def __init__(self, *, max_np: int, cooldown: tuple[float, float] | None = None) -> None:
+        self.max_np = max_np
+        self.cooldown = cooldown
+        self.listed: tuple[HostSlots, ...] = ()
+        self.failed: dict[str, float] = {}  # host -> when it may return (inf: when re-listed)
+        self.failures: dict[str, int] = {}
+        self._unlisted_since_failure: set[str] = set()
+
+    def observe(self, hosts: Iterable[HostSlots], now: float) -> list[str]:
+        """Take discovery's latest list; returns the failed hosts it lets back in."""
+        self.listed = tuple(hosts)
+        names = {h.name for h in self.listed}
+        back = []
+        for host, until in list(self.failed.items()):
+            if host not in names:
+                self._unlisted_since_failure.add(host)
+            elif host in self._unlisted_since_failure or now >= until:
+                back.append(host)
+                del self.failed[host]
+                self._unlisted_since_failure.discard(host)
+        return back
+
+    def fail(self, host: str, now: float) -> None:
+        """Leave ``host`` out of the next worlds (see the class docstring for how it returns)."""
+        count = self.failures[host] = self.failures.get(host, 0) + 1
+        if self.cooldown is None:
+            self.failed[host] = float("inf")
+        else:
+            first, longest = self.cooldown
+            self.failed[host] = now + min(longest, first * 2 ** (count - 1))
+        self._unlisted_since_failure.discard(host)
+
+    def eligible(self) -> tuple[HostSlots, ...]:
+        """Listed hosts that have not failed, in discovery's order."""
+        return tuple(h for h in self.listed if h.name not in self.failed)
+
+    def plan(self, *, ready: Iterable[str], previous: Sequence[str] = ()) -> WorldPlan:
+        """The next world on the eligible hosts in ``ready``: ``previous`` first, up to ``max_np`` ranks."""
+        ready = set(ready)
+        usable = {h.name: h for h in self.eligible() if h.name in ready}
+        order = [name for name in previous if name in usable]
+        order += [name for name in usable if name not in order]
+        hosts, left = [], self.max_np
+        for name in order:
+            take = min(usable[name].slots, left)
+            if take <= 0:
+                break
+            hosts.append(HostSlots(name, take))
+            left -= take
+        return WorldPlan(tuple(hosts))

@@ -1,0 +1,206 @@
+"""Elastic training's pure parts: discovery, membership, the commit store, the wire, sharding, the flags."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ddl.launcher import cli
+from ddl.launcher.elastic_flags import check_bounds
+from ddl.launcher.hosts import HostSlots
+from ddl.launcher.membership import (
+    DiscoveryError,
+    Membership,
+    WorldPlan,
+    parse_discovery,
+    run_discovery,
+)
+from ddl.launcher.preload import PythonTarget, imports_of, python_target
+from ddl.runtime.elastic_shards import batches_per_rank, deal, epoch_order
+from ddl.runtime.elastic_store import CommitStore
+from ddl.runtime.elastic_wire import LineReader, encode, host_folder, send
+
+
+def hosts(text: str) -> tuple[HostSlots, ...]:
+    return parse_discovery(text.replace(",", "\n"), default_slots=1, source="test")
+
+
+# -- discovery and membership ----------------------------------------------------------------
+
+
+def test_discovery_output_is_horovods_host_slots_lines() -> None:
+    assert parse_discovery("h1:2\n\n  h2  \n# a comment\nh3 slots=4 # spare\n", default_slots=3, source="d.sh") == (
+        HostSlots("h1", 2), HostSlots("h2", 3), HostSlots("h3", 4))
+    with pytest.raises(DiscoveryError, match="d.sh line 2"):
+        parse_discovery("h1:2\nh2:zero\n", default_slots=1, source="d.sh")
+
+
+def test_a_failing_discovery_script_says_why(tmp_path: Path) -> None:
+    script = tmp_path / "d.sh"
+    script.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
+    script.chmod(0o755)
+    with pytest.raises(DiscoveryError, match="exited with status 3: broken"):
+        run_discovery(str(script), default_slots=1)
+    script.write_text("#!/bin/sh\necho h1:2\necho h2\n")
+    assert run_discovery(str(script), default_slots=2) == (HostSlots("h1", 2), HostSlots("h2", 2))
+
+
+def test_the_survivors_come_first_and_max_np_cuts_the_last_host() -> None:
+    m = Membership(max_np=5)
+    m.observe(hosts("a:2,b:2,c:2,d:2"), now=0)
+    plan = m.plan(ready={"a", "b", "c", "d"}, previous=("c", "a"))
+    assert plan.hosts == (HostSlots("c", 2), HostSlots("a", 2), HostSlots("b", 1))
+    assert plan.np == 5 and [plan.host_of(r) for r in range(5)] == ["c", "c", "a", "a", "b"]
+    assert m.plan(ready={"b"}, previous=("a",)) == WorldPlan((HostSlots("b", 2),))  # only warm agents count
+
+
+def test_a_failed_host_returns_only_when_listed_again_after_leaving_the_list() -> None:
+    m = Membership(max_np=8)
+    m.observe(hosts("a,b,c"), now=0)
+    m.fail("c", now=1)
+    assert [h.name for h in m.eligible()] == ["a", "b"]
+    assert m.observe(hosts("a,b,c"), now=100) == []  # still listed: a partitioned host must not come back
+    assert m.observe(hosts("a,b"), now=101) == []
+    assert m.observe(hosts("a,b,c"), now=102) == ["c"]  # the scheduler replaced or repaired it
+    assert [h.name for h in m.eligible()] == ["a", "b", "c"]
+
+
+def test_a_cooldown_lets_a_failed_host_back_later_each_time() -> None:
+    m = Membership(max_np=8, cooldown=(10, 25))
+    m.observe(hosts("a,b"), now=0)
+    m.fail("b", now=0)
+    assert m.observe(hosts("a,b"), now=9) == [] and m.observe(hosts("a,b"), now=10) == ["b"]
+    m.fail("b", now=20)  # second failure: 20 s
+    assert m.observe(hosts("a,b"), now=39) == [] and m.observe(hosts("a,b"), now=40) == ["b"]
+    m.fail("b", now=50)  # third: 40 s, capped at 25
+    assert m.observe(hosts("a,b"), now=75) == ["b"]
+
+
+def test_bounds_come_from_np_and_are_checked() -> None:
+    assert check_bounds(3, 2, None, None) == (2, 3)
+    assert check_bounds(None, None, None, 6) == (1, 6)
+    for args, message in (((None, 2, None, None), "needs an upper bound"), ((4, 1, 3, None), "outside"),
+                          ((None, 3, 2, None), "more than --max-np"), ((None, 0, 2, None), ">= 1")):
+        with pytest.raises(ValueError, match=message):
+            check_bounds(*args)
+
+
+def test_ddlrun_refuses_elastic_flags_without_elastic_and_a_fixed_topology_with_it(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["-np", "2", "--min-np", "1", "python", "x.py"]) == cli.USAGE_ERROR
+    assert "--min-np only apply with --elastic" in capsys.readouterr().err
+    assert cli.main(["--elastic", "-np", "2", "--topology", "2", "python", "x.py"]) == cli.USAGE_ERROR
+    assert "an elastic world changes size" in capsys.readouterr().err
+    assert cli.main(["--elastic", "--host-discovery-script", "/nonexistent", "--max-np", "2", "python", "x"]) == 2
+    assert "is not an executable file" in capsys.readouterr().err
+
+
+# -- the commit store and the wire ----------------------------------------------------------
+
+
+def test_the_store_keeps_the_last_whole_commit(tmp_path: Path) -> None:
+    store = CommitStore(tmp_path / "h1")
+    assert store.read() is None and store.serial() == 0
+    store.write(1, b"one")
+    store.write(2, b"two" * 1000)
+    assert store.read() == (2, b"two" * 1000)
+    # A writer killed half-way leaves its temporary file; the commit before it stays whole.
+    (tmp_path / "h1" / ".state.bin.999").write_bytes(b"DDLSTATE1\nhalf")
+    assert store.serial() == 2
+    data = store.path.read_bytes()
+    store.path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))  # a damaged payload is no commit
+    assert store.read() is None and store.serial() == 0
+
+
+def test_messages_are_lines_and_may_arrive_in_pieces() -> None:
+    reader = LineReader()
+    data = encode({"t": "commit", "serial": 3}) + encode({"t": "beat"})
+    assert reader.feed(data[:5]) == [] and reader.feed(data[5:]) == [{"t": "commit", "serial": 3}, {"t": "beat"}]
+    with pytest.raises(ValueError):
+        reader.feed(b"[1, 2]\n")
+    assert host_folder("/dev/shm", "job", "h1") == Path("/dev/shm/ddl-elastic-job/h1")
+
+
+def test_descriptors_travel_with_the_first_message(tmp_path: Path) -> None:
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with a, b, open(tmp_path / "f", "w") as f:
+        send(a, {"t": "launch"}, [f.fileno()])
+        reader = LineReader()
+        assert reader.receive(b, with_fds=True) == [{"t": "launch"}]
+        assert len(reader.fds) == 1 and os.path.samestat(os.fstat(reader.fds[0]), os.fstat(f.fileno()))
+        os.close(reader.fds[0])
+
+
+# -- what the agent preloads -----------------------------------------------------------------
+
+
+def test_python_programs_are_recognised_and_others_are_executed(tmp_path: Path) -> None:
+    py = sys.executable
+    assert python_target([py, "t.py", "-x"], py) == PythonTarget("path", "t.py", ["t.py", "-x"])
+    assert python_target([py, "-u", "-m", "pkg.mod", "a"], py) == PythonTarget("module", "pkg.mod", ["pkg.mod", "a"], True)
+    assert python_target([py, "-c", "print(1)"], py) == PythonTarget("code", "print(1)", ["-c"])
+    assert python_target([py, "-O", "t.py"], py) is None  # options that change the interpreter: exec
+    assert python_target(["/bin/echo", "hi"], py) is None
+    script = tmp_path / "tool"
+    script.write_text("#!/usr/bin/env python3\nimport json\n")
+    assert python_target([str(script), "x"], py) == PythonTarget("path", str(script), [str(script), "x"])
+
+
+def test_only_top_level_imports_are_preloaded(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import os, json as j\nfrom numpy import linalg\nfrom numpy import *\ntry:\n    import csv\nexcept ImportError:\n"
+                      "    pass\ndef f():\n    import sqlite3\nfrom . import sibling\n")
+    assert imports_of(PythonTarget("path", str(script), [])) == ["os", "json", "numpy", "numpy.linalg", "csv"]
+
+
+def test_the_agent_refuses_to_initialise_mpi_and_a_rank_may() -> None:
+    code = ("from ddl.launcher.preload import preload, allow_mpi\n"
+            "ok, failed = preload(['json', 'mpi4py.MPI', 'no_such_module_xyz'])\n"
+            "assert ok == ['json'], ok\n"
+            "assert 'not imported in ddl' in failed['mpi4py.MPI'], failed\n"
+            "assert 'no_such_module_xyz' not in failed  # a name that is no module: skipped (the rank reports it)\n"
+            "allow_mpi()\nfrom mpi4py import MPI\nprint('ranks', MPI.COMM_WORLD.Get_size())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "ranks 1" in out.stdout, out.stderr
+
+
+# -- dealing the rest of an epoch ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [0, 1, 7, 100, 1437])
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("batch", [1, 4, 32])
+def test_every_rank_runs_the_same_steps_and_no_sample_repeats_unless_it_must(count: int, size: int, batch: int) -> None:
+    remaining = epoch_order(count, epoch=2, seed=7, shuffle=True)
+    shares = [deal(remaining, rank=r, size=size, batch_size=batch) for r in range(size)]
+    steps = {-(-len(s) // batch) for s in shares}
+    assert steps == {batches_per_rank(count, size=size, batch_size=batch)}, [len(s) for s in shares]
+    seen = np.concatenate(shares)
+    assert set(seen.tolist()) == set(remaining.tolist())  # nothing skipped
+    q, extra = divmod(count, size)
+    if not extra or q % batch:
+        assert len(seen) == count  # nothing repeated
+    else:  # the short ranks would have no last batch: they share the last few samples
+        assert len(seen) == (q + 1) * size
+        values, counts = np.unique(seen, return_counts=True)
+        assert set(values[counts > 1].tolist()) <= set(remaining[q * size:].tolist())
+
+
+def test_after_a_resize_the_world_continues_where_the_order_stands() -> None:
+    order = epoch_order(1000, epoch=0, seed=1, shuffle=True)
+    processed = 0
+    seen: list[int] = []
+    for size, steps in ((3, 4), (2, 5), (4, 3)):  # 3 ranks for 4 steps, then 2 for 5, then 4 for 3
+        shares = [deal(order[processed:], rank=r, size=size, batch_size=10) for r in range(size)]
+        for step in range(steps):
+            for share in shares:
+                seen += share[step * 10:(step + 1) * 10].tolist()
+        processed += steps * 10 * size
+    assert sorted(seen) == sorted(order[:processed].tolist())  # exactly the first samples of the order, once
+    assert epoch_order(5, epoch=0, seed=0, shuffle=True).tolist() != epoch_order(5, epoch=1, seed=0, shuffle=True).tolist()
