@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show-output", action="store_true")
     args = parser.parse_args(argv)
     outcomes = []
+    started = time.time()
     with Cluster(hosts=3, ranks_per_host=1, rate=args.rate) as cluster:
         for run in range(args.runs):
             extra = example_arguments(args.example, steps=args.steps, join_step=args.join_step,
@@ -217,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  final: {sorted(out.finals.items())}")
             problems = check(out, steps=args.steps)
             print("  targets: " + ("met" if not problems else "MISSED: " + "; ".join(problems)))
+    # The killed host could not remove its store folder (emulated hosts share /dev/shm).
+    for folder in Path("/dev/shm").glob("ddl-elastic-*"):
+        if folder.stat().st_mtime >= started:
+            subprocess.run(["rm", "-rf", str(folder)], check=False)
     if args.runs > 1:
         digests = [{d for _, _, d in o.finals.values()} for o in outcomes]
         same = all(d == digests[0] and len(d) == 1 for d in digests)
