@@ -206,18 +206,21 @@ def _shm_samples(comm: Comm, topology: Topology, plan: ProbePlan, *, shm_bytes: 
 
 
 def _native_samples(comm: Comm, plan: ProbePlan) -> list[float]:
-    """The MPI library's allreduce at each probe size; a size the previous (agreed) time
-    predicts at over ``plan.skip_beyond`` is not run but extrapolated linearly, as the
-    model itself extrapolates past its last point."""
+    """The MPI library's allreduce at each probe size; a size the last two (agreed) times
+    predict at over ``plan.skip_beyond`` is not run but extrapolated along their slope, as
+    the model itself extrapolates past its last point. One point is a latency, not a
+    rate: scaling it by bytes priced 4 KiB at 3 s from an 8-byte probe that took 6 ms
+    on a loaded machine."""
     out: list[float] = []
-    last: tuple[int, float] | None = None
     for nbytes, reps in plan.native:
-        if last is not None and last[1] * nbytes / max(1, last[0]) > plan.skip_beyond:
-            out.append(last[1] * nbytes / max(1, last[0]))
-            continue
+        if len(out) >= 2:
+            (n0, _), (n1, _) = plan.native[len(out) - 2], plan.native[len(out) - 1]
+            slope = (out[-1] - out[-2]) / max(1, n1 - n0)
+            guess = out[-1] + max(0.0, slope) * (nbytes - n1)
+            if guess > plan.skip_beyond:
+                out.append(guess)
+                continue
         buf = np.ones(max(1, nbytes // 4), np.float32)
         sample = median_time(functools.partial(comm.allreduce_native, buf, ReduceOp.SUM), reps, comm, plan.budget)
-        sample = agree_max(comm, [sample])[0]  # decide the next skip alike everywhere
-        out.append(sample)
-        last = (nbytes, sample)
+        out.append(agree_max(comm, [sample])[0])  # decide the next skip alike everywhere
     return out

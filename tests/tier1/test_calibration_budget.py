@@ -57,13 +57,17 @@ def test_native_probes_predicted_too_slow_are_extrapolated() -> None:
             real(buf, op)  # type: ignore[arg-type]
 
         comm.allreduce_native = spy  # type: ignore[method-assign]
-        return probes._native_samples(comm, ProbePlan(native=((8, 3), (4096, 3), (1 << 20, 2)), skip_beyond=1e-9))
+        plan = ProbePlan(native=((8, 3), (4096, 3), (1 << 20, 2), (1 << 22, 2)), skip_beyond=1e-9)
+        return probes._native_samples(comm, plan)
 
     results = run_ranks(2, fn)
-    assert sizes == [[8] * 4, [8] * 4]  # warm-up + 3 repeats of the first probe, nothing larger
-    for samples in results:
-        assert samples[1] == pytest.approx(samples[0] * 4096 / 8)
-        assert samples[2] == pytest.approx(samples[0] * (1 << 20) / 8)
+    # Two sizes are always run (one point is a latency, not a rate); past them the slope
+    # of the last two carries the rest: warm-up + 3 repeats of each of the first two.
+    assert sizes == [[8] * 4 + [4096] * 4] * 2
+    for t8, t4k, t1m, t4m in results:
+        slope = max(0.0, (t4k - t8) / (4096 - 8))
+        assert t1m == pytest.approx(t4k + slope * ((1 << 20) - 4096))
+        assert t4m == pytest.approx(t1m + slope * ((1 << 22) - (1 << 20)))
     assert results[0] == results[1]
 
 
