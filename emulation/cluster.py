@@ -46,8 +46,10 @@ from pathlib import Path
 PREFIX = "ddlh"
 SUBNET = "10.231.0"  # inside /16 10.231.0.0; every cluster has its own switch, so one /24 serves all
 LAUNCHER_ADDRESS = 254
+#: Link names are ``<tag>h<N>a`` (tag: 11 characters); Linux allows 15, so two digits.
+MAX_HOSTS = 16
 NETNS_ETC = Path("/etc/netns")
-_NAME = re.compile(rf"^{PREFIX}([0-9a-f]{{6}})[0-9a-z](s|l|h\d)$")
+_NAME = re.compile(rf"^{PREFIX}([0-9a-f]{{6}})[0-9a-z](s|l|h\d+)$")
 _serial = itertools.count()
 
 
@@ -113,7 +115,8 @@ class Cluster:
     """``hosts`` emulated hosts of ``ranks_per_host`` slots each, links shaped to ``rate``.
 
     Args:
-        hosts: number of hosts (1-9), named ``h1`` ... ``hN``.
+        hosts: number of hosts (1-16), named ``h1`` ... ``hN`` (16: the longest link
+            name, ``<tag>h16a``, is then 15 characters, Linux's limit).
         ranks_per_host: slots per host in :meth:`host_list` and :meth:`hostfile`.
         rate: ``tc`` rate of each host's link in each direction (``"1gbit"``), or None
             for unshaped veths.
@@ -122,8 +125,8 @@ class Cluster:
 
     def __init__(self, hosts: int = 2, ranks_per_host: int = 2, *, rate: str | None = "1gbit",
                  burst: str = "128kb", latency: str = "5ms") -> None:
-        if not 1 <= hosts <= 9:
-            raise ValueError(f"hosts={hosts}: give 1 to 9 emulated hosts")
+        if not 1 <= hosts <= MAX_HOSTS:
+            raise ValueError(f"hosts={hosts}: give 1 to {MAX_HOSTS} emulated hosts")
         if ranks_per_host < 1:
             raise ValueError(f"ranks_per_host={ranks_per_host}: give at least 1")
         self.hosts = [f"h{i + 1}" for i in range(hosts)]
