@@ -197,6 +197,34 @@ def native_time(topology: Topology, nbytes: int, model: CostModel) -> float:
     return 2 * math.ceil(math.log2(p)) * slow.alpha + 2 * nbytes * slow.beta + reduce
 
 
+#: Sizes MPI's allreduce is priced at where nobody measured it: 8 B to 4 GiB, 4x apart.
+NATIVE_SIZES = tuple(8 << (2 * k) for k in range(15))
+
+
+def native_estimate(topology: Topology, nbytes: int, model: CostModel) -> float:
+    """MPI's allreduce as the model sees it: MPICH and Open MPI reduce large messages with
+    Rabenseifner's algorithm over ranks in rank order, which is ``halving_doubling``'s
+    schedule run without ddl's Python cost per message or its segments."""
+    bare = dataclasses.replace(model, step_overhead=0.0, segment_bytes=0, native_points=(), corrections=())
+    return predict("halving_doubling", topology, max(1, nbytes // 4), 4, bare)
+
+
+def extend_native(model: CostModel, topology: Topology) -> CostModel:
+    """``model`` with MPI's allreduce priced up to 4 GiB: past the last measured point
+    (calibration skips the sizes that would take too long) it grows as
+    :func:`native_estimate` grows from that point; with no points, it is the estimate."""
+    if topology.size == 1:
+        return model
+    measured = model.native_points
+    if not measured:
+        return dataclasses.replace(model, native_points=tuple((n, native_estimate(topology, n, model))
+                                                              for n in NATIVE_SIZES))
+    n_last, t_last = measured[-1]
+    base = native_estimate(topology, n_last, model)
+    tail = tuple((n, t_last + native_estimate(topology, n, model) - base) for n in NATIVE_SIZES if n > n_last)
+    return dataclasses.replace(model, native_points=measured + tail)
+
+
 def interpolate(points: tuple[tuple[int, float], ...], nbytes: int) -> float:
     """Piecewise-linear ``seconds(nbytes)`` through measured points, sorted by size.
 

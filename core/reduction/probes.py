@@ -48,7 +48,8 @@ class ProbePlan:
         step_repeats: tiny reducing steps per timed run of the executor probe.
         budget: seconds each collective probe aims at (repeats cut to fit, at least one
             timed run; at 32 ranks on 2 cores full repeats made ``init`` take 2.3 s).
-        skip_beyond: a native probe predicted past this many seconds is extrapolated.
+        skip_beyond: a native probe predicted past this many seconds is skipped (and priced
+            from the links).
         shm_steps: tiny group steps per timed run of the shared-memory probe.
         copy: memory-copy probes in cache and past it (measured: 40 GB/s at 1 MiB, 8.5
             GB/s at 4 MiB; shm moves more bytes through memory than a ring, so pricing
@@ -87,7 +88,7 @@ class Samples:
         links: per non-unit dim, one time per :attr:`ProbePlan.link` probe.
         gamma: seconds per byte of a local numpy reduce.
         step: seconds per executor step (a tiny reducing ``Sendrecv``, alpha included).
-        native: one time per :attr:`ProbePlan.native` probe (extrapolated where skipped).
+        native: one time per :attr:`ProbePlan.native` probe (:data:`SKIPPED` where not run).
         shm: where ``shm`` can run: seconds per tiny group step, then per byte copied for
             each :attr:`ProbePlan.copy` probe; empty otherwise.
     """
@@ -205,20 +206,25 @@ def _shm_samples(comm: Comm, topology: Topology, plan: ProbePlan, *, shm_bytes: 
     return out
 
 
+#: A native probe that was not run (its time predicted past the budget).
+SKIPPED = -1.0
+
+
 def _native_samples(comm: Comm, plan: ProbePlan) -> list[float]:
-    """The MPI library's allreduce at each probe size; a size the last two (agreed) times
-    predict at over ``plan.skip_beyond`` is not run but extrapolated along their slope, as
-    the model itself extrapolates past its last point. One point is a latency, not a
-    rate: scaling it by bytes priced 4 KiB at 3 s from an 8-byte probe that took 6 ms
-    on a loaded machine."""
+    """The MPI library's allreduce at each probe size; once the last two (agreed) times
+    predict a size past ``plan.skip_beyond`` along their slope, it and every larger one
+    are :data:`SKIPPED`: the model prices those from its links
+    (:func:`ddl.reduction.cost.extend_native`). Extrapolating measured times instead went
+    wrong: one point is a latency, not a rate (scaled by bytes from an 8-byte probe that
+    took 6 ms under load, 4 KiB came out at 3 s), and two latency-bound ones give a slope
+    of noise (16 MiB at 17.8 s where it took 2.9 s)."""
     out: list[float] = []
     for nbytes, reps in plan.native:
         if len(out) >= 2:
             (n0, _), (n1, _) = plan.native[len(out) - 2], plan.native[len(out) - 1]
-            slope = (out[-1] - out[-2]) / max(1, n1 - n0)
-            guess = out[-1] + max(0.0, slope) * (nbytes - n1)
-            if guess > plan.skip_beyond:
-                out.append(guess)
+            if out[-1] == SKIPPED or out[-1] + max(0.0, out[-1] - out[-2]) / max(1, n1 - n0) * (nbytes - n1) \
+                    > plan.skip_beyond:
+                out.append(SKIPPED)
                 continue
         buf = np.ones(max(1, nbytes // 4), np.float32)
         sample = median_time(functools.partial(comm.allreduce_native, buf, ReduceOp.SUM), reps, comm, plan.budget)

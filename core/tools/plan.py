@@ -168,16 +168,9 @@ def human(n: float) -> str:
 
 
 def with_native_estimate(model: cost.CostModel, topology: Topology) -> cost.CostModel:
-    """``model`` with MPI's allreduce priced at 8 B - 4 GiB (x4 apart) where nobody measured it.
-
-    MPICH and Open MPI reduce large messages with Rabenseifner's algorithm over ranks in
-    host order: ddl's ``halving_doubling`` schedule, run without ddl's Python cost per
-    message or its segments. ``auto`` reads the points as it reads measured ones.
-    """
-    bare = dataclasses.replace(model, step_overhead=0.0, segment_bytes=0, native_points=())
-    points = tuple((n, cost.predict("halving_doubling", topology, max(1, n // 4), 4, bare))
-                   for n in (8 << (2 * k) for k in range(15)))
-    return dataclasses.replace(model, native_points=points)
+    """``model`` with MPI's allreduce priced at 8 B - 4 GiB (x4 apart) where nobody measured
+    it (:func:`ddl.reduction.cost.extend_native`); ``auto`` reads the points as measured ones."""
+    return cost.extend_native(model, topology)
 
 
 def build_cost_model(args: argparse.Namespace, topology: Topology) -> tuple[cost.CostModel, list[str]]:

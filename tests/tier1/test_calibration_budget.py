@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -45,7 +46,7 @@ def test_a_probe_over_budget_is_its_warm_up_alone() -> None:
         assert calls == 1 and seconds >= 0.01
 
 
-def test_native_probes_predicted_too_slow_are_extrapolated() -> None:
+def test_native_probes_predicted_too_slow_are_skipped_and_priced_from_the_links() -> None:
     sizes: list[list[int]] = [[], []]
 
     def fn(comm: FakeComm) -> list[float]:
@@ -61,14 +62,28 @@ def test_native_probes_predicted_too_slow_are_extrapolated() -> None:
         return probes._native_samples(comm, plan)
 
     results = run_ranks(2, fn)
-    # Two sizes are always run (one point is a latency, not a rate); past them the slope
-    # of the last two carries the rest: warm-up + 3 repeats of each of the first two.
+    # Two sizes are always run (one point is a latency, not a rate); the rest are skipped,
+    # not extrapolated from them: warm-up + 3 repeats of each of the first two.
     assert sizes == [[8] * 4 + [4096] * 4] * 2
-    for t8, t4k, t1m, t4m in results:
-        slope = max(0.0, (t4k - t8) / (4096 - 8))
-        assert t1m == pytest.approx(t4k + slope * ((1 << 20) - 4096))
-        assert t4m == pytest.approx(t1m + slope * ((1 << 22) - (1 << 20)))
+    assert all(r[2:] == [probes.SKIPPED] * 2 and min(r[:2]) > 0 for r in results)
     assert results[0] == results[1]
+
+
+def test_mpi_allreduce_past_the_last_measured_size_grows_as_the_link_model() -> None:
+    from ddl.base.topology import build_topology
+    from ddl.reduction import cost
+    topo = build_topology(0, ["a", "a", "b", "b"])
+    model = cost.CostModel(links=(cost.Link(1e-5, 1e-9), cost.Link(1e-4, 1 / 25e6)), native_points=((8, 0.04),
+                                                                                                    (4096, 0.043)))
+    extended = cost.extend_native(model, topo)
+    assert extended.native_points[:2] == model.native_points  # measured points stay as measured
+    est = [cost.native_estimate(topo, n, model) for n in (4096, 16 << 20)]
+    # Anchored at the last measured point, the link model's growth on top: 16 MiB over a
+    # 25 MB/s port costs about a second more than 4 KiB, not 16 MiB / 4 KiB x 43 ms.
+    assert cost.native_time(topo, 16 << 20, extended) == pytest.approx(0.043 + est[1] - est[0])
+    assert 0.5 < est[1] - est[0] < 3
+    bare = cost.extend_native(dataclasses.replace(model, native_points=()), topo)  # nothing measured: the estimate
+    assert cost.native_time(topo, 1 << 20, bare) == pytest.approx(cost.native_estimate(topo, 1 << 20, model))
 
 
 # -- per-algorithm corrections from whole-schedule runs ------------------------------------
