@@ -89,10 +89,12 @@ def test_mpi_allreduce_past_the_last_measured_size_grows_as_the_link_model() -> 
 # -- per-algorithm corrections from whole-schedule runs ------------------------------------
 
 
-def test_correction_interpolates_in_log_size_and_holds_outside() -> None:
+def test_correction_interpolates_in_log_size_holds_below_and_fades_above() -> None:
     from ddl.reduction import cost
     model = cost.CostModel(links=(cost.SHARED_MEMORY,), corrections=(("ring", ((1 << 10, 2.0), (1 << 20, 4.0))),))
-    assert model.correction("ring", 1) == 2.0 and model.correction("ring", 1 << 30) == 4.0
+    assert model.correction("ring", 1) == 2.0 and model.correction("ring", 1 << 20) == 4.0
+    # Past the largest run it fades to 1 over 4 octaves: a latency-bound run says nothing of bandwidth.
+    assert model.correction("ring", 1 << 22) == pytest.approx(2.5) and model.correction("ring", 1 << 30) == 1.0
     assert model.correction("ring", 1 << 15) == pytest.approx(3.0)  # halfway in log2
     assert model.correction("shm", 1 << 15) == 1.0
     plain = cost.CostModel(links=(cost.SHARED_MEMORY,))
