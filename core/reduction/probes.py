@@ -161,6 +161,12 @@ def _link_samples(comm: Comm, topology: Topology, dim: int, plan: ProbePlan) -> 
     ring = topology.ring(dim)
     i = ring.index(topology.rank)
     nxt, prv = ring[(i + 1) % len(ring)], ring[i - 1]
+    # Connect first: MPI (UCX, TCP) opens a pair's connection at its first message, which
+    # took 9 ms between emulated hosts; as the 8-byte probe's warm-up it put the warm-up
+    # over budget, so it became the sample and priced every message of that dim at 9 ms
+    # where a ring step paid 2.
+    connect = np.ones(8, np.uint8)
+    comm.sendrecv(connect, nxt, np.empty(8, np.uint8), prv)
     out = []
     for nbytes, reps in plan.link:
         send, recv = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
@@ -219,6 +225,7 @@ def _native_samples(comm: Comm, plan: ProbePlan) -> list[float]:
     took 6 ms under load, 4 KiB came out at 3 s), and two latency-bound ones give a slope
     of noise (16 MiB at 17.8 s where it took 2.9 s)."""
     out: list[float] = []
+    comm.allreduce_native(np.ones(2, np.float32), ReduceOp.SUM)  # connect (see _link_samples)
     for nbytes, reps in plan.native:
         if len(out) >= 2:
             (n0, _), (n1, _) = plan.native[len(out) - 2], plan.native[len(out) - 1]

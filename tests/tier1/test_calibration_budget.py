@@ -64,9 +64,31 @@ def test_native_probes_predicted_too_slow_are_skipped_and_priced_from_the_links(
     results = run_ranks(2, fn)
     # Two sizes are always run (one point is a latency, not a rate); the rest are skipped,
     # not extrapolated from them: warm-up + 3 repeats of each of the first two.
-    assert sizes == [[8] * 4 + [4096] * 4] * 2
+    assert sizes == [[8] * 5 + [4096] * 4] * 2  # the first 8 bytes: a connecting call
     assert all(r[2:] == [probes.SKIPPED] * 2 and min(r[:2]) > 0 for r in results)
     assert results[0] == results[1]
+
+
+def test_a_pairs_first_message_is_not_taken_for_its_latency() -> None:
+    """MPI connects a pair at its first message (9 ms between emulated hosts): the link
+    probes connect first, so the 8-byte latency is a warm message's."""
+    from ddl.base.topology import build_topology
+
+    def fn(comm: FakeComm) -> list[float]:
+        real, seen = comm.sendrecv, [0]
+
+        def first_one_slow(*args: object) -> None:
+            seen[0] += 1
+            if seen[0] == 1:
+                time.sleep(0.05)  # over the probe budget: a warm-up this slow would be the sample
+            real(*args)  # type: ignore[arg-type]
+
+        comm.sendrecv = first_one_slow  # type: ignore[method-assign]
+        topo = build_topology(comm.rank, ["a", "b"])
+        return probes._link_samples(comm, topo, 0, ProbePlan(link=((8, 3), (4096, 2)), budget=0.03))
+
+    for latency, _ in run_ranks(2, fn):
+        assert latency < 0.02, latency
 
 
 def test_mpi_allreduce_past_the_last_measured_size_grows_as_the_link_model() -> None:
