@@ -97,7 +97,7 @@ def model_from_calibration(path: str | Path, topology: Topology, *, segment_byte
     notes = [f"cost model from {path} (measured at {who.get('world_size')} ranks, dims "
              f"{'x'.join(map(str, who.get('dims') or []))})"]
     if who.get("world_size") != topology.size or who.get("dims") != list(topology.dims):
-        model = dataclasses.replace(model, native_points=())
+        model = dataclasses.replace(model, native_points=(), native_measured=0)
         notes.append("its MPI allreduce points are for another job size: dropped")
     return model, notes
 

@@ -104,6 +104,12 @@ def test_mpi_allreduce_past_the_last_measured_size_grows_as_the_link_model() -> 
     # 16 MiB over a 25 MB/s port costs about a second more, not 16 MiB / 4 KiB x 43 ms.
     assert cost.native_time(topo, 16 << 20, extended) == pytest.approx(0.043 + hd[1] - hd[0])
     assert 0.5 < cost.native_time(topo, 16 << 20, extended) < 5
+    assert extended.native_measured == 4096 and cost.extend_native(extended, topo) == extended
+    # auto bets on MPI's own allreduce only where it was measured, however cheap the estimate.
+    cheap = dataclasses.replace(extended, native_points=tuple((n, t / 1e6) for n, t in extended.native_points))
+    assert cost.choose(topo, 1024, 4, cheap) == "mpi" and cost.choose(topo, 1 << 22, 4, cheap) != "mpi"
+    assert cost.choose(topo, 1 << 22, 4, dataclasses.replace(cheap, native_measured=0)) == "mpi"
+    assert cost.CostModel.from_json(extended.to_json(), segment_bytes=0).native_measured == 4096
     bare = cost.extend_native(dataclasses.replace(model, native_points=()), topo)  # nothing measured: the estimate
     assert cost.native_time(topo, 1 << 20, bare) == pytest.approx(cost.native_estimate(topo, 1 << 20, model))
 
@@ -131,7 +137,7 @@ def test_every_rank_gets_the_same_corrections() -> None:
 
     # The fake is slow: run every probe.
     plan = ProbePlan(link=((8, 2), (4096, 2)), native=((8, 2), (4096, 2)), corrections=(4 << 10, 64 << 10),
-                     correction_skip_beyond=10.0)
+                     correction_skip_beyond=10.0, correction_budget=100.0)  # load must not cut runs
 
     def body(comm: FakeComm) -> object:
         topo = build_topology(comm.rank, ["h"] * 3)
