@@ -99,11 +99,11 @@ def plot(record: dict[str, Any], path: Path) -> bool:
     eff.bar([x + 0.2 for x in xs], [rows[n]["plan_efficiency"] * 100 for n in names], 0.4, label="ddl plan")
     eff.axhline(95, color="k", linestyle=":", linewidth=1, label="95 % (DDL's claim)")
     low = min([95.0] + [rows[n]["efficiency"] * 100 for n in names if rows[n]["efficiency"] == rows[n]["efficiency"]])
-    eff.set_ylim(max(0.0, low - 5), 100.5)
+    eff.set_ylim(max(0.0, low - 5), 102)  # room above the bars for the legend
     eff.set_xticks(list(xs), names, rotation=20)
     eff.set_ylabel("scaling efficiency (%)")
     eff.set_title("training step, compute overlapped")
-    eff.legend(loc="lower left")
+    eff.legend(loc="upper center", ncol=3, fontsize=8)
     comm.bar([x - 0.2 for x in xs], [rows[n]["comm_s"] for n in names], 0.4, label="measured")
     comm.bar([x + 0.2 for x in xs], [rows[n]["plan_comm_s"] for n in names], 0.4, label="ddl plan")
     if record.get("link_bound_s"):
