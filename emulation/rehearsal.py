@@ -170,7 +170,7 @@ def harness_lines(record: dict[str, Any]) -> list[str]:
     sent = [v[0] for v in h["veth_bytes"].values()]
     # Each allreduce of N bytes must move at least 2(H-1)/H x N through every port.
     runs = sum(len(c["steps"]) + 2 for c in record["contenders"].values())
-    floor = 2 * (h["hosts"] - 1) / h["hosts"] * record["bytes"] * runs
+    floor = 2 * (h["hosts"] - 1) / h["hosts"] * record.get("wire_bytes", record["bytes"]) * runs
     c = h["cores"]
     return [
         f"harness: {h['hosts']} hosts x {h['ranks_per_host']} ranks, links {h['link']} (tbf burst {h['burst']}, "

@@ -358,6 +358,7 @@ def _worker(args: argparse.Namespace, sizes: list[int], source: str) -> int:
     model, calibrated = ddl.context().model, ddl.context().calibration
     record: dict[str, Any] = {
         "model": source, "tensors": len(sizes), "bytes": total, "ranks": p, "dims": list(topology.dims),
+        "wire_bytes": total // 2 if args.compression != "none" else total,  # what crosses the links
         "hosts": topology.cross_size, "compute_s": compute, "link": args.link, "like": None if args.compute_ms
         else dataclasses.asdict(REFERENCES[args.like]), "compression": args.compression,
         "backward_fraction": args.backward_fraction, "rounds": args.rounds, "correct": correct,
@@ -375,7 +376,7 @@ def _worker(args: argparse.Namespace, sizes: list[int], source: str) -> int:
             "predicted": pred, "predicted_burst": pred_burst,
         }
     if args.link and topology.cross_size > 1:
-        record["link_bound_s"] = link_bound(total, topology.cross_size, plan.parse_bandwidth(args.link))
+        record["link_bound_s"] = link_bound(record["wire_bytes"], topology.cross_size, plan.parse_bandwidth(args.link))
     if rank == 0:
         from ddl.tools.bench import rehearsal_report
 

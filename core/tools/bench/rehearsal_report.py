@@ -57,7 +57,7 @@ def table(record: dict[str, Any]) -> list[str]:
     lines.append("step: slowest rank, median of rounds; eff: compute-only step (the last gradient's landing, "
                  "measured in the same step) / step; plan: ddl plan's step from the cost model auto used; m/p: "
                  "measured / plan; tail: step - compute; comm: the buckets back to back without compute (after "
-                 "a warm-up pass); bound %: 2(H-1)/H x gradient bytes at the link rate / comm")
+                 "a warm-up pass); bound %: 2(H-1)/H x the gradient bytes on the wire (halved by fp16/bf16) at the link rate / comm")
     if record.get("calibration"):
         lines.append(f"model: {record['calibration']}")
     return lines
