@@ -54,7 +54,8 @@ def check_not_xla(what: str) -> None:
         raise ValueError(
             f"ddl.tensorflow {what} cannot run inside an XLA-compiled function: its collectives "
             "call into Python (tf.numpy_function), which XLA cannot compile. Turn XLA off: "
-            "model.compile(..., jit_compile=False) or tf.function(jit_compile=False)."
+            "model.compile(..., jit_compile=False) or tf.function(jit_compile=False) (Keras's default "
+            "jit_compile='auto' turns XLA on wherever TensorFlow sees a GPU)."
         )
 
 

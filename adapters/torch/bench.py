@@ -28,6 +28,8 @@ import torch
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
 from torch import nn
 
+from .resnet import resnet50
+
 CONTENDERS = ["none", "ddl.torch", "DDP-gloo"]
 
 
@@ -50,6 +52,7 @@ def cnn() -> nn.Module:
 MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
     "mlp": (mlp, (1024,)),
     "cnn": (cnn, (3, 32, 32)),
+    "resnet50": (resnet50, (3, 224, 224)),  # for --device cuda (a CPU step takes seconds)
 }
 
 
@@ -62,11 +65,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cnn-step-ms", type=float, default=100.0)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=8, help="timed steps per round and contender")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where models train (cuda: every rank on GPU local_rank %% GPUs; ddl stages through "
+                             "pinned host memory, DDP-gloo through host memory too)")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return _worker(args)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible here (torch.cuda.is_available() is False)")
     try:
         ranks = parse_rank_counts(args.np)
     except ValueError as exc:
@@ -81,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(tmp) / "result.json"
             proc = relaunch(p, ["-m", "ddl.torch.bench", "--worker", str(out), "--models", args.models, "--mlp-batch", str(args.mlp_batch),
                              "--cnn-batch", str(batch), "--cnn-step-ms", str(args.cnn_step_ms),
-                                "--rounds", str(args.rounds), "--steps", str(args.steps)])
+                                "--rounds", str(args.rounds), "--steps", str(args.steps), "--device", args.device])
             if proc.returncode != 0 or not out.exists():
                 print(f"ddl bench torch: the {p}-rank run failed (exit {proc.returncode})", file=sys.stderr)
                 return 1
@@ -149,21 +157,27 @@ def _worker(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(1)
     dt.init()
+    device = torch.device("cuda", dt.local_rank() % torch.cuda.device_count()) if args.device == "cuda" \
+        else torch.device("cpu")
     comm = MPI.COMM_WORLD.Dup()
     port = comm.bcast(free_port() if comm.Get_rank() == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=dt.rank(), world_size=dt.size())
-    result: dict[str, Any] = {"size": dt.size(), "step_s": {}, "batch": {}, "params": {}, "allreduce_s": {}}
+    result: dict[str, Any] = {"size": dt.size(), "step_s": {}, "batch": {}, "params": {}, "allreduce_s": {},
+                              "device": device.type}
     for name in args.models.split(","):
         build, shape = MODELS[name]
         batch = args.mlp_batch if name == "mlp" else args.cnn_batch
+        if batch <= 0 and device.type == "cuda":
+            batch = 32  # tuning times a CPU step; on a GPU take a common per-GPU batch
         if batch <= 0:
             batch = comm.bcast(_tune_batch(build, shape, args.cnn_step_ms) if dt.rank() == 0 else None, root=0)
         gen = torch.Generator().manual_seed(dt.rank())
-        x, y = torch.randn(batch, *shape, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+        x = torch.randn(batch, *shape, generator=gen).to(device)
+        y = torch.randint(0, 10, (batch,), generator=gen).to(device)
         steppers: dict[str, Callable[[], None]] = {}
         for c in CONTENDERS:
             torch.manual_seed(0)
-            model = build()
+            model = build().to(device)
             opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             if c == "ddl.torch":
                 opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
@@ -187,6 +201,8 @@ def _worker(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
                     steppers[c]()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 times[c].append(comm.allreduce((time.perf_counter() - t0) / args.steps, op=MPI.MAX))
         result["allreduce_s"][name] = statistics.median(times.pop("allreduce"))
         result["step_s"][name] = {c: statistics.median(v) for c, v in times.items()}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from ddl.reduction.buckets import MiB, plan_buckets
 
+from .staging import Copy, Device
+
 __all__ = ["Bucket", "MiB", "plan_buckets"]
 
 
@@ -17,7 +19,9 @@ class Bucket:
     single process, and one unused only here still gets the others' gradient.
     """
 
-    def __init__(self, index: int, name: str, params: list[torch.Tensor]) -> None:
+    def __init__(self, index: int, name: str, params: list[torch.Tensor], device: Device | None = None) -> None:
+        """``device``: how gradients on an accelerator reach this bucket's (pinned, host)
+        buffer; None for CPU parameters, whose gradients are reduced in place."""
         self.index = index
         self.name = name
         self.params = params
@@ -29,9 +33,12 @@ class Bucket:
         self.numel = total
         first = params[0]
         pin = first.device.type == "cuda"
+        # Made once and reused every step: no pinned allocation on the step's path.
         self.buffer = torch.zeros(total + len(params), dtype=first.dtype, pin_memory=pin)
+        self.device = device
         self.ready = 0
         self.handle: object | None = None
+        self.copy: Copy | None = None  # the device->host copy in flight, before the allreduce starts
 
     def grad_slice(self, j: int) -> torch.Tensor:
         """The part of the buffer holding parameter ``j``'s gradient, shaped like it."""
@@ -45,3 +52,4 @@ class Bucket:
     def reset(self) -> None:
         self.ready = 0
         self.handle = None
+        self.copy = None

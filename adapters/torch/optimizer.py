@@ -10,7 +10,7 @@ import ddl
 import torch
 from ddl.base.ops import ReduceOp, as_op
 from ddl.engine.compression import as_compressor
-from ddl.engine.naming import manifest_name
+from ddl.engine.naming import call_site_name, manifest_name
 
 from .reducer import Options, Reducer, late_buckets
 
@@ -164,7 +164,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                 no_sync=self.__dict__.get("_no_sync", False))
         self._skip = False
         if check:
-            _check_same_model(prefix, _manifest(params, self._names))
+            _check_same_model(_manifest(params, self._names))
 
     def _next_prefix(self) -> str:
         self._version += 1
@@ -200,7 +200,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # the new ones with this step's buckets, then plan and hook them all.
         self._name_new()
         prefix = self._next_prefix()
-        _check_same_model(prefix, _manifest(params, self._names))
+        _check_same_model(_manifest(params, self._names))
         hooked = set(self._reducer.index) | set(self._reducer.frozen)
         self._reducer.stop_observing()
         self._reducer.synchronize(extra=late_buckets([p for p in params if p not in hooked], self._options, prefix))
@@ -321,13 +321,14 @@ def _manifest(params: list[torch.Tensor], names: dict[torch.Tensor, str]) -> lis
     return [(names[p], tuple(p.shape), str(p.dtype)) for p in params]
 
 
-def _check_same_model(prefix: str, manifest: list[tuple[str, tuple[int, ...], str]]) -> None:
+def _check_same_model(manifest: list[tuple[str, tuple[int, ...], str]]) -> None:
     """Every rank must wrap the same parameters, or buckets would not line up: say which differ."""
     if not ddl.is_initialized() or ddl.size() == 1:
         return
-    # Unnamed (matched by call order, like any collective): a name from the manifest
-    # would differ exactly where this check must catch it.
-    everyone = ddl.allgather_object(manifest)
+    # Named by where the program built the optimizer: a name from the manifest would differ
+    # exactly where this check must catch it, and an unnamed call would be matched per
+    # thread, whose names differ when ranks start their threads in another order.
+    everyone = ddl.allgather_object(manifest, name=call_site_name("ddl.torch.opt.check"))
     for r, other in enumerate(everyone):
         if other != manifest:
             diff = next(((a, b) for a, b in zip(manifest, other, strict=False) if a != b), None)

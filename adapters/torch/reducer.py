@@ -10,10 +10,12 @@ import torch
 from ddl.base.ops import ReduceOp
 from ddl.engine.compression import Compressor
 
+from . import staging
 from .buckets import Bucket, MiB, plan_buckets
 from .tensors import host_view
 
 _LOCAL = object()  # a bucket's "handle" when one rank needs no reduction
+_LANDING = object()  # a bucket's "handle" while its gradients are still on their way to host memory
 # The autograd node running now, or None outside any node: a backward pass nested in a
 # node (reentrant checkpointing) ends while its outer pass is still running.
 _current_node: Callable[[], object] = getattr(torch._C, "_current_autograd_node", lambda: None)
@@ -83,8 +85,17 @@ class Reducer:
 
     def _build(self, plan: list[list[int]], prefix: str) -> None:
         self.plan = plan
-        self.buckets = [Bucket(k, f"{prefix}.b{k}", [self.trainable[i] for i in idx]) for k, idx in enumerate(plan)]
+        devices: dict[torch.device, staging.Device | None] = {}  # one side stream per device
+        buckets = []
+        for k, idx in enumerate(plan):
+            params = [self.trainable[i] for i in idx]
+            where = params[0].device
+            if where not in devices:
+                devices[where] = staging.device_for(params)
+            buckets.append(Bucket(k, f"{prefix}.b{k}", params, devices[where]))
+        self.buckets = buckets
         self._slot = {p: b for b in self.buckets for p in b.params}
+        self._landing: list[Bucket] = []  # launched, gradients still being copied to the host
 
     def _agree_order(self, observed: list[int]) -> None:
         """Re-plan the buckets in the order every rank agrees on (a collective call)."""
@@ -136,6 +147,8 @@ class Reducer:
                 self._armed = True
             except RuntimeError:
                 pass  # not inside a backward pass (a hook called by hand): synchronize() starts the rest
+        if self._landing:
+            self._submit_landed()
         n = self.passes[p]
         if n == 0 and self._observed is not None:
             self._observed.append(self.index[p])
@@ -156,14 +169,15 @@ class Reducer:
                     self._launch(b)
 
     def _launch(self, bucket: Bucket) -> None:
-        """Copy the bucket's gradients into its buffer and start the allreduce."""
+        """Fill the bucket's buffer with its gradients and start the allreduce; for gradients
+        on an accelerator, start their copy to the host and submit once it has landed."""
         opts = self.options
         grads = [p.grad for p in bucket.params]
         if ddl.size() == 1 and opts.compression.wire is None and not any(g is not None and g.is_sparse for g in grads):
             bucket.handle = _LOCAL  # one rank: the average is the gradient itself
             return
         with torch.no_grad():
-            flags = []
+            flags, dsts, srcs = [], [], []
             for j, g in enumerate(grads):
                 dst = bucket.grad_slice(j)
                 if g is None:
@@ -173,16 +187,42 @@ class Reducer:
                 if g.is_sparse:
                     g = g.to_dense()
                 if g.data_ptr() != dst.data_ptr():  # a grad left as a view of this bucket is in place already
-                    dst.copy_(g)
+                    dsts.append(dst)
+                    srcs.append(g)
                 flags.append(1.0)
             bucket.flags.copy_(torch.tensor(flags))
-            op, factor = opts.op, opts.gradient_predivide_factor
+            if bucket.device is None:
+                for dst, src in zip(dsts, srcs, strict=True):
+                    dst.copy_(src)
+                self._submit(bucket)
+                return
+            bucket.copy = bucket.device.to_host(dsts, srcs)
+        bucket.handle = _LANDING
+        self._landing.append(bucket)
+
+    def _submit_landed(self, *, wait: bool = False) -> None:
+        """Submit the allreduce of every launched bucket whose copy has landed (``wait``: all)."""
+        still = []
+        for b in self._landing:
+            assert b.copy is not None
+            if wait:
+                b.copy.wait()
+            if b.copy.done():
+                self._submit(b)
+            else:
+                still.append(b)
+        self._landing = still
+
+    def _submit(self, bucket: Bucket) -> None:
+        """Start the allreduce of a bucket whose buffer holds this rank's gradients."""
+        opts = self.options
+        op, factor = opts.op, opts.gradient_predivide_factor
+        with torch.no_grad():
             if factor != 1.0:
                 bucket.buffer.div_(factor)
                 op = ReduceOp.SUM
-            view = host_view(bucket.buffer)
-            bucket.handle = ddl.allreduce_async(view, op=op, name=bucket.name,
-                                                compression=opts.compression, inplace=True)
+        view = host_view(bucket.buffer)
+        bucket.handle = ddl.allreduce_async(view, op=op, name=bucket.name, compression=opts.compression, inplace=True)
 
     # -- at step() -----------------------------------------------------------------------
     def synchronize(self, extra: Sequence[Bucket] = ()) -> None:
@@ -197,6 +237,7 @@ class Reducer:
         for b in [*todo, *extra]:
             if b.handle is None:
                 self._launch(b)
+        self._submit_landed(wait=True)
         opts = self.options
         post = opts.gradient_predivide_factor / ddl.size() if opts.gradient_predivide_factor != 1.0 else None
         try:
@@ -219,6 +260,9 @@ class Reducer:
             if post is not None:
                 bucket.buffer[: bucket.numel].mul_(post)
             flags = bucket.flags.tolist()
+            if bucket.device is not None:
+                self._unpack_to_device(bucket, flags)
+                return
             for j, p in enumerate(bucket.params):
                 if flags[j] <= 0:
                     continue  # no rank had a gradient: leave .grad as it is (None)
@@ -232,6 +276,20 @@ class Reducer:
                 else:
                     p.grad.copy_(reduced)
 
+    def _unpack_to_device(self, bucket: Bucket, flags: list[float]) -> None:
+        """Copy a reduced bucket back into its parameters' ``.grad`` on the accelerator
+        (in place where a gradient exists: nothing allocated on the step's path)."""
+        assert bucket.device is not None
+        dsts, srcs = [], []
+        for j, p in enumerate(bucket.params):
+            if flags[j] <= 0:
+                continue
+            if p.grad is None or p.grad.is_sparse:
+                p.grad = torch.empty_like(p)
+            dsts.append(p.grad)
+            srcs.append(bucket.grad_slice(j))
+        bucket.device.to_device(dsts, srcs)
+
     def reset(self) -> None:
         """Forget this step's progress (after a synchronize, or at zero_grad)."""
         for b in self.buckets:
@@ -240,6 +298,7 @@ class Reducer:
             self.passes[p] = 0
         self._backward_passes = 0
         self._armed = False
+        self._landing = []
         if self._observed is not None:
             self._observed = []
 

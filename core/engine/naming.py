@@ -10,6 +10,7 @@ program creates in the same order) is part of the request's name.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 
@@ -79,3 +80,23 @@ def manifest_name(prefix: str, manifest: object) -> str:
     with _manifests_lock:
         n = _manifests[key] = _manifests.get(key, -1) + 1
     return key if n == 0 else f"{key}.{n}"
+
+
+_sites: dict[str, int] = {}
+
+
+def call_site_name(prefix: str) -> str:
+    """A request name from where the program called into ddl: ``prefix`` + the first calling
+    frame outside ddl (file and line) + how many calls that line made before.
+
+    For checks that must meet on every rank even when what they compare differs (a
+    manifest name would then differ too): ranks running the same program call from the
+    same line, whichever thread they run it on and whatever else they built before.
+    """
+    frame = sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] == "ddl":
+        frame = frame.f_back
+    site = f"{prefix}@{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_lineno}"
+    with _manifests_lock:
+        n = _sites[site] = _sites.get(site, -1) + 1
+    return f"{site}.{n}"

@@ -58,7 +58,7 @@ def test_native_probes_predicted_too_slow_are_skipped_and_priced_from_the_links(
             real(buf, op)  # type: ignore[arg-type]
 
         comm.allreduce_native = spy  # type: ignore[method-assign]
-        plan = ProbePlan(native=((8, 3), (4096, 3), (1 << 20, 2), (1 << 22, 2)), skip_beyond=1e-9, budget=10.0)
+        plan = ProbePlan(native=((8, 3), (4096, 3), (1 << 20, 2), (1 << 22, 2)), skip_beyond=1e-9, budget=60.0)
         return probes._native_samples(comm, plan)
 
     results = run_ranks(2, fn)

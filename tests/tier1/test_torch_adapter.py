@@ -349,3 +349,42 @@ def test_bench_summary_computes_efficiency_against_one_undistributed_process() -
     assert rows[(1, "ddl.torch")]["vs_floor"] is None and rows[(2, "DDP-gloo")]["vs_floor"] is None
     table = format_table(summarize(runs))
     assert "ddl.torch" in table and "0.800" in table
+
+
+def test_staged_gradients_overlap_their_copies_and_reuse_their_buffers(monkeypatch) -> None:
+    """The CUDA path's logic on CPU (a device whose copies land late): the hook returns before
+    the copy lands, the allreduce starts only after it (else the sums are wrong), results
+    equal the in-place path, and no buffer is allocated again from one step to the next."""
+    from ddl.torch import staging
+
+    def run(staged: bool) -> tuple[list[torch.Tensor], object]:
+        late = staging.LateCopies(0.03)
+        if staged:
+            monkeypatch.setattr(staging, "device_for", lambda params: late)
+        torch.manual_seed(0)
+        m = model()
+        opt = wrapped(m, compression=ddl.Compression.fp16)  # one rank: fp16 makes it reduce
+        pointers = []
+        for _ in range(3):
+            opt.zero_grad(set_to_none=False)
+            backward(m)
+            opt.step()
+            pointers.append(([b.buffer.data_ptr() for b in opt._reducer.buckets],
+                             [p.grad.data_ptr() for p in m.parameters() if p.grad is not None]))
+        monkeypatch.undo()
+        assert all(pp == pointers[0] for pp in pointers[1:]), "a buffer was allocated again"
+        return [p.detach().clone() for p in m.parameters()], late
+
+    plain, _ = run(False)
+    staged, late = run(True)
+    assert late.started >= 3 and not any(late.landed_early)  # every hook returned before its copy landed
+    for a, b in zip(plain, staged, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_an_unknown_device_has_no_staging_path() -> None:
+    from ddl.torch import staging
+
+    with pytest.raises(TypeError, match="CPU and CUDA"):
+        staging.device_for([torch.empty(1, device="meta")])
+    assert staging.device_for([torch.empty(1)]) is None

@@ -17,7 +17,8 @@ def _check_no_xla(model: Any) -> None:
     if getattr(model, "jit_compile", False):
         raise ValueError("ddl.tensorflow cannot train an XLA-compiled model: its collectives call into Python "
                          "(tf.numpy_function), which XLA cannot compile. Compile the model with "
-                         "model.compile(..., jit_compile=False).")
+                         "model.compile(..., jit_compile=False) (Keras's default jit_compile='auto' turns "
+                         "XLA on wherever TensorFlow sees a GPU).")
 
 
 def _is_number(v: Any) -> bool:

@@ -1,5 +1,7 @@
 """Tier-2 worker: the async engine — ordering, overlap, fusion, compression, mismatch."""
 
+import sys
+import threading
 import time
 
 import numpy as np
@@ -78,5 +80,9 @@ if p > 1:
     h1.wait()
 
 assert np.all(ddl.allreduce(np.ones(2), op=ddl.Sum) == p)
+hooked = sys.excepthook is not sys.__excepthook__
 ddl.shutdown()
+# While ddl ran (several ranks), an uncaught exception would abort the job; after shutdown
+# the interpreter's own hooks are back (an exception is an ordinary one again).
+assert hooked == (p > 1) and sys.excepthook is sys.__excepthook__ and threading.excepthook is threading.__excepthook__
 print(f"PASS engine rank {r}/{p}", flush=True)

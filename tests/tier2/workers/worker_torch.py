@@ -215,6 +215,20 @@ if R == 0:
 elif R % 2 == 1:
     assert [b[0] for b in plan] != LAST["arrived"][: len(plan)], "odd ranks should have seen another order"
 
+# Gradients staged through host memory (as CUDA ones are), with copies that land late: the
+# hooks return at once, every allreduce starts only once its copy has landed (else the sums
+# would hold last step's values), and training equals one process.
+from ddl.torch import staging as staging_module  # noqa: E402
+
+late = staging_module.LateCopies(0.02)
+real_device_for = staging_module.device_for
+staging_module.device_for = lambda params: late
+try:
+    check_equivalent("sgd-staged-copies-landing-late", sgd)
+finally:
+    staging_module.device_for = real_device_for
+assert late.started > 0 and not any(late.landed_early), (late.started, late.landed_early)
+
 # gradient_predivide_factor: the wire carries grad/factor summed (not an Average), and
 # the result is the average. Unused parameters: one no rank uses keeps grad=None; one only
 # rank 0 uses gets rank 0's gradient / P, and its bucket starts when backward ends.
