@@ -269,9 +269,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    args = parser().parse_args(args_list)
-    if args.emulate:
+    if "--emulate" in args_list:  # the emulation's own options (--hosts ...) are not this parser's
         return _emulate([a for a in args_list if a != "--emulate"])
+    args = parser().parse_args(args_list)
     if args.np:
         from ddl.launcher.relaunch import relaunch
 
