@@ -1,7 +1,7 @@
 """``python -m emulation.bench_hosts``: measured vs predicted allreduce on emulated hosts (root only).
 
-For each host count (``--hosts 2,3``, 2 ranks each) and link rate (``--rates
-1gbit,none``) it brings up :class:`emulation.cluster.Cluster`, runs one ``ddlrun -H``
+For each host count (``--hosts 2,3``, ``--ranks-per-host`` each, 2 by default) and link
+rate (``--rates 1gbit,none``) it brings up :class:`emulation.cluster.Cluster`, runs one ``ddlrun -H``
 job that times every algorithm, ``auto`` and MPI's own ``Allreduce`` at 8 KiB - 64 MiB
 (interleaved rounds, median of the slowest rank), with ``init``'s calibration written
 to a file; then prices the same sizes with ``ddl plan``'s model from that file, and
@@ -37,16 +37,18 @@ def worker(args: argparse.Namespace) -> int:
     ddl.init()
     comm = MPI.COMM_WORLD.Dup()
     rank, p = comm.Get_rank(), comm.Get_size()
+    from ddl.reduction.algorithms import SCHEDULED
     from ddl.tools.bench.allreduce import ddl_allreduce
 
-    fns: dict[str, Callable[[np.ndarray], np.ndarray]] = {a: ddl_allreduce(a) for a in (*FIXED, "auto")}
+    shm = ("shm",) if SCHEDULED["shm"].unavailable(ddl.topology()) is None else ()
+    fns: dict[str, Callable[[np.ndarray], np.ndarray]] = {a: ddl_allreduce(a) for a in (*FIXED, *shm, "auto")}
     fns["MPI_Allreduce"] = peers.mpi_allreduce(comm)
     from ddl.reduction import calibration
     from ddl.wire.comm import MPIComm
 
     probe_comm = MPIComm(MPI.COMM_WORLD.Dup())  # its own communicator: the engine keeps ddl's
     rows = []
-    for nbytes in [s for s in SIZES if s <= args.max_bytes]:
+    for nbytes in [s for s in SIZES if args.min_bytes <= s <= args.max_bytes]:
         # The model again, in the same minute as this size's timings: on a shared machine
         # the load drifts, and init's probes alone may have met a different one.
         cal = calibration.measure(probe_comm, ddl.topology(), segment_bytes=ddl.context().config.segment_bytes)
@@ -79,13 +81,14 @@ def run_config(hosts: int, rate: str | None, args: argparse.Namespace, tmp: Path
     from ddl.tools import plan
     from emulation.cluster import Cluster
 
-    tag = f"{hosts}x2-{rate or 'unshaped'}"
+    rph = args.ranks_per_host
+    tag = f"{hosts}x{rph}-{rate or 'unshaped'}"
     out, cal = tmp / f"{tag}.json", tmp / f"{tag}-calibration.json"
-    with Cluster(hosts=hosts, ranks_per_host=2, rate=rate) as cluster:
+    with Cluster(hosts=hosts, ranks_per_host=rph, rate=rate, latency=args.queue) as cluster:
         before = cluster.counters()
-        argv = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(2 * hosts), "-H", cluster.host_list(),
+        argv = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(rph * hosts), "-H", cluster.host_list(),
                 "--calibration", str(cal), sys.executable, "-m", "emulation.bench_hosts", "--worker", str(out),
-                "--rounds", str(args.rounds), "--max-bytes", str(args.max_bytes)]
+                "--rounds", str(args.rounds), "--max-bytes", str(args.max_bytes), "--min-bytes", str(args.min_bytes)]
         t0, load0 = time.monotonic(), os.getloadavg()[0]
         proc = cluster.run(argv, timeout=args.timeout)
         wall, load = time.monotonic() - t0, (load0 + os.getloadavg()[0]) / 2
@@ -98,21 +101,22 @@ def run_config(hosts: int, rate: str | None, args: argparse.Namespace, tmp: Path
     if min(min(v) for v in moved.values()) < payload:
         raise RuntimeError(f"{tag}: only {moved} bytes crossed the links for {payload} bytes reduced: "
                            "the transport bypassed them (UCX_TLS=tcp missing?)")
-    topology = plan.plan_topology(f"2x{hosts}")
+    topology = plan.plan_topology(f"{rph}x{hosts}")
     model, _ = plan.model_from_calibration(cal, topology, segment_bytes=1 << 20)
     calibration = json.loads(cal.read_text())
     rows = []
     for nbytes in dict.fromkeys(r["bytes"] for r in measured):
         at = {r["contender"]: r for r in measured if r["bytes"] == nbytes}
         count = nbytes // 4
-        predicted = {a: plan.price(a, topology, count, 4, model) for a in (*FIXED, "auto")}
+        algs = [a for a in at if a != "MPI_Allreduce"]
+        predicted = {a: plan.price(a, topology, count, 4, model) for a in algs}
         same_minute, _ = plan.model_from_calibration(f"{out}.{nbytes}.cal", topology, segment_bytes=1 << 20)
-        predicted_now = {a: plan.price(a, topology, count, 4, same_minute) for a in (*FIXED, "auto")}
+        predicted_now = {a: plan.price(a, topology, count, 4, same_minute) for a in algs}
         rows.append({"bytes": nbytes, "measured_s": {n: r["time_s"] for n, r in at.items()},
                      "predicted_s": predicted, "predicted_same_minute_s": predicted_now, "auto_picked": at["auto"]["auto_picked"],
                      "link_bound_s": plan.link_bound(topology, nbytes, model) if rate else None,
                      "correct": all(r["correct"] for r in at.values())})
-    return {"config": tag, "hosts": hosts, "ranks_per_host": 2, "rate": rate, "rows": rows, "veth_bytes": moved,
+    return {"config": tag, "hosts": hosts, "ranks_per_host": rph, "rate": rate, "queue": args.queue, "rows": rows, "veth_bytes": moved,
             "job_seconds": wall, "load_average": load, "calibration": calibration}
 
 
@@ -125,9 +129,10 @@ def shaped_bound(rate: str, hosts: int, nbytes: int) -> float:
 
 def report(results: list[dict[str, Any]]) -> list[str]:
     lines = []
-    cols = (*FIXED, "auto", "MPI_Allreduce")
     for res in results:
-        lines.append(f"\n{res['config']}: {res['hosts']} hosts x 2 ranks; measured ms (predicted ms) — "
+        cols = list(res["rows"][0]["measured_s"])
+        lines.append(f"\n{res['config']}: {res['hosts']} hosts x {res['ranks_per_host']} ranks, tbf queue "
+                     f"{res.get('queue', '5ms')}; measured ms (predicted ms) — "
                      f"veth GB moved per host {max(max(v) for v in res['veth_bytes'].values()) / 1e9:.2f}, "
                      f"job {res['job_seconds']:.0f} s, load average {res['load_average']:.1f} on "
                      f"{os.cpu_count()} cores")
@@ -139,7 +144,7 @@ def report(results: list[dict[str, Any]]) -> list[str]:
             m, pr = r["measured_s"], r["predicted_s"]
             cells = [f"{m[c] * 1e3:8.2f} ({pr[c] * 1e3:7.2f})" if c in pr else f"{m[c] * 1e3:8.2f}          "
                      for c in cols]
-            best = min(m[a] for a in FIXED)
+            best = min(t for a, t in m.items() if a not in ("auto", "MPI_Allreduce"))
             line = (f"{human(r['bytes']):>7} " + " ".join(f"{c:>18}" for c in cells) +
                     f"  {r['auto_picked']:<9} {m['auto'] / best:9.2f} {m['auto'] / m['MPI_Allreduce']:8.2f}"
                     f" {pr['auto'] / m['auto']:9.2f} {r['predicted_same_minute_s']['auto'] / m['auto']:8.2f}")
@@ -161,7 +166,11 @@ def human(n: int) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m emulation.bench_hosts", description=__doc__)
-    parser.add_argument("--hosts", default="2,3", help="host counts, 2 ranks each")
+    parser.add_argument("--hosts", default="2,3", help="host counts")
+    parser.add_argument("--ranks-per-host", type=int, default=2)
+    parser.add_argument("--queue", default="100ms", help="tbf latency, each port's queue (5 ms dropped packets "
+                        "by the thousand when a host's ranks shared its port)")
+    parser.add_argument("--min-bytes", type=int, default=0)
     parser.add_argument("--rates", default="1gbit,none", help="link rates ('none': unshaped)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--max-bytes", type=int, default=64 << 20)

@@ -4,8 +4,10 @@ Two models, an MLP of about 5 M parameters and a CNN whose single-process step c
 for about ``--cnn-step-ms``, are trained on synthetic batches at each world size in
 ``--ranks`` (default 1 and 2), one thread per process. Contenders run in interleaved
 rounds so machine noise hits them alike; a round's time is the slowest rank's. Prints a
-table with the step-time ratio ddl/DDP and the scaling efficiency (throughput at p ranks
-over p times the throughput of one undistributed process), and writes JSON.
+table with the step-time ratio ddl/DDP, the scaling efficiency (throughput at p ranks
+over p times the throughput of one undistributed process) and ddl.torch against its
+floor: the no-communication step plus one allreduce of the model's gradient bytes, both
+measured in the same rounds. Writes JSON.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 import torch
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
@@ -120,6 +124,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     "batch_per_rank": batch, "step_ms": t * 1e3, "samples_per_s": p * batch / t,
                     "scaling_efficiency": base[model] / t if model in base else None,
                     "vs_ddp": t / per["DDP-gloo"],
+                    "vs_floor": t / (per["none"] + run["allreduce_s"][model]) if c == "ddl.torch" and p > 1 else None,
                 })
     return {"rows": rows, "threads_per_process": 1, "date": time.strftime("%Y-%m-%d"),
             "torch": torch.__version__}
@@ -127,15 +132,17 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def format_table(report: dict[str, Any]) -> str:
     head = (f"{'model':6} {'params':>8} {'ranks':>5} {'contender':10} {'batch':>5} {'step ms':>9} "
-            f"{'samples/s':>10} {'efficiency':>10} {'vs DDP':>7}")
+            f"{'samples/s':>10} {'efficiency':>10} {'vs DDP':>7} {'vs floor':>8}")
     lines = [f"training step, one thread per process (torch {report['torch']})", head]
     for r in report["rows"]:
         eff = "" if r["scaling_efficiency"] is None else f"{r['scaling_efficiency']:.3f}"
+        floor = "" if r.get("vs_floor") is None else f"{r['vs_floor']:.3f}"
         lines.append(f"{r['model']:6} {r['params'] / 1e6:7.2f}M {r['ranks']:5d} {r['contender']:10} "
                      f"{r['batch_per_rank']:5d} {r['step_ms']:9.2f} {r['samples_per_s']:10.1f} {eff:>10} "
-                     f"{r['vs_ddp']:7.3f}")
+                     f"{r['vs_ddp']:7.3f} {floor:>8}")
     lines.append("efficiency: throughput at p ranks / (p x one undistributed process); "
-                 "vs DDP: step time / DDP-gloo step time")
+                 "vs DDP: step time / DDP-gloo step time; vs floor: ddl.torch's step / (the no-communication "
+                 "step + one ddl.allreduce of the model's gradient bytes), all in the same rounds")
     return "\n".join(lines)
 
 
@@ -155,7 +162,8 @@ def _worker(args: argparse.Namespace) -> int:
     comm = MPI.COMM_WORLD.Dup()
     port = comm.bcast(free_port() if comm.Get_rank() == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=dt.rank(), world_size=dt.size())
-    result: dict[str, Any] = {"size": dt.size(), "step_s": {}, "batch": {}, "params": {}, "device": device.type}
+    result: dict[str, Any] = {"size": dt.size(), "step_s": {}, "batch": {}, "params": {}, "allreduce_s": {},
+                              "device": device.type}
     for name in args.models.split(","):
         build, shape = MODELS[name]
         batch = args.mlp_batch if name == "mlp" else args.cnn_batch
@@ -176,11 +184,19 @@ def _worker(args: argparse.Namespace) -> int:
             elif c == "DDP-gloo":
                 model = DistributedDataParallel(model)
             steppers[c] = _stepper(model, opt, x, y)
-        times: dict[str, list[float]] = {c: [] for c in CONTENDERS}
-        for c in CONTENDERS:
+        grads = np.zeros(sum(p.numel() for p in build().parameters() if p.requires_grad), np.float32)
+        flat = torch.from_numpy(grads)
+
+        def allreduce_once(t: torch.Tensor = flat) -> None:  # the model's gradient bytes, one allreduce
+            dt.allreduce_(t)
+
+        steppers["allreduce"] = allreduce_once
+        times: dict[str, list[float]] = {c: [] for c in steppers}
+        for c in steppers:
             steppers[c]()  # warm-up: first-touch allocations, bucket rebuilds
         for r in range(args.rounds):
-            for c in CONTENDERS[r % 3 :] + CONTENDERS[: r % 3]:  # rotate: no contender always goes first
+            order = [*CONTENDERS, "allreduce"]
+            for c in order[r % 4 :] + order[: r % 4]:  # rotate: no contender always goes first
                 comm.Barrier()
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
@@ -188,6 +204,7 @@ def _worker(args: argparse.Namespace) -> int:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 times[c].append(comm.allreduce((time.perf_counter() - t0) / args.steps, op=MPI.MAX))
+        result["allreduce_s"][name] = statistics.median(times.pop("allreduce"))
         result["step_s"][name] = {c: statistics.median(v) for c, v in times.items()}
         result["batch"][name] = batch
         result["params"][name] = sum(p.numel() for p in build().parameters())

@@ -27,6 +27,7 @@ from ddl.reduction.algorithms import SCHEDULED
 from ddl.reduction.executor import run_schedule
 from ddl.reduction.probes import (
     DEFAULT_PLAN,
+    SKIPPED,
     ProbePlan,
     Samples,
     agree_max,
@@ -93,7 +94,7 @@ def fit(samples: Samples, plan: ProbePlan = DEFAULT_PLAN, *, segment_bytes: int,
         link = fit_link([(n, t) for (n, _), t in zip(plan.link, times, strict=True) if largest is None or n <= largest])
         links.append(link if d == 0 else cost.Link(link.alpha, link.beta / max(1, flows)))
     overhead = samples.step - links[0].alpha if links else 0.0
-    points = tuple((n, t) for (n, _), t in zip(plan.native, samples.native, strict=True))
+    points = tuple((n, t) for (n, _), t in zip(plan.native, samples.native, strict=True) if t != SKIPPED)
     return cost.CostModel(links=tuple(links), gamma=max(samples.gamma, 1e-13), step_overhead=max(0.0, overhead),
                           segment_bytes=segment_bytes, native_points=points,
                           shm_alpha=shm_alpha, shm_beta=shm_beta, shm_beta_large=shm_beta_large, shm_bytes=shm_bytes)
@@ -106,7 +107,8 @@ def measure(comm: Comm, topology: Topology, *, segment_bytes: int, shm_bytes: in
     samples = measure_samples(comm, topology, plan, shm_bytes=shm_bytes)
     dims = [d for d, n in enumerate(topology.dims) if n > 1]
     flows = topology.dims[dims[0]] if dims else 1
-    model = fit(samples, plan, segment_bytes=segment_bytes, flows=flows, shm_bytes=shm_bytes)
+    model = cost.extend_native(fit(samples, plan, segment_bytes=segment_bytes, flows=flows, shm_bytes=shm_bytes),
+                               topology)
     if plan.correct:
         model = dataclasses.replace(model, corrections=corrections(comm, topology, model, plan))
     return Calibration(model, "measured", time.perf_counter() - start)

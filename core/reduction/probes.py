@@ -48,7 +48,8 @@ class ProbePlan:
         step_repeats: tiny reducing steps per timed run of the executor probe.
         budget: seconds each collective probe aims at (repeats cut to fit, at least one
             timed run; at 32 ranks on 2 cores full repeats made ``init`` take 2.3 s).
-        skip_beyond: a native probe predicted past this many seconds is extrapolated.
+        skip_beyond: a native probe predicted past this many seconds is skipped (and priced
+            from the links).
         shm_steps: tiny group steps per timed run of the shared-memory probe.
         copy: memory-copy probes in cache and past it (measured: 40 GB/s at 1 MiB, 8.5
             GB/s at 4 MiB; shm moves more bytes through memory than a ring, so pricing
@@ -87,7 +88,7 @@ class Samples:
         links: per non-unit dim, one time per :attr:`ProbePlan.link` probe.
         gamma: seconds per byte of a local numpy reduce.
         step: seconds per executor step (a tiny reducing ``Sendrecv``, alpha included).
-        native: one time per :attr:`ProbePlan.native` probe (extrapolated where skipped).
+        native: one time per :attr:`ProbePlan.native` probe (:data:`SKIPPED` where not run).
         shm: where ``shm`` can run: seconds per tiny group step, then per byte copied for
             each :attr:`ProbePlan.copy` probe; empty otherwise.
     """
@@ -160,6 +161,12 @@ def _link_samples(comm: Comm, topology: Topology, dim: int, plan: ProbePlan) -> 
     ring = topology.ring(dim)
     i = ring.index(topology.rank)
     nxt, prv = ring[(i + 1) % len(ring)], ring[i - 1]
+    # Connect first: MPI (UCX, TCP) opens a pair's connection at its first message, which
+    # took 9 ms between emulated hosts; as the 8-byte probe's warm-up it put the warm-up
+    # over budget, so it became the sample and priced every message of that dim at 9 ms
+    # where a ring step paid 2.
+    connect = np.ones(8, np.uint8)
+    comm.sendrecv(connect, nxt, np.empty(8, np.uint8), prv)
     out = []
     for nbytes, reps in plan.link:
         send, recv = np.ones(nbytes, np.uint8), np.empty(nbytes, np.uint8)
@@ -205,19 +212,28 @@ def _shm_samples(comm: Comm, topology: Topology, plan: ProbePlan, *, shm_bytes: 
     return out
 
 
+#: A native probe that was not run (its time predicted past the budget).
+SKIPPED = -1.0
+
+
 def _native_samples(comm: Comm, plan: ProbePlan) -> list[float]:
-    """The MPI library's allreduce at each probe size; a size the previous (agreed) time
-    predicts at over ``plan.skip_beyond`` is not run but extrapolated linearly, as the
-    model itself extrapolates past its last point."""
+    """The MPI library's allreduce at each probe size; once the last two (agreed) times
+    predict a size past ``plan.skip_beyond`` along their slope, it and every larger one
+    are :data:`SKIPPED`: the model prices those from its links
+    (:func:`ddl.reduction.cost.extend_native`). Extrapolating measured times instead went
+    wrong: one point is a latency, not a rate (scaled by bytes from an 8-byte probe that
+    took 6 ms under load, 4 KiB came out at 3 s), and two latency-bound ones give a slope
+    of noise (16 MiB at 17.8 s where it took 2.9 s)."""
     out: list[float] = []
-    last: tuple[int, float] | None = None
+    comm.allreduce_native(np.ones(2, np.float32), ReduceOp.SUM)  # connect (see _link_samples)
     for nbytes, reps in plan.native:
-        if last is not None and last[1] * nbytes / max(1, last[0]) > plan.skip_beyond:
-            out.append(last[1] * nbytes / max(1, last[0]))
-            continue
+        if len(out) >= 2:
+            (n0, _), (n1, _) = plan.native[len(out) - 2], plan.native[len(out) - 1]
+            if out[-1] == SKIPPED or out[-1] + max(0.0, out[-1] - out[-2]) / max(1, n1 - n0) * (nbytes - n1) \
+                    > plan.skip_beyond:
+                out.append(SKIPPED)
+                continue
         buf = np.ones(max(1, nbytes // 4), np.float32)
         sample = median_time(functools.partial(comm.allreduce_native, buf, ReduceOp.SUM), reps, comm, plan.budget)
-        sample = agree_max(comm, [sample])[0]  # decide the next skip alike everywhere
-        out.append(sample)
-        last = (nbytes, sample)
+        out.append(agree_max(comm, [sample])[0])  # decide the next skip alike everywhere
     return out

@@ -97,7 +97,7 @@ def model_from_calibration(path: str | Path, topology: Topology, *, segment_byte
     notes = [f"cost model from {path} (measured at {who.get('world_size')} ranks, dims "
              f"{'x'.join(map(str, who.get('dims') or []))})"]
     if who.get("world_size") != topology.size or who.get("dims") != list(topology.dims):
-        model = dataclasses.replace(model, native_points=())
+        model = dataclasses.replace(model, native_points=(), native_measured=0)
         notes.append("its MPI allreduce points are for another job size: dropped")
     return model, notes
 
@@ -128,21 +128,31 @@ class BucketRun:
     end: float
 
 
-def step_schedule(sizes: list[int], itemsize: int, topology: Topology, model: cost.CostModel, *, step: float,
-                  backward_fraction: float, first_cap: int, cap: int) -> list[BucketRun]:
-    """When each bucket is ready, which algorithm ``auto`` picks, and when it starts and ends."""
-    nbytes = [n * itemsize for n in sizes]
-    total = sum(nbytes)
+def landing_times(nbytes: list[int], *, step: float, backward_fraction: float) -> list[float]:
+    """Seconds after the step starts at which each gradient lands (forward order in,
+    forward order out): backward is the step's last ``backward_fraction`` and runs from
+    the last parameter back, each gradient taking time in proportion to its bytes.
+    ``ddl bench rehearsal`` replays gradients at these very times."""
+    total = sum(nbytes) or 1
     backward_start = step * (1 - backward_fraction)
-    ready_at, done = [0.0] * len(sizes), 0
-    for i in reversed(range(len(sizes))):
+    ready_at, done = [0.0] * len(nbytes), 0
+    for i in reversed(range(len(nbytes))):
         done += nbytes[i]
         ready_at[i] = backward_start + step * backward_fraction * done / total
+    return ready_at
+
+
+def step_schedule(sizes: list[int], itemsize: int, topology: Topology, model: cost.CostModel, *, step: float,
+                  backward_fraction: float, first_cap: int, cap: int, algorithm: str = "auto") -> list[BucketRun]:
+    """When each bucket is ready, which algorithm reduces it (``auto``: the model's pick
+    per bucket; or the one named for all), and when it starts and ends."""
+    nbytes = [n * itemsize for n in sizes]
+    ready_at = landing_times(nbytes, step=step, backward_fraction=backward_fraction)
     runs, free = [], 0.0
     for members in plan_buckets(nbytes, [itemsize] * len(nbytes), first_cap=first_cap, cap=cap):
         count = sum(sizes[i] for i in members)
         ready = max(ready_at[i] for i in members)
-        alg = cost.choose(topology, count, itemsize, model)
+        alg = cost.choose(topology, count, itemsize, model) if algorithm == "auto" else algorithm
         start = max(ready, free)
         free = start + price(alg, topology, count, itemsize, model)
         runs.append(BucketRun(len(members), count * itemsize, ready, alg, start, free))
@@ -158,16 +168,9 @@ def human(n: float) -> str:
 
 
 def with_native_estimate(model: cost.CostModel, topology: Topology) -> cost.CostModel:
-    """``model`` with MPI's allreduce priced at 8 B - 4 GiB (x4 apart) where nobody measured it.
-
-    MPICH and Open MPI reduce large messages with Rabenseifner's algorithm over ranks in
-    host order: ddl's ``halving_doubling`` schedule, run without ddl's Python cost per
-    message or its segments. ``auto`` reads the points as it reads measured ones.
-    """
-    bare = dataclasses.replace(model, step_overhead=0.0, segment_bytes=0, native_points=())
-    points = tuple((n, cost.predict("halving_doubling", topology, max(1, n // 4), 4, bare))
-                   for n in (8 << (2 * k) for k in range(15)))
-    return dataclasses.replace(model, native_points=points)
+    """``model`` with MPI's allreduce priced at 8 B - 4 GiB (x4 apart) where nobody measured
+    it (:func:`ddl.reduction.cost.extend_native`); ``auto`` reads the points as measured ones."""
+    return cost.extend_native(model, topology)
 
 
 def build_cost_model(args: argparse.Namespace, topology: Topology) -> tuple[cost.CostModel, list[str]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -45,7 +46,7 @@ def test_a_probe_over_budget_is_its_warm_up_alone() -> None:
         assert calls == 1 and seconds >= 0.01
 
 
-def test_native_probes_predicted_too_slow_are_extrapolated() -> None:
+def test_native_probes_predicted_too_slow_are_skipped_and_priced_from_the_links() -> None:
     sizes: list[list[int]] = [[], []]
 
     def fn(comm: FakeComm) -> list[float]:
@@ -57,23 +58,71 @@ def test_native_probes_predicted_too_slow_are_extrapolated() -> None:
             real(buf, op)  # type: ignore[arg-type]
 
         comm.allreduce_native = spy  # type: ignore[method-assign]
-        return probes._native_samples(comm, ProbePlan(native=((8, 3), (4096, 3), (1 << 20, 2)), skip_beyond=1e-9, budget=60.0))
+        plan = ProbePlan(native=((8, 3), (4096, 3), (1 << 20, 2), (1 << 22, 2)), skip_beyond=1e-9, budget=60.0)
+        return probes._native_samples(comm, plan)
 
     results = run_ranks(2, fn)
-    assert sizes == [[8] * 4, [8] * 4]  # warm-up + 3 repeats of the first probe, nothing larger
-    for samples in results:
-        assert samples[1] == pytest.approx(samples[0] * 4096 / 8)
-        assert samples[2] == pytest.approx(samples[0] * (1 << 20) / 8)
+    # Two sizes are always run (one point is a latency, not a rate); the rest are skipped,
+    # not extrapolated from them: warm-up + 3 repeats of each of the first two.
+    assert sizes == [[8] * 5 + [4096] * 4] * 2  # the first 8 bytes: a connecting call
+    assert all(r[2:] == [probes.SKIPPED] * 2 and min(r[:2]) > 0 for r in results)
     assert results[0] == results[1]
+
+
+def test_a_pairs_first_message_is_not_taken_for_its_latency() -> None:
+    """MPI connects a pair at its first message (9 ms between emulated hosts): the link
+    probes connect first, so the 8-byte latency is a warm message's."""
+    from ddl.base.topology import build_topology
+
+    def fn(comm: FakeComm) -> list[float]:
+        real, seen = comm.sendrecv, [0]
+
+        def first_one_slow(*args: object) -> None:
+            seen[0] += 1
+            if seen[0] == 1:
+                time.sleep(0.05)  # over the probe budget: a warm-up this slow would be the sample
+            real(*args)  # type: ignore[arg-type]
+
+        comm.sendrecv = first_one_slow  # type: ignore[method-assign]
+        topo = build_topology(comm.rank, ["a", "b"])
+        return probes._link_samples(comm, topo, 0, ProbePlan(link=((8, 3), (4096, 2)), budget=0.03))
+
+    for latency, _ in run_ranks(2, fn):
+        assert latency < 0.02, latency
+
+
+def test_mpi_allreduce_past_the_last_measured_size_grows_as_the_link_model() -> None:
+    from ddl.base.topology import build_topology
+    from ddl.reduction import cost
+    topo = build_topology(0, ["a", "a", "b", "b"])
+    model = cost.CostModel(links=(cost.Link(1e-5, 1e-9), cost.Link(1e-4, 1 / 25e6)), native_points=((8, 0.04),
+                                                                                                    (4096, 0.043)))
+    extended = cost.extend_native(model, topo)
+    assert extended.native_points[:2] == model.native_points  # measured points stay as measured
+    hd = [cost.predict("halving_doubling", topo, n // 4, 4, model) for n in (4096, 16 << 20)]
+    # Anchored at the last measured point, plus what the same algorithm's full price adds:
+    # 16 MiB over a 25 MB/s port costs about a second more, not 16 MiB / 4 KiB x 43 ms.
+    assert cost.native_time(topo, 16 << 20, extended) == pytest.approx(0.043 + hd[1] - hd[0])
+    assert 0.5 < cost.native_time(topo, 16 << 20, extended) < 5
+    assert extended.native_measured == 4096 and cost.extend_native(extended, topo) == extended
+    # auto bets on MPI's own allreduce only where it was measured, however cheap the estimate.
+    cheap = dataclasses.replace(extended, native_points=tuple((n, t / 1e6) for n, t in extended.native_points))
+    assert cost.choose(topo, 1024, 4, cheap) == "mpi" and cost.choose(topo, 1 << 22, 4, cheap) != "mpi"
+    assert cost.choose(topo, 1 << 22, 4, dataclasses.replace(cheap, native_measured=0)) == "mpi"
+    assert cost.CostModel.from_json(extended.to_json(), segment_bytes=0).native_measured == 4096
+    bare = cost.extend_native(dataclasses.replace(model, native_points=()), topo)  # nothing measured: the estimate
+    assert cost.native_time(topo, 1 << 20, bare) == pytest.approx(cost.native_estimate(topo, 1 << 20, model))
 
 
 # -- per-algorithm corrections from whole-schedule runs ------------------------------------
 
 
-def test_correction_interpolates_in_log_size_and_holds_outside() -> None:
+def test_correction_interpolates_in_log_size_holds_below_and_fades_above() -> None:
     from ddl.reduction import cost
     model = cost.CostModel(links=(cost.SHARED_MEMORY,), corrections=(("ring", ((1 << 10, 2.0), (1 << 20, 4.0))),))
-    assert model.correction("ring", 1) == 2.0 and model.correction("ring", 1 << 30) == 4.0
+    assert model.correction("ring", 1) == 2.0 and model.correction("ring", 1 << 20) == 4.0
+    # Past the largest run it fades to 1 over 4 octaves: a latency-bound run says nothing of bandwidth.
+    assert model.correction("ring", 1 << 22) == pytest.approx(2.5) and model.correction("ring", 1 << 30) == 1.0
     assert model.correction("ring", 1 << 15) == pytest.approx(3.0)  # halfway in log2
     assert model.correction("shm", 1 << 15) == 1.0
     plain = cost.CostModel(links=(cost.SHARED_MEMORY,))
@@ -88,7 +137,7 @@ def test_every_rank_gets_the_same_corrections() -> None:
 
     # The fake is slow: run every probe.
     plan = ProbePlan(link=((8, 2), (4096, 2)), native=((8, 2), (4096, 2)), corrections=(4 << 10, 64 << 10),
-                     correction_skip_beyond=10.0)
+                     correction_skip_beyond=10.0, correction_budget=100.0)  # load must not cut runs
 
     def body(comm: FakeComm) -> object:
         topo = build_topology(comm.rank, ["h"] * 3)

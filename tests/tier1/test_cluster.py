@@ -11,16 +11,20 @@ from emulation.cluster import Cluster, ClusterUnavailable
 
 
 def test_cluster_names_fit_interfaces_and_stay_in_their_range(tmp_path: Path) -> None:
-    c = Cluster(hosts=9, ranks_per_host=3, rate=None)
-    names = [c.veth(h) for h in c.hosts] + [c.namespace(h) for h in c.hosts] + [c.switch, c.launcher]
-    assert all(n.startswith("ddlh") and len(n) + 1 <= 15 for n in names)  # +1: the peer end's letter
-    assert c.host_list() == ",".join(f"h{i}:3" for i in range(1, 10))
+    c = Cluster(hosts=cl.MAX_HOSTS, ranks_per_host=3, rate=None)
+    # Interface names: each host's veth and its switch-side peer (one letter apart), the
+    # bridge and the launcher's pair. Linux takes at most 15 characters.
+    interfaces = [c.veth(h) for h in c.hosts] + [c.veth(h)[:-1] + "b" for h in c.hosts]
+    interfaces += [f"{c.tag}br", f"{c.tag}l0", f"{c.tag}l1"]
+    assert max(len(n) for n in interfaces) == 15 and all(n.startswith("ddlh") for n in interfaces)
+    assert all(cl._NAME.match(c.namespace(h)) for h in c.hosts)  # found again as leftovers
+    assert c.host_list() == ",".join(f"h{i}:3" for i in range(1, cl.MAX_HOSTS + 1))
     assert c.hostfile(tmp_path / "hosts").read_text().splitlines()[0] == "h1 slots=3"
     assert all(c.address(h).startswith("10.231.") for h in c.hosts)
     script = c._exec_script()
     assert all(f"{h}|{c.address(h)}) ns={c.namespace(h)} ;;" in script for h in c.hosts)
-    with pytest.raises(ValueError):
-        Cluster(hosts=10)
+    with pytest.raises(ValueError, match="1 to 16"):
+        Cluster(hosts=cl.MAX_HOSTS + 1)
 
 
 

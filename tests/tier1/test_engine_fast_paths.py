@@ -23,6 +23,7 @@ def _count_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     Idle cycles are turned off meanwhile: the background thread holding the baton for
     one makes a lean call step aside (rightly), which would make the count flaky.
     """
+    monkeypatch.setattr(engine_module, "_IDLE_MIN", 3600.0)
     monkeypatch.setattr(engine_module, "_IDLE_MAX", 3600.0)
     made: list[str] = []
     real = Engine.submit

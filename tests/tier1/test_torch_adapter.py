@@ -341,14 +341,18 @@ def test_bench_summary_computes_efficiency_against_one_undistributed_process() -
     from ddl.torch.bench import format_table, summarize
 
     per = {"none": 0.100, "ddl.torch": 0.104, "DDP-gloo": 0.110}
-    runs = [{"size": 1, "step_s": {"cnn": per}, "batch": {"cnn": 8}, "params": {"cnn": 1000}},
+    runs = [{"size": 1, "step_s": {"cnn": per}, "batch": {"cnn": 8}, "params": {"cnn": 1000},
+             "allreduce_s": {"cnn": 0.0}},
             {"size": 2, "step_s": {"cnn": {"none": 0.1, "ddl.torch": 0.125, "DDP-gloo": 0.100}},
-             "batch": {"cnn": 8}, "params": {"cnn": 1000}}]
+             "batch": {"cnn": 8}, "params": {"cnn": 1000}, "allreduce_s": {"cnn": 0.025}}]
     rows = {(r["ranks"], r["contender"]): r for r in summarize(runs)["rows"]}
     assert rows[(2, "ddl.torch")]["scaling_efficiency"] == pytest.approx(0.8)
     assert rows[(2, "ddl.torch")]["samples_per_s"] == pytest.approx(16 / 0.125)
     assert rows[(2, "ddl.torch")]["vs_ddp"] == pytest.approx(1.25)
     assert rows[(1, "none")]["scaling_efficiency"] == pytest.approx(1.0)
+    # Against the floor measured in the same run: the no-communication step + one allreduce.
+    assert rows[(2, "ddl.torch")]["vs_floor"] == pytest.approx(0.125 / (0.1 + 0.025))
+    assert rows[(1, "ddl.torch")]["vs_floor"] is None and rows[(2, "DDP-gloo")]["vs_floor"] is None
     table = format_table(summarize(runs))
     assert "ddl.torch" in table and "0.800" in table
 

@@ -38,3 +38,20 @@ def test_bench_startup_compares_a_ddl_job_with_a_bare_one(tmp_path: Path) -> Non
     data = json.loads((tmp_path / "startup-np2.json").read_text())
     assert data["ratio"] > 0 and len(data["runs"]["ddl"]) == 1
     assert "ddl job / bare job" in proc.stdout
+
+
+def test_bench_rehearsal_replays_a_step_and_prices_it(tmp_path: Path) -> None:
+    proc = ddl("bench", "rehearsal", "-np", "2", "--model", "1000,2048x100,64,30000", "--compute-ms", "150",
+               "--first-bucket-mb", "0.01", "--bucket-mb", "0.5", "--rounds", "1",
+               "--contenders", "auto,ring,MPI_Allreduce", "--out", str(tmp_path), "--tag", "smoke")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    data = json.loads((tmp_path / "smoke.json").read_text())
+    assert data["correct"] and set(data["contenders"]) == {"auto", "ring", "MPI_Allreduce"}
+    assert data["buckets"] == [120000, 256, 819200, 4000] and sum(data["buckets"]) == data["bytes"] == 4 * (1000 + 204800 + 64 + 30000)
+    for name, c in data["contenders"].items():
+        (step,) = c["steps"]
+        assert 0.15 <= step["compute"] <= step["step"], (name, step)  # the replay waited out its compute
+        for ready, start, end in zip(step["ready"], step["start"], step["end"], strict=True):
+            assert ready <= start <= end <= step["step"], (name, step)  # no bucket ran before its gradients landed
+        assert c["predicted"]["step_s"] >= 0.15 and 0 < c["predicted_burst"]["step_s"] < 10
+    assert "efficiency" in proc.stdout or "eff %" in proc.stdout

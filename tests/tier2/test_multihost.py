@@ -154,3 +154,20 @@ def test_unresolvable_host_is_an_error_before_anything_starts(cluster: Cluster) 
     assert "'nosuchhost.invalid' does not resolve" in proc.stderr, proc.stderr
     assert elapsed < 10
     assert moved(before, cluster.counters()) == {h: (0, 0) for h in cluster.hosts}  # nothing started
+
+
+def test_sixteen_hosts_of_one_rank_each() -> None:
+    """The largest emulated cluster (link names at Linux's 15-character limit): every rank
+    on a host of its own, a 1 MiB multi-ring allreduce through every host's link."""
+    with Cluster(hosts=16, ranks_per_host=1, rate="1gbit") as c:
+        before = c.counters()
+        proc = c.run(ddlrun("-np", "16", "-H", c.host_list(), "--calibration", "off", sys.executable, str(WORKER),
+                            "small"), timeout=180)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        ranks = re.findall(r"RANK (\d+)/16 host=(\S+) dims=\S+ local=0/1 cross=(\d+)/16", proc.stdout)
+        assert sorted(h for _, h, _ in ranks) == sorted(f"h{i}" for i in range(1, 17)), proc.stdout
+        assert all(h == f"h{int(cross) + 1}" for _, h, cross in ranks)
+        payloads = [int(x) for x in re.findall(r"PASS rank \d+ payload (\d+)", proc.stdout)]
+        assert len(payloads) == 16, proc.stdout
+        check_link_traffic(c, before, payloads[0])
+    assert not c.namespaces
