@@ -74,7 +74,13 @@ def check_solver(sp: Any) -> None:
     Raises:
         CaffeFormatError / LrPolicyError: the setting and what to do.
     """
-    updates.solver_type(sp)
+    kind = updates.solver_type(sp)
+    # Caffe's AdaGrad and RMSProp solvers abort at construction on these (their constructor_sanity_check).
+    if kind in ("AdaGrad", "RMSProp") and sp.momentum != 0:
+        raise CaffeFormatError(f"momentum cannot be used with {kind} (Caffe refuses it too); got momentum: {sp.momentum:g}. "
+                               f"Remove the momentum line, or use type \"SGD\", \"Nesterov\" or \"Adam\" for momentum")
+    if kind == "RMSProp" and not 0 <= sp.rms_decay < 1:
+        raise CaffeFormatError(f"rms_decay must lie in [0, 1) for RMSProp, got {sp.rms_decay:g}")
     if not sp.HasField("lr_policy"):
         raise lr_policy.LrPolicyError("the solver needs an lr_policy (e.g. \"fixed\")")
     lr_policy.check(sp)

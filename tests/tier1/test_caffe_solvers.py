@@ -190,3 +190,19 @@ def test_snapshot_then_resume_is_bit_identical(tmp_path: Path) -> None:
     state = textio.read_binary(tmp_path / "part_iter_3.solverstate", schema.SolverState())
     assert state.iter == 3 and len(state.history) == 2 * len(first.params)
     assert state.learned_net.endswith("part_iter_3.caffemodel")
+
+
+@pytest.mark.parametrize("extra, words", [
+    ('type: "RMSProp" momentum: 0.9', "momentum cannot be used with RMSProp"),
+    ("solver_type: RMSPROP momentum: 0.5", "momentum cannot be used with RMSProp"),     # the legacy enum, as old files write it
+    ('type: "AdaGrad" momentum: 0.9', "momentum cannot be used with AdaGrad"),
+    ('type: "RMSProp" rms_decay: 1.0', "rms_decay must lie in [0, 1)"),
+])
+def test_adaptive_solvers_refuse_what_caffe_refuses(extra: str, words: str) -> None:
+    from ddl.caffe.textio import CaffeFormatError
+    with pytest.raises(CaffeFormatError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        Solver(solver_param(f"max_iter: 1 {extra}"))
+
+
+def test_rmsprop_without_momentum_is_accepted() -> None:
+    Solver(solver_param('max_iter: 1 type: "RMSProp" rms_decay: 0.95')).solve()
