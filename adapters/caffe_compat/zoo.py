@@ -28,7 +28,7 @@ from .net import Net
 from .solver import Solver
 from .textio import CaffeFormatError, parse_text
 from .timing import LayerRunner
-from .zoo_data import point_at_synthetic_data, shrink_solver
+from .zoo_data import point_at_synthetic_data, set_input_batch, shrink_solver
 
 log = logging.getLogger("ddl.caffe")
 
@@ -45,8 +45,9 @@ class Row:
 
 
 def _short(e: BaseException) -> str:
-    text = f"{type(e).__name__}: {e}".splitlines()[0]
-    return text if len(text) < 160 else text[:157] + "..."
+    # All lines joined: a format error lists the offending fields below its first line.
+    text = " ".join(line.strip() for line in f"{type(e).__name__}: {e}".splitlines() if line.strip())
+    return text if len(text) < 300 else text[:297] + "..."
 
 
 def trained_statistics(net: Net) -> None:
@@ -59,11 +60,36 @@ def trained_statistics(net: Net) -> None:
                 la.blobs[2].fill_(1.0)
 
 
-def _fwd_bwd(param: Any, phase: int, scratch: Path) -> str:
-    from .cli import generate_inputs
+def _local(param: Any, scratch: Path, batch: int) -> Any:
+    """A copy of a net whose data layers read generated files and whose inputs hold ``batch`` items (the user's file is untouched)."""
     p = copy.deepcopy(param)
     point_at_synthetic_data(p, scratch / "data")
-    net = Net(p, phase, quiet=True)
+    set_input_batch(p, batch)
+    return p
+
+
+def _load(param: Any, phase: int, scratch: Path, batch: int, stages: tuple[str, ...]) -> str:
+    Net(_local(param, scratch, batch), phase, quiet=True, stages=stages)
+    return "ok"
+
+
+def random_weights(net: Net, seed: int = 0) -> None:
+    """Give all-zero weight blobs (a deploy file without fillers) Gaussian values of He scale, as a trained model has
+    non-zero weights: with zeros every output is the bias, and the ONNX comparison compares zeros with zeros."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for la in net.layers:
+            if la.type == "BatchNorm" or not la.blobs:
+                continue
+            w = la.blobs[0]
+            if w.dim() >= 2 and not bool(w.any()):
+                fan_in = max(1, w.numel() // w.shape[0])
+                w.copy_(torch.randn(w.shape, generator=gen) * (2.0 / fan_in) ** 0.5)
+
+
+def _fwd_bwd(param: Any, phase: int, scratch: Path, batch: int) -> str:
+    from .cli import generate_inputs
+    net = Net(_local(param, scratch, batch), phase, quiet=True)
     trained_statistics(net)
     generate_inputs(net, torch.Generator().manual_seed(0))
     runner = LayerRunner(net)
@@ -101,9 +127,10 @@ def _train(sp: Any, scratch: Path, iters: int) -> str:
     return f"ok {sp.type or 'SGD'} {iters} it, loss {losses[0]:.3g} -> {losses[-1]:.3g}, {fmt} snapshot"
 
 
-def _onnx(param: Any, scratch: Path, name: str) -> str:
-    net = Net(copy.deepcopy(param), schema.TEST, quiet=True)
+def _onnx(param: Any, scratch: Path, name: str, batch: int, stages: tuple[str, ...]) -> str:
+    net = Net(_local(param, scratch, batch), schema.TEST, quiet=True, stages=stages)
     trained_statistics(net)
+    random_weights(net)
     rel = export(net, scratch / f"{name}.onnx")
     logits = set(logits_of(net))
     keys = [k for k in rel if k in logits] or list(rel)
@@ -112,13 +139,20 @@ def _onnx(param: Any, scratch: Path, name: str) -> str:
     return f"{worst:.1e}" + (" (logits)" if logits & set(keys) else "")
 
 
+def _test_stages(solver: Any | None) -> tuple[str, ...]:
+    """The stages of the solver's first test net (a net whose TEST data layers need a stage has none without them)."""
+    return tuple(solver.test_state[0].stage) if solver is not None and len(solver.test_state) else ()
+
+
 def run_one(name: str, source: str, deploy: Any | None, train: Any | None, solver: Any | None, scratch: Path,
-            *, iters: int, onnx: bool) -> Row:
+            *, iters: int, onnx: bool, batch: int = 1) -> Row:
     row = Row(name, source)
-    steps = (("loads", lambda: (Net(copy.deepcopy(deploy or train), schema.TEST, quiet=True), "ok")[1]),
-             ("fwd_bwd", lambda: _fwd_bwd(train or deploy, schema.TRAIN if train is not None else schema.TEST, scratch)),
+    phase = schema.TRAIN if train is not None else schema.TEST
+    stages = _test_stages(solver)
+    steps = (("loads", lambda: _load(train or deploy, phase, scratch, batch, ())),
+             ("fwd_bwd", lambda: _fwd_bwd(train or deploy, phase, scratch, batch)),
              ("trains", (lambda: _train(solver, scratch, iters)) if solver is not None else None),
-             ("onnx", (lambda: _onnx(deploy or train, scratch, name.replace("/", "_"))) if onnx else None))
+             ("onnx", (lambda: _onnx(deploy or train, scratch, name.replace("/", "_"), batch, stages)) if onnx else None))
     for key, fn in steps:
         if fn is None:
             continue
@@ -193,6 +227,8 @@ def from_folder(folder: Path) -> list[tuple[str, Any, Any, Any]]:
         else:
             out.append((str(spath.relative_to(folder)), None, None, ("PARSE", f"its net {net_file} is not in the folder")))
     for path, net in nets.items():
+        if path in used:                                   # its solver's row already loads, runs and exports it
+            continue
         trainable = any(lp.type not in ("Input",) and LayerRunnerDataTypes.is_data(lp.type) for lp in net.layer)
         out.append((str(path.relative_to(folder)), None if trainable else net, net if trainable else None, None))
     return out
@@ -244,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(sp, tuple):
                 rows.append(Row(name, source, loads="FAIL", notes=[sp[1]]))
             else:
-                rows.append(run_one(name, source, deploy, train, sp, Path(tmp), iters=a.iters, onnx=not a.no_onnx))
+                rows.append(run_one(name, source, deploy, train, sp, Path(tmp), iters=a.iters, onnx=not a.no_onnx,
+                                    batch=a.batch))
             r = rows[-1]
             print(f"{r.net}: loads {r.loads}; fwd+bwd {r.fwd_bwd}; trains {r.trains}; onnx {r.onnx}" + ("".join(f"\n    {n}" for n in r.notes)), flush=True)
     print()

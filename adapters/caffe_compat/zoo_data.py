@@ -28,6 +28,35 @@ def guess_image_shape(net_name: str, lp: Any) -> tuple[int, int, int]:
     return (3, side, side)
 
 
+def sliced_channels(net: Any, lp: Any, shape: tuple[int, int, int]) -> tuple[int, int, int]:
+    """The record shape when a Slice splits the data top along channels (a siamese pair stores both images as channels):
+    one ``shape`` per slice top, stacked."""
+    for other in net.layer:
+        if other.type == "Slice" and other.bottom[:1] == lp.top[:1]:
+            sp = other.slice_param
+            axis = sp.slice_dim if sp.HasField("slice_dim") else sp.axis
+            if axis == 1 and len(other.top) > 1:
+                return (shape[0] * len(other.top), shape[1], shape[2])
+    return shape
+
+
+def set_input_batch(net: Any, batch: int) -> None:
+    """Give the net's declared inputs (``input_shape``, legacy ``input_dim``, ``Input`` layers) ``batch`` as their first
+    dimension, in place: a deploy file's own batch (10 crops, 10000 digits) is not what the zoo job measures."""
+    if batch <= 0:
+        return
+    for shape in net.input_shape:
+        if len(shape.dim):
+            shape.dim[0] = batch
+    for i in range(0, len(net.input_dim), 4):                # four dims per legacy input
+        net.input_dim[i] = batch
+    for lp in net.layer:
+        if lp.type == "Input":
+            for shape in lp.input_param.shape:
+                if len(shape.dim):
+                    shape.dim[0] = batch
+
+
 def _mean(folder: Path, shape: tuple[int, int, int]) -> str:
     path = folder / f"mean_{'x'.join(map(str, shape))}.binaryproto"
     if not path.exists():
@@ -102,7 +131,7 @@ def point_at_synthetic_data(net: Any, folder: str | Path, *, seed: int = 0) -> l
     classes = classes_of(net)
     notes = []
     for lp in net.layer:
-        shape = guess_image_shape(net.name, lp)
+        shape = sliced_channels(net, lp, guess_image_shape(net.name, lp))
         if lp.transform_param.HasField("mean_file"):
             lp.transform_param.mean_file = _mean(out, shape)
         if lp.type == "Data":

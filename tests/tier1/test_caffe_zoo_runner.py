@@ -47,6 +47,63 @@ def test_zoo_runner_table_on_a_folder(tmp_path: Path, capsys: pytest.CaptureFixt
     rows = {r["net"]: r for r in json.loads(out.read_text())}
     assert rows["lenet_solver.prototxt"]["trains"].startswith("ok SGD 2 it") and "HDF5 snapshot" in rows["lenet_solver.prototxt"]["trains"]
     assert rows["deploy.prototxt"]["loads"] == "ok" and rows["deploy.prototxt"]["onnx"].endswith("(logits)")
-    assert rows["lenet_train_test.prototxt"]["fwd_bwd"].startswith("ok")
+    solver = rows["lenet_solver.prototxt"]
+    # Its net's data layers read generated files in every step, TEST phase (ONNX) included.
+    assert solver["loads"] == "ok" and solver["fwd_bwd"].startswith("ok") and float(solver["onnx"].split()[0]) < 1e-4
+    assert "lenet_train_test.prototxt" not in rows               # its solver's row covers it
     assert rows["broken.prototxt"]["loads"] == "FAIL" and code == 1
     assert "| net | loads | fwd+bwd | solver trains | ONNX logits diff |" in capsys.readouterr().out
+
+
+SIAMESE = """
+name: "pairs"
+layer { name: "pair" type: "Data" top: "pair" top: "sim" data_param { source: "/nowhere/pairs_lmdb" batch_size: 64 backend: LMDB } }
+layer { name: "split" type: "Slice" bottom: "pair" top: "a" top: "b" slice_param { slice_dim: 1 slice_point: 1 } }
+layer { name: "fa" type: "InnerProduct" bottom: "a" top: "fa" param { name: "w" } inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+layer { name: "fb" type: "InnerProduct" bottom: "b" top: "fb" param { name: "w" } inner_product_param { num_output: 2 weight_filler { type: "xavier" } } }
+layer { name: "loss" type: "ContrastiveLoss" bottom: "fa" bottom: "fb" bottom: "sim" top: "loss" }
+"""
+
+
+def test_sliced_data_gets_one_image_per_slice_top(tmp_path: Path) -> None:
+    from ddl.caffe import schema
+    from ddl.caffe.net import Net
+    from ddl.caffe.textio import parse_text
+    from ddl.caffe.zoo_data import point_at_synthetic_data
+    p = parse_text(SIAMESE.replace('name: "pairs"', 'name: "mnist_siamese"'), schema.NetParameter())
+    point_at_synthetic_data(p, tmp_path)
+    net = Net(p, schema.TRAIN, quiet=True)
+    assert list(net.shapes["pair"]) == [4, 2, 28, 28] and list(net.shapes["a"]) == [4, 1, 28, 28]
+
+
+def test_input_batch_is_set_in_every_input_form() -> None:
+    from ddl.caffe import schema
+    from ddl.caffe.net import Net
+    from ddl.caffe.textio import parse_text
+    from ddl.caffe.zoo_data import set_input_batch
+    p = schema.NetParameter()                       # legacy input_dim, as a V1 deploy file writes it (built unparsed)
+    p.input.extend(["a", "b"])
+    p.input_dim.extend([10, 3, 8, 8, 7, 1, 2, 2])
+    set_input_batch(p, 1)
+    assert list(p.input_dim) == [1, 3, 8, 8, 1, 1, 2, 2]
+    net = Net(p, schema.TEST, quiet=True)
+    assert list(net.shapes["a"]) == [1, 3, 8, 8] and list(net.shapes["b"]) == [1, 1, 2, 2]
+    p = schema.NetParameter()
+    p.input.append("a")
+    p.input_shape.add().dim.extend([10, 3])
+    set_input_batch(p, 2)
+    assert list(p.input_shape[0].dim) == [2, 3]
+    p = parse_text(DEPLOY, schema.NetParameter())
+    set_input_batch(p, 5)
+    assert list(p.layer[0].input_param.shape[0].dim) == [5, 3, 9, 9]
+
+
+def test_deploy_weights_without_fillers_are_made_nonzero() -> None:
+    from ddl.caffe import schema
+    from ddl.caffe.net import Net
+    from ddl.caffe.textio import parse_text
+    net = Net(parse_text(DEPLOY, schema.NetParameter()), schema.TEST, quiet=True)
+    assert not any(bool(la.blobs[0].any()) for la in net.layers if la.blobs)       # Caffe's default filler: constant 0
+    zoo.random_weights(net)
+    assert all(bool(la.blobs[0].any()) for la in net.layers if la.blobs)
+    assert not any(bool(la.blobs[1].any()) for la in net.layers if la.blobs)       # biases stay as the file says
