@@ -192,6 +192,18 @@ def _dummy_train_val(deploy: str, batch: int) -> Any:
     return tv
 
 
+def _net_file_of(solver_path: Path, net_file: str, nets: dict[Path, Any]) -> Path | None:
+    """The folder's file a solver's ``net`` names: the path as written relative to the solver, else the same file name
+    beside the solver, else (zoo files keep their repository's paths) a file of that name anywhere in the folder."""
+    if not net_file:
+        return None
+    name = Path(net_file).name
+    for cand in (solver_path.parent / net_file, solver_path.parent / name):
+        if cand in nets:
+            return cand
+    return next((p for p in nets if p.name == name), None)
+
+
 def from_folder(folder: Path) -> list[tuple[str, Any, Any, Any]]:
     """(name, deploy, train_val, solver) from the prototxt files of a folder: solvers name their nets; other files are nets."""
     solvers: dict[Path, Any] = {}
@@ -214,7 +226,7 @@ def from_folder(folder: Path) -> list[tuple[str, Any, Any, Any]]:
     used: set[Path] = set()
     for spath, sp in solvers.items():
         net_file = sp.net or sp.train_net
-        target = next((p for p in nets if net_file and (p.name == Path(net_file).name)), None)
+        target = _net_file_of(spath, net_file, nets)
         if target is not None:
             used.add(target)
             sp = copy.deepcopy(sp)

@@ -107,3 +107,13 @@ def test_deploy_weights_without_fillers_are_made_nonzero() -> None:
     zoo.random_weights(net)
     assert all(bool(la.blobs[0].any()) for la in net.layers if la.blobs)
     assert not any(bool(la.blobs[1].any()) for la in net.layers if la.blobs)       # biases stay as the file says
+
+
+def test_a_solver_trains_the_net_beside_it_when_two_share_a_name(tmp_path: Path) -> None:
+    for sub, classes in (("a", 3), ("b", 5)):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "train_val.prototxt").write_text(TRAIN_VAL.replace("num_output: 10", f"num_output: {classes}"))
+        (tmp_path / sub / "solver.prototxt").write_text(SOLVER.replace("lenet_train_test.prototxt", "train_val.prototxt"))
+    items = {name: train for name, _, train, _ in zoo.from_folder(tmp_path)}
+    assert items["a/solver.prototxt"].layer[-3].inner_product_param.num_output == 3
+    assert items["b/solver.prototxt"].layer[-3].inner_product_param.num_output == 5
