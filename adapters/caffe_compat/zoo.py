@@ -256,9 +256,23 @@ class LayerRunnerDataTypes:
         return t in cls.DATA
 
 
+def sources_of(folder: Path) -> dict[str, str]:
+    """The origin of each file, from the folder's optional ``SOURCES.txt`` (one ``relative/path origin ...`` line per
+    file, e.g. ``alexnet/deploy.prototxt BVLC/caffe@310574f``): the table names where a fetched file came from."""
+    path = folder / "SOURCES.txt"
+    if not path.is_file():
+        return {}
+    out = {}
+    for line in path.read_text(errors="replace").splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and not line.startswith("#"):
+            out[parts[0]] = parts[1]
+    return out
+
+
 def table(rows: list[Row]) -> str:
-    head = "| net | loads | fwd+bwd | solver trains | ONNX logits diff |\n|---|---|---|---|---|\n"
-    return head + "\n".join(f"| {r.net} | {r.loads} | {r.fwd_bwd} | {r.trains} | {r.onnx} |" for r in rows) + "\n"
+    head = "| net | source | loads | fwd+bwd | solver trains | ONNX logits diff |\n|---|---|---|---|---|---|\n"
+    return head + "\n".join(f"| {r.net} | {r.source} | {r.loads} | {r.fwd_bwd} | {r.trains} | {r.onnx} |" for r in rows) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -281,18 +295,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ddl.caffe.zoo: {folder} is not a folder (skipped: the zoo job runs on prototxt files you fetched there)")
             return 2
         items, source = from_folder(folder), str(folder)
+        origins = sources_of(folder)
     else:
         items, source = generated(a.batch), "ddl.caffe.zoo_nets"
+        origins = {}
     wanted = {n for n in a.nets.split(",") if n}
     rows = []
     with tempfile.TemporaryDirectory(prefix="ddl-caffe-zoo-") as tmp:
         for name, deploy, train, sp in items:
             if wanted and name not in wanted:
                 continue
+            origin = origins.get(name, source)
             if isinstance(sp, tuple):
-                rows.append(Row(name, source, loads="FAIL", notes=[sp[1]]))
+                rows.append(Row(name, origin, loads="FAIL", notes=[sp[1]]))
             else:
-                rows.append(run_one(name, source, deploy, train, sp, Path(tmp), iters=a.iters, onnx=not a.no_onnx,
+                rows.append(run_one(name, origin, deploy, train, sp, Path(tmp), iters=a.iters, onnx=not a.no_onnx,
                                     batch=a.batch))
             r = rows[-1]
             print(f"{r.net}: loads {r.loads}; fwd+bwd {r.fwd_bwd}; trains {r.trains}; onnx {r.onnx}" + ("".join(f"\n    {n}" for n in r.notes)), flush=True)

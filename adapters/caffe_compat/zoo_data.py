@@ -4,6 +4,7 @@ solvers run without their datasets: sources are rewritten to point at files made
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +18,13 @@ RECORDS = 24
 
 
 def guess_image_shape(net_name: str, lp: Any) -> tuple[int, int, int]:
-    """(C, H, W) of a data layer's records: MNIST-like nets 1x28x28, CIFAR 3x32x32, else 3 x (crop_size + 29 or 256)."""
+    """(C, H, W) of a data layer's records: MNIST-like nets 1x28x28, CIFAR 3x32x32, else 3 x (crop_size + 29 or 256); three
+    mean_value entries always mean three channels."""
     name = net_name.lower()
     crop = int(lp.transform_param.crop_size)
-    if any(k in name for k in ("mnist", "lenet", "siamese", "autoencoder")):
+    colour = len(lp.transform_param.mean_value) == 3          # one mean per channel: BGR images whatever the name says
+    # "lenet" as a word: GoogleNet's name contains the letters too
+    if not colour and (re.search(r"(^|[^a-z])lenet", name) or any(k in name for k in ("mnist", "siamese", "autoencoder"))):
         return (1, 28, 28)
     if "cifar" in name:
         return (3, 32, 32)

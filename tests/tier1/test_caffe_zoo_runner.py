@@ -42,6 +42,7 @@ def test_zoo_runner_table_on_a_folder(tmp_path: Path, capsys: pytest.CaptureFixt
     (tmp_path / "lenet_solver.prototxt").write_text(SOLVER)
     (tmp_path / "deploy.prototxt").write_text(DEPLOY)
     (tmp_path / "broken.prototxt").write_text('layer { name: "x" type: "Convolution" convolution_param { num_outputs: 3 } }')
+    (tmp_path / "SOURCES.txt").write_text("# where the files came from\ndeploy.prototxt someone/tiny@0123abc (first version)\n")
     out = tmp_path / "rows.json"
     code = zoo.main(["--dir", str(tmp_path), "--json", str(out)])
     rows = {r["net"]: r for r in json.loads(out.read_text())}
@@ -52,7 +53,8 @@ def test_zoo_runner_table_on_a_folder(tmp_path: Path, capsys: pytest.CaptureFixt
     assert solver["loads"] == "ok" and solver["fwd_bwd"].startswith("ok") and float(solver["onnx"].split()[0]) < 1e-4
     assert "lenet_train_test.prototxt" not in rows               # its solver's row covers it
     assert rows["broken.prototxt"]["loads"] == "FAIL" and code == 1
-    assert "| net | loads | fwd+bwd | solver trains | ONNX logits diff |" in capsys.readouterr().out
+    assert rows["deploy.prototxt"]["source"] == "someone/tiny@0123abc" and rows["broken.prototxt"]["source"] == str(tmp_path)
+    assert "| net | source | loads | fwd+bwd | solver trains | ONNX logits diff |" in capsys.readouterr().out
 
 
 SIAMESE = """
@@ -117,3 +119,21 @@ def test_a_solver_trains_the_net_beside_it_when_two_share_a_name(tmp_path: Path)
     items = {name: train for name, _, train, _ in zoo.from_folder(tmp_path)}
     assert items["a/solver.prototxt"].layer[-3].inner_product_param.num_output == 3
     assert items["b/solver.prototxt"].layer[-3].inner_product_param.num_output == 5
+
+
+@pytest.mark.parametrize("name, means, expected", [
+    ("LeNet", "", (1, 28, 28)),
+    ("mnist_siamese_train_test", "", (1, 28, 28)),
+    ("GoogleNet", "mean_value: 104 mean_value: 117 mean_value: 123", (3, 253, 253)),
+    ("GoogleNet", "", (3, 253, 253)),                          # the letters l-e-n-e-t inside a word are not LeNet
+    ("CIFAR10_quick", "", (3, 32, 32)),
+])
+def test_generated_record_shape(name: str, means: str, expected: tuple[int, int, int]) -> None:
+    from ddl.caffe import schema
+    from ddl.caffe.textio import parse_text
+    from ddl.caffe.zoo_data import guess_image_shape
+    lp = parse_text(f'layer {{ name: "d" type: "Data" top: "data" transform_param {{ crop_size: 224 {means} }} }}',
+                    schema.NetParameter()).layer[0]
+    if name.startswith(("LeNet", "mnist", "CIFAR")):
+        lp.transform_param.ClearField("crop_size")
+    assert guess_image_shape(name, lp) == expected
