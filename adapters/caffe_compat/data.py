@@ -116,10 +116,16 @@ class Transformer:
         """Transform a stacked (N, C, H, W) batch when ``per_sample`` is False."""
         c = xs.shape[1]
         if self.mean_values:
-            if len(self.mean_values) not in (1, c):
-                raise CaffeFormatError(f"{self.where}: {len(self.mean_values)} mean_value entries for {c} channels (give 1 or {c})")
+            self._check_means(c)
             xs = xs - np.asarray(self.mean_values, np.float32).reshape(1, -1, 1, 1)
         return xs * np.float32(self.scale) if self.scale != 1 else xs
+
+    def _check_means(self, c: int) -> None:
+        n = len(self.mean_values)
+        if n not in (1, c):
+            give = "a single mean_value" if c == 1 else f"one mean_value for all channels or one per channel ({c})"
+            raise CaffeFormatError(f"{self.where}: {n} mean_value entries for {c}-channel data; give {give}, "
+                                   f"or point the layer at {n}-channel data")
 
     def out_shape(self, c: int, h: int, w: int) -> tuple[int, int, int]:
         return (c, self.crop or h, self.crop or w)
@@ -129,8 +135,8 @@ class Transformer:
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         c, h, w = x.shape
-        if self.mean_values and len(self.mean_values) not in (1, c):
-            raise CaffeFormatError(f"{self.where}: {len(self.mean_values)} mean_value entries for {c} channels (give 1 or {c})")
+        if self.mean_values:
+            self._check_means(c)
         mirror = self.mirror and self._rand(2) == 1
         ho = wo = 0
         if self.crop:

@@ -71,3 +71,19 @@ def test_hdf5_and_dummy_data(tmp_path: Path) -> None:
     assert not torch.equal(a["z"], b["z"])                                 # non-constant fillers refill
     with pytest.raises(Exception, match="no dataset 'nope'"):
         _net(f'layer {{ name: "h" type: "HDF5Data" top: "nope" hdf5_data_param {{ source: "{tmp_path / "list.txt"}" batch_size: 3 }} }}')
+
+
+@pytest.mark.parametrize("means, channels, words", [
+    ("mean_value: 104 mean_value: 117 mean_value: 123", 1, "3 mean_value entries for 1-channel data; give a single mean_value"),
+    ("mean_value: 1 mean_value: 2", 3, "give one mean_value for all channels or one per channel (3)"),
+])
+def test_mean_values_that_do_not_fit_the_channels_say_what_to_give(means: str, channels: int, words: str) -> None:
+    import torch
+
+    from ddl.caffe.data import Transformer
+    tp = textio.parse_text(f"transform_param {{ {means} }}", schema.LayerParameter()).transform_param
+    t = Transformer(tp, schema.TRAIN, torch.Generator(), where="layer 'data'")
+    with pytest.raises(textio.CaffeFormatError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        t(np.zeros((channels, 4, 4), np.float32))
+    with pytest.raises(textio.CaffeFormatError, match="mean_value entries"):
+        t.batch(np.zeros((2, channels, 4, 4), np.float32))
