@@ -22,6 +22,11 @@ def open_lmdb(path: str | Path, *, write: bool = False, map_size: int = 1 << 36)
     import lmdb
     p = Path(path)
     if not write and not (p / "data.mdb").exists():
+        # Caffe's default backend is LevelDB: V1-era files (CIFAR-10's, the siamese example's) leave it unset.
+        if (p / "CURRENT").is_file() and any(p.glob("*.ldb")) or any(p.glob("*.sst")):
+            raise CaffeFormatError(f"{p}: this is a LevelDB (Caffe's default when data_param.backend is unset); ddl-caffe "
+                                   "reads LMDB only: write the records to an LMDB with 'ddl-caffe convert', or re-run "
+                                   "Caffe's convert tool with -backend lmdb, and point source at it")
         raise CaffeFormatError(f"{p}: no LMDB here (expected {p / 'data.mdb'}); make one with 'ddl-caffe convert'")
     if write:
         p.mkdir(parents=True, exist_ok=True)

@@ -87,3 +87,15 @@ def test_mean_values_that_do_not_fit_the_channels_say_what_to_give(means: str, c
         t(np.zeros((channels, 4, 4), np.float32))
     with pytest.raises(textio.CaffeFormatError, match="mean_value entries"):
         t.batch(np.zeros((2, channels, 4, 4), np.float32))
+
+
+def test_a_leveldb_source_is_named_as_such(tmp_path: Path) -> None:
+    from ddl.caffe.data import open_lmdb
+    db = tmp_path / "cifar10_train_leveldb"                 # the files LevelDB leaves in its folder
+    db.mkdir()
+    for name in ("CURRENT", "LOCK", "LOG", "MANIFEST-000002", "000005.ldb"):
+        (db / name).write_bytes(b"")
+    with pytest.raises(textio.CaffeFormatError, match="this is a LevelDB .*'ddl-caffe convert'"):
+        open_lmdb(db)
+    with pytest.raises(textio.CaffeFormatError, match="no LMDB here"):
+        open_lmdb(tmp_path / "missing")
