@@ -43,6 +43,30 @@ def state_meets_rule(state: Any, rule: Any) -> bool:
     return all(s in stages for s in rule.stage) and not any(s in stages for s in rule.not_stage)
 
 
+_PHASES = {schema.TRAIN: "TRAIN", schema.TEST: "TEST"}
+
+
+def _rule_text(rule: Any) -> str:
+    parts = [f"phase: {_PHASES[rule.phase]}"] if rule.HasField("phase") else []
+    parts += [f"{k}: {getattr(rule, k)}" for k in ("min_level", "max_level") if rule.HasField(k)]
+    parts += [f'stage: "{x}"' for x in rule.stage] + [f'not_stage: "{x}"' for x in rule.not_stage]
+    return "{ " + " ".join(parts) + " }"
+
+
+def _left_out(param: Any, chosen: list[Any], blob: str, state: Any) -> str:
+    """Why no layer makes ``blob``, when the net's state filtered out the layers that would (a stage not given)."""
+    kept = {id(lp) for lp in chosen}
+    makers = [lp for lp in param.layer if blob in lp.top and id(lp) not in kept]
+    if not makers:
+        return ""
+    rules = "; ".join(f"'{lp.name}' " + " ".join(f"include {_rule_text(r)}" for r in lp.include)
+                      + " ".join(f"exclude {_rule_text(r)}" for r in lp.exclude) for lp in makers)
+    stages = ", ".join(f'"{x}"' for x in state.stage) or "none"
+    return (f"; the layers that make it are left out by their rules for this net's state (phase "
+            f"{_PHASES[state.phase]}, level {state.level}, stages {stages}): {rules}. Give the stage they "
+            "need (-stage on the command line, test_state in the solver)")
+
+
 def filter_layers(param: Any, state: Any) -> list[Any]:
     """The layers of ``param`` that ``state`` includes (Caffe's FilterNet)."""
     out = []
@@ -145,7 +169,7 @@ class Net:
             layer.rank, layer.size = rank, size          # type: ignore[attr-defined]
             for b in layer.bottom:
                 if b not in self.shapes:
-                    raise layer.error(f"bottom blob '{b}' is not produced by any earlier layer")
+                    raise layer.error(f"bottom blob '{b}' is not produced by any earlier layer{_left_out(param, chosen, b, self.state)}")
             shapes = [self.shapes[b] for b in layer.bottom]
             layer.setup(shapes)
             self._place(layer)

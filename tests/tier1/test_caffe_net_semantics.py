@@ -227,3 +227,15 @@ def test_commands_keep_freed_memory_for_reuse() -> None:
         return int(out[1])
     assert faults("reuse") < 50             # the freed 64 MB come back as they were
     assert faults("default") > 100          # glibc's default: fresh pages, faulted in again
+
+
+def test_a_bottom_whose_maker_a_stage_rule_leaves_out_names_the_rule() -> None:
+    parse_text = textio.parse_text
+    net = parse_text("""
+        layer { name: "d" type: "DummyData" top: "x" include { phase: TEST stage: "on-train" } dummy_data_param { shape { dim: 2 dim: 3 } } }
+        layer { name: "f" type: "Flatten" bottom: "x" top: "y" }""", schema.NetParameter())
+    with pytest.raises(LayerError, match=r"left out by their rules .*stages none\): 'd' include \{ phase: TEST stage: \"on-train\" \}"):
+        Net(net, schema.TEST, quiet=True)
+    with pytest.raises(LayerError, match="is not produced by any earlier layer$"):       # no maker at all: no rule to name
+        Net(parse_text('layer { name: "f" type: "Flatten" bottom: "z" top: "y" }', schema.NetParameter()), schema.TEST, quiet=True)
+    assert Net(net, schema.TEST, quiet=True, stages=("on-train",)).shapes["y"] == (2, 3)
