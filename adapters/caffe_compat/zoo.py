@@ -270,6 +270,38 @@ def sources_of(folder: Path) -> dict[str, str]:
     return out
 
 
+def expected_failures_of(folder: Path) -> dict[str, str]:
+    """Failures a folder declares in ``EXPECTED_FAILURES.txt``, one ``relative/path: words of the error`` per line: files
+    Caffe itself refuses (a fork's field, a setting Caffe aborts on) that the job should see refused, with that message."""
+    path = folder / "EXPECTED_FAILURES.txt"
+    if not path.is_file():
+        return {}
+    out = {}
+    for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        name, sep, words = line.partition(":")
+        if not sep or not words.strip():
+            raise ValueError(f"{path}:{n}: expected 'relative/path: words of the error', got {line!r}")
+        out[name.strip()] = words.strip()
+    return out
+
+
+def verdict(rows: list[Row], expected: dict[str, str]) -> list[str]:
+    """What is wrong with a run: failures not declared expected, and declared ones that passed or failed differently."""
+    problems = []
+    for r in rows:
+        failed = "FAIL" in (r.loads, r.fwd_bwd, r.trains, r.onnx)
+        words = expected.get(r.net)
+        if words is None and failed:
+            problems.append(f"{r.net}: failed ({'; '.join(r.notes)})")
+        elif words is not None and not failed:
+            problems.append(f"{r.net}: expected to fail with '{words}' but passed; remove it from EXPECTED_FAILURES.txt")
+        elif words is not None and not any(words in n for n in r.notes):
+            problems.append(f"{r.net}: failed, but not with '{words}': {'; '.join(r.notes)}")
+    return problems
+
+
 def table(rows: list[Row]) -> str:
     head = "| net | source | loads | fwd+bwd | solver trains | ONNX logits diff |\n|---|---|---|---|---|---|\n"
     return head + "\n".join(f"| {r.net} | {r.source} | {r.loads} | {r.fwd_bwd} | {r.trains} | {r.onnx} |" for r in rows) + "\n"
@@ -295,10 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ddl.caffe.zoo: {folder} is not a folder (skipped: the zoo job runs on prototxt files you fetched there)")
             return 2
         items, source = from_folder(folder), str(folder)
-        origins = sources_of(folder)
+        origins, expected = sources_of(folder), expected_failures_of(folder)
     else:
         items, source = generated(a.batch), "ddl.caffe.zoo_nets"
-        origins = {}
+        origins, expected = {}, {}
     wanted = {n for n in a.nets.split(",") if n}
     rows = []
     with tempfile.TemporaryDirectory(prefix="ddl-caffe-zoo-") as tmp:
@@ -317,7 +349,10 @@ def main(argv: list[str] | None = None) -> int:
     print(table(rows))
     if a.json:
         Path(a.json).write_text(json.dumps([asdict(r) for r in rows], indent=2))
-    return 0 if all("FAIL" not in (r.loads, r.fwd_bwd, r.trains, r.onnx) for r in rows) else 1
+    problems = verdict(rows, {k: v for k, v in expected.items() if not wanted or k in wanted})
+    for line in problems:
+        print(f"ddl.caffe.zoo: {line}")
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

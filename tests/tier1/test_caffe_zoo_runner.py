@@ -137,3 +137,20 @@ def test_generated_record_shape(name: str, means: str, expected: tuple[int, int,
     if name.startswith(("LeNet", "mnist", "CIFAR")):
         lp.transform_param.ClearField("crop_size")
     assert guess_image_shape(name, lp) == expected
+
+
+def test_declared_failures_pass_the_run_only_with_their_message() -> None:
+    ok = zoo.Row("a.prototxt", "x", loads="ok", fwd_bwd="ok", onnx="1e-7")
+    refused = zoo.Row("b.prototxt", "x", loads="FAIL", notes=["loads: CaffeFormatError: field 'version'"])
+    assert zoo.verdict([ok, refused], {"b.prototxt": "field 'version'"}) == []
+    assert "failed (loads" in zoo.verdict([ok, refused], {})[0]                               # undeclared failure
+    assert "but not with 'momentum'" in zoo.verdict([refused], {"b.prototxt": "momentum"})[0]  # another error
+    assert "but passed" in zoo.verdict([ok], {"a.prototxt": "anything"})[0]                   # stale declaration
+
+
+def test_expected_failures_file_is_read_and_checked(tmp_path: Path) -> None:
+    (tmp_path / "EXPECTED_FAILURES.txt").write_text("# Caffe refuses these too\nold/net.prototxt: field 'version'\n")
+    assert zoo.expected_failures_of(tmp_path) == {"old/net.prototxt": "field 'version'"}
+    (tmp_path / "EXPECTED_FAILURES.txt").write_text("old/net.prototxt\n")
+    with pytest.raises(ValueError, match="expected 'relative/path: words of the error'"):
+        zoo.expected_failures_of(tmp_path)
