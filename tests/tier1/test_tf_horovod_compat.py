@@ -1,4 +1,4 @@
-"""Tier 1: ddl.tensorflow in TF 1 graphs run by a Session, and Horovod's TF error class."""
+"""Tier 1: what Horovod's TF tests expect of ddl.tensorflow: Session graphs, error classes, Compression."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ tf = pytest.importorskip("tensorflow")
 import ddl  # noqa: E402
 import ddl.tensorflow as dtf  # noqa: E402
 from ddl.tensorflow.bridge import graph_name  # noqa: E402
-from ddl.tensorflow.errors import CollectiveMismatchError, as_tf_errors  # noqa: E402
+from ddl.tensorflow.errors import CollectiveArgumentError, CollectiveMismatchError, as_tf_errors  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -74,3 +74,29 @@ def test_mismatch_is_horovods_failed_precondition_and_still_ddls() -> None:
     assert isinstance(again, CollectiveMismatchError) and again.message == info.value.message
     with pytest.raises(ValueError, match="other errors pass"):
         as_tf_errors(lambda: (_ for _ in ()).throw(ValueError("other errors pass")))()
+
+
+def test_bad_arguments_are_horovods_invalid_argument_and_still_value_errors() -> None:
+    with pytest.raises(tf.errors.InvalidArgumentError, match="summing to the first dimension 3") as info:
+        dtf.alltoall(tf.ones([3]), splits=[5])
+    assert isinstance(info.value, ValueError) and isinstance(info.value, CollectiveArgumentError)
+
+
+def test_compression_compresses_floats_and_passes_the_rest() -> None:
+    for dtype in (tf.float16, tf.float32, tf.float64):
+        small, ctx = dtf.Compression.fp16.compress(tf.ones([3], dtype))
+        assert small.dtype == tf.float16
+        back = dtf.Compression.fp16.decompress(small, ctx)
+        assert back.dtype == dtype and back.numpy().tolist() == [1, 1, 1]
+    ints, ctx = dtf.Compression.fp16.compress(tf.ones([2], tf.int32))
+    assert ints.dtype == tf.int32 and dtf.Compression.fp16.decompress(ints, ctx).dtype == tf.int32
+    assert dtf.Compression.none.compress(tf.ones([1]))[1] is None
+    # The collectives take them as the core's wire compression.
+    summed = dtf.allreduce(tf.constant([1.5, 2.0]), op=ddl.Sum, compression=dtf.Compression.fp16)
+    assert summed.dtype == tf.float32 and summed.numpy().tolist() == [1.5, 2.0]
+
+
+def test_horovods_util_helper_is_there() -> None:
+    from ddl.tensorflow.util import _executing_eagerly
+
+    assert dtf._executing_eagerly is _executing_eagerly and _executing_eagerly() is True
