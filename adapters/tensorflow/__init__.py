@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ddl import Adasum, Average, Compression, Max, Min, MismatchError, Product, Sum
+from ddl import Adasum, Average, Max, Min, MismatchError, Product, Sum
 from ddl.base.errors import HorovodInternalError
 from ddl.runtime import process
 from ddl.runtime.basics import (
@@ -42,6 +42,7 @@ from ddl.runtime.process_sets import (
     remove_process_set,
 )
 
+from .compression import Compression
 from .functions import (
     BroadcastGlobalVariablesHook,
     DistributedOptimizer,
@@ -73,6 +74,9 @@ from .mpi_ops import (
 )
 from .sync_batch_norm import SyncBatchNormalization
 from .tape import DistributedGradientTape, PartialDistributedGradientTape, broadcast_variables
+
+# Horovod's module has it too; scripts call hvd._executing_eagerly().
+from .util import _executing_eagerly as _executing_eagerly
 
 
 def __getattr__(name: str) -> Any:

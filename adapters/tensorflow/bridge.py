@@ -12,6 +12,7 @@ So one collective costs one copy in and one copy out, as with DLPack plus a resu
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ import numpy as np
 
 import tensorflow as tf
 from ddl.engine.naming import manifest_name
+
+from .errors import as_tf_errors
 
 
 def executing_eagerly() -> bool:
@@ -35,13 +38,14 @@ def graph_name(kind: str, name: str | None, *tensors: Any) -> str:
 
     Graph ops run on TensorFlow's executor threads, so unnamed requests cannot be
     matched by submission order. The name comes from what every rank traces alike: the
-    kind, the tensors' static shapes and dtypes, and how many such collectives this
-    process traced before (:func:`ddl.engine.naming.manifest_name`).
+    kind, the number of tensors, and how many such collectives this process traced
+    before (:func:`ddl.engine.naming.manifest_name`). Not the shapes or dtypes: ranks
+    that pass different ones must meet under one name, so that the engine reports the
+    mismatch on every rank instead of each rank waiting for a name the others never send.
     """
     if name is not None:
         return name
-    manifest = [(str(t.shape), t.dtype.name) for t in tensors]
-    return manifest_name(f"ddl.tf.{kind}", manifest)
+    return manifest_name(f"ddl.tf.{kind}", [len(tensors)])
 
 
 def check_not_xla(what: str) -> None:
@@ -59,6 +63,39 @@ def check_not_xla(what: str) -> None:
         )
 
 
+# Collectives traced into a TF 1 graph (run by a Session), by graph: the last one traced.
+_last_in_graph: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _plain_graph() -> Any:
+    """The default graph when it is a TF 1 graph outside any control-flow context, else None.
+
+    A Session runs a graph's ready ops in any order on a few threads, and each collective
+    blocks its thread until every rank has submitted it: ranks that pick different ones
+    first would wait on each other forever. So collectives in such a graph run in the
+    order they were traced (the same on every rank). ``tf.function`` graphs need nothing:
+    TF already runs their stateful ops in program order.
+    """
+    from tensorflow.python.framework.func_graph import FuncGraph
+
+    graph = tf.compat.v1.get_default_graph()
+    if isinstance(graph, FuncGraph) or graph._get_control_flow_context() is not None:
+        return None
+    return graph
+
+
+def _previous_collective() -> list[Any]:
+    graph = _plain_graph()
+    op = None if graph is None else _last_in_graph.get(graph)
+    return [] if op is None else [op]
+
+
+def _remember_collective(op: Any) -> None:
+    graph = _plain_graph()
+    if graph is not None:
+        _last_in_graph[graph] = op
+
+
 def host_call(
     fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[Any], out_dtypes: Sequence[tf.DType],
     out_shapes: Sequence[Any], *, what: str,
@@ -68,6 +105,7 @@ def host_call(
     Eager: called at once on views of the inputs. In a graph: one stateful
     ``tf.numpy_function`` op whose outputs carry the given static shapes.
     """
+    fn = as_tf_errors(fn)
     if executing_eagerly():
         outs = fn(*[host_view(t) for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes, strict=True)]
@@ -77,9 +115,12 @@ def host_call(
         outs = fn(*arrays)
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, out_dtypes, strict=True)]
 
-    outs = tf.numpy_function(checked, list(inputs), list(out_dtypes), stateful=True, name="ddl_" + what.replace(" ", "_"))
+    with tf.control_dependencies(_previous_collective()):
+        outs = tf.numpy_function(checked, list(inputs), list(out_dtypes), stateful=True,
+                                 name="ddl_" + what.replace(" ", "_"))
     if not isinstance(outs, (list, tuple)):
         outs = [outs]
+    _remember_collective(outs[0].op)
     for o, shape in zip(outs, out_shapes, strict=True):
         o.set_shape(shape)
     return list(outs)
