@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -94,7 +95,8 @@ def check_solver(sp: Any) -> None:
     if sp.snapshot and not sp.snapshot_prefix:
         raise CaffeFormatError(f"the solver snapshots every {sp.snapshot} iterations but gives no snapshot_prefix")
     if sp.snapshot_prefix and (sp.snapshot or sp.snapshot_after_train):
-        probe = Path(f"{sp.snapshot_prefix}_iter_0.tempfile")
+        # One probe per process: ranks sharing a folder must not remove each other's.
+        probe = Path(f"{sp.snapshot_prefix}_iter_0.{os.getpid()}.tempfile")
         try:
             probe.parent.mkdir(parents=True, exist_ok=True)
             probe.write_bytes(b"")
