@@ -19,28 +19,7 @@ from typing import Any
 from ddl import Adasum, Average, Max, Min, MismatchError, Product, Sum
 from ddl.base.errors import HorovodInternalError
 from ddl.runtime import process
-from ddl.runtime.basics import (
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    is_homogeneous,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rocm_built,
-    start_timeline,
-    stop_timeline,
-)
-from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
-from ddl.runtime.process_sets import (
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
+from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
 
 from .compression import Compression
 from .functions import (
@@ -89,13 +68,11 @@ def __getattr__(name: str) -> Any:
 __all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     *process.__all__,
     "Adasum", "Average", "BroadcastGlobalVariablesHook", "Compression", "DistributedGradientTape",
-    "DistributedOptimizer", "HorovodInternalError", "Max", "Min", "MismatchError", "PartialDistributedGradientTape",
-    "ProcessSet", "Product", "Sum", "SyncBatchNormalization", "add_process_set", "allgather", "allgather_object",
-    "allreduce", "alltoall", "broadcast", "broadcast_", "broadcast_global_variables", "broadcast_object",
-    "broadcast_object_fn", "broadcast_variables", "ccl_built", "check_num_rank_power_of_2", "cuda_built",
-    "ddl_built", "global_process_set", "gloo_built", "gloo_enabled", "grouped_allgather", "grouped_allreduce",
-    "grouped_reducescatter", "handle_average_backwards_compatibility", "is_homogeneous", "join", "local_rank_op",
-    "local_size_op", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "process_set_included_op",
-    "rank_op", "reducescatter", "refs_to_vars", "remove_process_set", "rocm_built", "size_op", "start_timeline",
-    "stop_timeline", "vars_to_refs",
+    "DistributedOptimizer", "HorovodInternalError", "Max", "Min", "MismatchError",
+    "PartialDistributedGradientTape", "Product", "Sum", "SyncBatchNormalization", "allgather",
+    "allgather_object", "allreduce", "alltoall", "broadcast", "broadcast_", "broadcast_global_variables",
+    "broadcast_object", "broadcast_object_fn", "broadcast_variables", "check_num_rank_power_of_2",
+    "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "handle_average_backwards_compatibility",
+    "join", "local_rank_op", "local_size_op", "process_set_included_op", "rank_op", "reducescatter",
+    "refs_to_vars", "size_op", "vars_to_refs",
 ]

@@ -16,27 +16,7 @@ import keras
 import tensorflow as tf
 from ddl.base.ops import ReduceOp
 from ddl.runtime import process
-from ddl.runtime.basics import (
-    ccl_built,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rocm_built,
-    start_timeline,
-    stop_timeline,
-)
-from ddl.runtime.process import *  # noqa: F403 - init, shutdown, rank, size, ...: the same on every adapter
-from ddl.runtime.process_sets import (
-    ProcessSet,
-    add_process_set,
-    global_process_set,
-    remove_process_set,
-)
+from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
 from ddl.tensorflow import Average, Compression, Sum, broadcast_variables
 from ddl.tensorflow import mpi_ops as _ops
 from ddl.tensorflow.sync_batch_norm import SyncBatchNormalization
@@ -108,9 +88,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     *process.__all__,
-    "Average", "Compression", "DistributedOptimizer", "ProcessSet", "Sum", "SyncBatchNormalization",
-    "add_process_set", "allgather", "allreduce", "broadcast", "broadcast_global_variables", "broadcast_variables",
-    "callbacks", "ccl_built", "cuda_built", "ddl_built", "global_process_set", "gloo_built", "gloo_enabled",
-    "load_model", "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "reducescatter",
-    "remove_process_set", "rocm_built", "start_timeline", "stop_timeline",
+    "Average", "Compression", "DistributedOptimizer", "Sum", "SyncBatchNormalization", "allgather", "allreduce",
+    "broadcast", "broadcast_global_variables", "broadcast_variables", "callbacks", "load_model",
+    "reducescatter",
 ]
