@@ -26,6 +26,7 @@ from ddl.launcher.command import (
     Launch,
     LaunchError,
     LaunchOptions,
+    MpiInfo,
     build_launch,
     placement,
     setting_help,
@@ -133,14 +134,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.print_usage(sys.stderr)
         _error(str(exc))
         return USAGE_ERROR
-    try:
-        mpi = detect_mpi(python_executable=sys.executable, path=search_path())
-    except MpiNotFoundError as exc:
-        _error(str(exc))
-        return NOT_FOUND
-    except LaunchError as exc:
-        _error(str(exc))
-        return USAGE_ERROR
+    mpi = _detect_mpi()
+    if isinstance(mpi, int):
+        return mpi
     launch = build_launch(
         options,
         mpi=mpi,
@@ -174,14 +170,9 @@ def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
             parser.print_usage(sys.stderr)
         _error(str(exc))
         return USAGE_ERROR
-    try:
-        mpi = detect_mpi(python_executable=sys.executable, path=search_path())
-    except MpiNotFoundError as exc:
-        _error(str(exc))
-        return NOT_FOUND
-    except LaunchError as exc:
-        _error(str(exc))
-        return USAGE_ERROR
+    mpi = _detect_mpi()
+    if isinstance(mpi, int):
+        return mpi
     supervisor = elastic.Supervisor(options, mpi=mpi, base_env=os.environ, python_executable=sys.executable,
                                     cpu_count=available_cpus(), is_root=_is_root())
     return supervisor.run()
@@ -213,6 +204,18 @@ def _hosts(args: argparse.Namespace) -> tuple[HostSlots, ...]:
 
 def _is_root() -> bool:
     return sys.platform != "win32" and os.geteuid() == 0
+
+
+def _detect_mpi() -> MpiInfo | int:
+    """The MPI to launch with, or the exit status after saying why there is none."""
+    try:
+        return detect_mpi(python_executable=sys.executable, path=search_path())
+    except MpiNotFoundError as exc:
+        _error(str(exc))
+        return NOT_FOUND
+    except LaunchError as exc:
+        _error(str(exc))
+        return USAGE_ERROR
 
 
 def _error(message: str) -> None:

@@ -56,6 +56,16 @@ class _ConvBase(Layer):
         if min(self.stride) <= 0 or min(self.dilation) <= 0:
             raise self.error("stride and dilation must be positive")
 
+    def groups(self, shape: tuple[int, ...]) -> int:
+        """Convolution's and Deconvolution's shared checks of num_output and group; the input channels."""
+        p = self.lp.convolution_param
+        channels, self.group = shape[1], p.group
+        if p.num_output <= 0:
+            raise self.error("num_output must be given and positive")
+        if self.group <= 0 or channels % self.group or p.num_output % self.group:
+            raise self.error(f"group {self.group} must divide both the input channels ({channels}) and num_output ({p.num_output})")
+        return channels
+
 
 class Convolution(_ConvBase):
     type = "Convolution"
@@ -63,11 +73,7 @@ class Convolution(_ConvBase):
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
         p = self.lp.convolution_param
         self.geometry(shapes[0])
-        channels, self.group = shapes[0][1], p.group
-        if p.num_output <= 0:
-            raise self.error("num_output must be given and positive")
-        if self.group <= 0 or channels % self.group or p.num_output % self.group:
-            raise self.error(f"group {self.group} must divide both the input channels ({channels}) and num_output ({p.num_output})")
+        channels = self.groups(shapes[0])
         for s, k, pd, d in zip(shapes[0][2:], self.kernel, self.pad, self.dilation, strict=True):
             if s + 2 * pd < d * (k - 1) + 1:
                 raise self.error(f"kernel {list(self.kernel)} (dilation {list(self.dilation)}) exceeds the padded input {list(shapes[0][2:])}")
@@ -98,11 +104,7 @@ class Deconvolution(_ConvBase):
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
         p = self.lp.convolution_param
         self.geometry(shapes[0])
-        channels, self.group = shapes[0][1], p.group
-        if p.num_output <= 0:
-            raise self.error("num_output must be given and positive")
-        if self.group <= 0 or channels % self.group or p.num_output % self.group:
-            raise self.error(f"group {self.group} must divide both the input channels ({channels}) and num_output ({p.num_output})")
+        channels = self.groups(shapes[0])
         for s, k, pd, st, d in zip(shapes[0][2:], self.kernel, self.pad, self.stride, self.dilation, strict=True):
             if st * (s - 1) + d * (k - 1) + 1 - 2 * pd <= 0:
                 raise self.error(f"pad {list(self.pad)} leaves no output for input {list(shapes[0][2:])}")
