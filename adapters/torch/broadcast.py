@@ -62,12 +62,27 @@ def broadcast_parameters(
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0, model: Any = None) -> None:
-    """Give every rank ``root_rank``'s optimizer state and hyperparameters.
+    """Give every rank ``root_rank``'s optimizer state and hyperparameters, and nothing else.
 
-    Works for optimizers whose state is created lazily (Adam before its first step has
-    none): the root's ``state_dict()`` is sent whole and loaded everywhere, so ranks
-    without state get the root's, and ranks with stale state lose it. ``model`` is
-    accepted for Horovod's signature (the root's state needs no model here).
+    The root's whole ``state_dict()`` is sent and loaded on the other ranks: a rank
+    without state (Adam before its first step) gets the root's, a rank with stale state
+    (its own checkpoint) loses it, and a fresh root leaves every rank fresh. No weight
+    moves and no step is counted, so ``broadcast_parameters`` followed by this call
+    trains exactly what one process trains from the root's model and optimizer.
+
+    Horovod instead gives a state-less optimizer one local step with zero gradients:
+    weight decay then moves the weights and Adam counts a step, so training differs from
+    one process, and when only the root resumed a checkpoint the replicas diverge. ddl
+    keeps the one-process equivalence (see the Horovod migration page).
+
+    Args:
+        optimizer: a ``torch.optim.Optimizer`` or a ``DistributedOptimizer`` around one.
+        root_rank: the rank whose state every rank takes.
+        model: accepted for Horovod's signature; not needed.
+
+    Raises:
+        TypeError: ``optimizer`` is not a torch optimizer.
+        ddl.MismatchError: the ranks' optimizers have different parameter groups.
 
     Example:
         >>> ddl.torch.broadcast_optimizer_state(optimizer, root_rank=0)  # doctest: +SKIP
@@ -78,32 +93,12 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         raise TypeError(f"broadcast_optimizer_state takes a torch optimizer, got {type(optimizer).__name__}")
     groups = [len(g["params"]) for g in optimizer.param_groups]
     _check_manifest(groups, "broadcast_optimizer_state (parameters per group)")
-    if not optimizer.state:
-        _initialize_state(optimizer)
     if ddl.size() == 1:
         return
     state = _to_cpu(optimizer.state_dict()) if ddl.rank() == root_rank else None
     state = ddl.broadcast_object(state, root_rank, name="ddl.torch.broadcast_optimizer_state")
     if ddl.rank() != root_rank:
         optimizer.load_state_dict(state)
-
-
-def _initialize_state(optimizer: torch.optim.Optimizer) -> None:
-    """Horovod's rule for an optimizer without state yet: give every parameter that trains a
-    zero gradient and take one local step, so its state exists (on every rank alike).
-
-    The wrapped optimizer steps, not a DistributedOptimizer (no collectives). As in
-    Horovod, weight decay moves the parameters in that step.
-    """
-    if isinstance(optimizer, torch.optim.LBFGS):
-        raise ValueError("cannot broadcast torch.optim.LBFGS state")
-    for group in optimizer.param_groups:
-        for p in group["params"]:
-            if p.requires_grad and p.grad is None:
-                p.grad = torch.zeros_like(p)
-    inner = optimizer.__dict__.get("optimizer", optimizer)  # a DistributedOptimizer's: no collectives
-    with torch.no_grad():
-        inner.step()
 
 
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None, process_set: Any = None) -> Any:

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mpi
 
 CASES = ["fit-sgd-momentum-broadcast-from-different-inits", "fit-adam-broadcast-from-different-inits",
          "fit-adam-lr-schedule-broadcast", "fit-sgd-backward_passes_per_step=2", "fit-adam-fp16-compression",
-         "embedding-fit-sgd-indexedslices", "tape-sgd-momentum", "tape-embedding-adam-indexedslices",
+         "embedding-fit-sgd-indexedslices", "fit-adamw-resumed-on-root-only", "tape-sgd-momentum", "tape-embedding-adam-indexedslices",
          "tape-embedding-adam-sparse_as_dense"]
 
 

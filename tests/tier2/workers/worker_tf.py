@@ -106,6 +106,31 @@ def train_tape(make_model, make_opt, *, distributed: bool, seed: int = 0, **opti
     return model
 
 
+def train_fit_resumed(make_model, make_opt, *, distributed: bool, seed: int = 0, resume: int = 5):
+    """Horovod's resume recipe: rank 0 alone loads a checkpoint (``load_model`` of a model
+    that trained ``resume`` steps in one process), the others start fresh from other
+    seeds, and BroadcastGlobalVariablesCallback gives everyone the root's weights and
+    optimizer state (its step count included). The continuation must be the one process's."""
+    if not distributed:
+        return train_fit(make_model, make_opt, distributed=False)
+    path = os.path.join(tempfile.gettempdir(), f"ddl-resume-{os.getppid()}.keras")
+    if R == 0:
+        first = build(make_model, 0)
+        first.compile(optimizer=make_opt(), loss=LOSS)
+        first.fit(X[: resume * B], Y[: resume * B], batch_size=B, epochs=1, shuffle=False, verbose=0)
+        first.save(path)
+        model = dk.load_model(path)
+        os.unlink(path)
+        assert int(model.optimizer.iterations.numpy()) == resume
+    else:
+        model = build(make_model, 100 + R)
+        model.compile(optimizer=dk.DistributedOptimizer(make_opt()), loss=LOSS)
+    x, y = shard(X[resume * B : STEPS * B], B), shard(Y[resume * B : STEPS * B], B)
+    model.fit(x, y, batch_size=B // P, epochs=1, shuffle=False, verbose=0, callbacks=bcast())
+    assert int(model.optimizer.iterations.numpy()) == STEPS, "a step was added or lost"
+    return model
+
+
 def digest(model: keras.Model) -> str:
     h = hashlib.sha256()
     for v in [*model.variables, *model.optimizer.variables] if model.optimizer else model.variables:
@@ -129,7 +154,7 @@ def reference(label: str, train, make_model, make_opt, options: dict) -> list[np
 
 def check(label: str, train, make_model, make_opt, *, rtol: float = 1e-5, atol: float = 1e-6, **options) -> None:
     got = train(make_model, make_opt, distributed=True, **options)
-    hashes = dtf.allgather_object(digest(got) if train is train_fit else
+    hashes = dtf.allgather_object(digest(got) if train in (train_fit, train_fit_resumed) else
                                   hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in got.weights)).hexdigest())
     assert len(set(hashes)) == 1, f"{label}: ranks hold different weights"
     if R == 0:
@@ -154,6 +179,10 @@ def adam():
     return keras.optimizers.Adam(1e-2)
 
 
+def adamw():
+    return keras.optimizers.AdamW(1e-2, weight_decay=1e-2)
+
+
 def adam_schedule():
     return keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(2e-2, decay_steps=4, decay_rate=0.7))
 
@@ -168,6 +197,7 @@ check("fit-adam-lr-schedule-broadcast", train_fit, mlp, adam_schedule, seed=R, c
 check("fit-sgd-backward_passes_per_step=2", train_fit, mlp, sgd, k=2)
 check("fit-adam-fp16-compression", train_fit, mlp, adam, rtol=2e-2, atol=2e-3, compression=ddl.Compression.fp16)
 check("embedding-fit-sgd-indexedslices", train_fit, embedding_model, sgd)
+check("fit-adamw-resumed-on-root-only", train_fit_resumed, mlp, adamw)
 check("tape-sgd-momentum", train_tape, mlp, sgd)
 check("tape-embedding-adam-indexedslices", train_tape, embedding_model, adam)
 check("tape-embedding-adam-sparse_as_dense", train_tape, embedding_model, adam, sparse_as_dense=True)
