@@ -41,7 +41,8 @@ _LAZY: dict[str, str] = {
                     "ddl.runtime.process"),
     "Compression": "ddl.engine.compression",
     **dict.fromkeys(("DDLError", "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError",
-                     "NotInitializedError", "RemoteError", "SettingsMismatchError", "TopologyError"), "ddl.base.errors"),
+                     "NotInitializedError", "RemoteError", "SettingsMismatchError", "TopologyError",
+                     "WorldMismatchError"), "ddl.base.errors"),
     "GroupHandle": "ddl.engine.handle", "Handle": "ddl.engine.handle",
     **dict.fromkeys(("Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "ddl.base.ops"),
 }
@@ -56,6 +57,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
         RemoteError,
         SettingsMismatchError,
         TopologyError,
+        WorldMismatchError,
     )
     from ddl.base.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
     from ddl.engine.compression import Compression
@@ -139,7 +141,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "Adasum", "Average", "Compression", "DDLError", "GroupHandle", "Handle", "HorovodInternalError",
     "HostsUpdatedInterrupt", "Max", "Min", "MismatchError", "NotInitializedError", "ProcessSet", "Product",
-    "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "add_process_set", "allgather",
+    "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "WorldMismatchError",
+    "add_process_set", "allgather",
     "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async", "alltoall",
     "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_object", "ccl_built",
     "context", "cross_rank", "cross_size", "cuda_built", "ddl_built", "global_process_set", "gloo_built",

@@ -143,6 +143,29 @@ def settings_differences(per_rank: list[dict[str, str]]) -> list[str]:
 #: Open MPI, PMIx): their presence means the process was started as an MPI rank.
 MPI_RANK_VARIABLES: tuple[str, ...] = ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK")
 
+#: The world size a launcher announces to each process it starts, innermost launcher
+#: first (an ``mpiexec`` inside an ``srun`` step overrides the step's PMI variables, not
+#: its SLURM_* ones): (variable, who sets it).
+ANNOUNCED_SIZE_VARIABLES: tuple[tuple[str, str], ...] = (
+    ("PMI_SIZE", "the PMI launcher (MPICH's or Intel MPI's mpiexec/hydra, ddlrun, or srun --mpi=pmi2)"),
+    ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun/mpiexec (or prterun)"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Announced:
+    """What the launcher that started this process said the world is.
+
+    Attributes:
+        size: the number of processes it started in this world (None: it did not say).
+        rank: this process's index among them (None: it did not say).
+        source: the variables read, as ``NAME=value`` text, and who sets them.
+    """
+
+    size: int | None
+    rank: int | None
+    source: str
+
 
 @dataclasses.dataclass(frozen=True)
 class JobEnv:
@@ -157,6 +180,8 @@ class JobEnv:
         slurm_step_tasks: ``SLURM_STEP_NUM_TASKS``, set only in tasks ``srun`` started.
         slurm_procid: ``SLURM_PROCID`` (this task's index in its step).
         mpi_launched: one of :data:`MPI_RANK_VARIABLES` is set.
+        announced: the world the launcher announced (see :func:`announced_world`), or
+            None for a process no launcher started (``python train.py``).
     """
 
     slurm_job_id: str | None = None
@@ -166,6 +191,7 @@ class JobEnv:
     slurm_step_tasks: int | None = None
     slurm_procid: int | None = None
     mpi_launched: bool = False
+    announced: Announced | None = None
 
     @property
     def in_slurm(self) -> bool:
@@ -191,7 +217,38 @@ def job_from_env(env: Mapping[str, str] | None = None) -> JobEnv:
         slurm_step_tasks=_count(env, "SLURM_STEP_NUM_TASKS"),
         slurm_procid=_count(env, "SLURM_PROCID", minimum=0),
         mpi_launched=any(_str(env, name) is not None for name in MPI_RANK_VARIABLES),
+        announced=announced_world(env),
     )
+
+
+def announced_world(env: Mapping[str, str]) -> Announced | None:
+    """The world size (and rank) the launcher of this process announced, or None.
+
+    Read from the innermost launcher's variables: hydra/PMI (``PMI_SIZE``, ``PMI_RANK``),
+    Open MPI (``OMPI_COMM_WORLD_SIZE``, ``OMPI_COMM_WORLD_RANK``), a Slurm step's task
+    (``SLURM_STEP_NUM_TASKS``, ``SLURM_PROCID``: set only in tasks ``srun`` started, not
+    in a batch script's own process), and PMIx's ``PMIX_RANK`` (a rank, no size).
+
+    Example:
+        >>> announced_world({"PMI_SIZE": "2", "PMI_RANK": "1"}).size
+        2
+        >>> announced_world({"HOME": "/root"}) is None
+        True
+    """
+    rank_names = {"PMI_SIZE": "PMI_RANK", "OMPI_COMM_WORLD_SIZE": "OMPI_COMM_WORLD_RANK"}
+    for name, who in ANNOUNCED_SIZE_VARIABLES:
+        size = _count(env, name)
+        if size is not None:
+            rank = _count(env, rank_names[name], minimum=0)
+            return Announced(size, rank, f"{name}={size}, set by {who}")
+    pmix_rank = _count(env, "PMIX_RANK", minimum=0)
+    step_tasks, procid = _count(env, "SLURM_STEP_NUM_TASKS"), _count(env, "SLURM_PROCID", minimum=0)
+    if step_tasks is not None and procid is not None:
+        return Announced(step_tasks, procid if pmix_rank is None else pmix_rank,
+                         f"SLURM_STEP_NUM_TASKS={step_tasks}, set by srun")
+    if pmix_rank is not None:
+        return Announced(None, pmix_rank, f"PMIX_RANK={pmix_rank}, set by a PMIx launcher")
+    return None
 
 
 #: Prefixes of the variables that steer how MPI moves data (shown by ``ddl doctor``).

@@ -31,10 +31,20 @@ class SettingsMismatchError(DDLError):
     """Ranks were started with settings that change the sequence of MPI calls."""
 
 
+class WorldMismatchError(DDLError):
+    """The launcher started N processes but MPI connected a different number of them
+    (mpi4py could not load its MPI, or loaded another MPI than the launcher's)."""
+
+
 # Elastic training (``ddlrun --elastic``). The names are Horovod's, so that code written for
 # ``hvd.elastic`` catches the same exceptions; the Horovod API issue defines them too.
 class HorovodInternalError(DDLError):
-    """A collective failed because a rank was lost; ``elastic.run`` restores the last commit."""
+    """A collective failed (Horovod's meaning): under ``ddlrun --elastic`` ddl raises it in
+    the collectives a rank is waiting for when ``ddlrun`` ends the world because a host was
+    lost; a program may raise it too. ``elastic.run`` then restores the last commit and the
+    process leaves at once (no agreeing ``shutdown``: the lost peer would never agree), and
+    the next world resumes from that commit. A rank blocked inside an MPI call when its
+    world ends cannot raise; ``ddlrun`` stops it, with the same outcome."""
 
 
 class HostsUpdatedInterrupt(DDLError):

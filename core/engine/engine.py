@@ -85,6 +85,7 @@ class Engine:
         self._last_cycle = 0.0
         self._idle_gap = _IDLE_MIN
         self._failure: BaseException | None = None
+        self._interrupted: BaseException | None = None
         self.exchange = Exchange(ctx.comm)
         self.cycles = 0
         self.slow_cycles = 0
@@ -108,6 +109,8 @@ class Engine:
             DDLError: the engine stopped after an error, or is shutting down.
             ValueError: a request of the same name is still in flight on this rank.
         """
+        if self._interrupted is not None:
+            raise self._interrupted
         if self._failure is not None:
             raise DDLError(f"the ddl engine has stopped after an error: {self._failure}")
         req.submitted = now = time.perf_counter()
@@ -149,6 +152,8 @@ class Engine:
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while not handle._done:
+            if self._interrupted is not None:
+                raise self._interrupted
             if self._failure is not None:
                 raise DDLError(f"the ddl engine has stopped after an error: {self._failure}")
             if self._finished:
@@ -259,9 +264,30 @@ class Engine:
         self._last_cycle = time.perf_counter()
         return ran
 
+    def interrupt(self, error: BaseException) -> None:
+        """End this rank's part in the world from outside (an elastic world that lost a peer).
+
+        Every pending and later collective raises ``error``, and a cycle waiting politely
+        for the others leaves its MPI wait with it; a cycle inside a blocking MPI call
+        stays there (ddlrun stops the rank). No collective runs after this: the process
+        leaves without ``shutdown``, which the lost peer could never agree to.
+        """
+        self._interrupted = error
+        if hasattr(self.ctx.comm, "interrupted"):
+            self.ctx.comm.interrupted = error
+        with self._lock:
+            for req in self._pending:
+                req.handle.set_error(error)
+            self._pending.clear()
+            self._in_flight.clear()
+        with self._wake:
+            self._wake.notify()
+
     def _fail(self, exc: BaseException, batch: list[Request]) -> NoReturn:
         """A cycle raised after the ranks agreed on it: fail every waiter here, and end
         the job, because the other ranks wait in a collective this rank left."""
+        if exc is self._interrupted:
+            raise exc  # the world is ending anyway (see interrupt): no abort
         self._failure = exc
         with self._lock:
             for req in self._pending:
@@ -341,8 +367,9 @@ class Engine:
         if self._thread is None or not self._baton.acquire(blocking=False):
             return False
         try:
-            if self._pending or self._stop or self._finished or self._failure is not None:
-                return False
+            if self._pending or self._stop or self._finished or self._failure is not None \
+                    or self._interrupted is not None:
+                return False  # submit() then raises or queues
             req.submitted = start = time.perf_counter()
             d = req.digest = self._digests.get(req.descriptor) or self._digest(req.descriptor)
             req.handle._waiter = self

@@ -38,6 +38,10 @@ from ddl.launcher.preload import allow_mpi, imports_of, preload, python_target, 
 from ddl.runtime.elastic_wire import AGENT_SOCKET, LineReader, Message, host_folder, send
 
 BEAT_SECONDS = 0.5
+#: How long a rank of a world that lost a host may take to leave by itself (its waiting
+#: collectives raise HorovodInternalError) before it is killed; a rank blocked inside an
+#: MPI call cannot leave and costs the recovery this much.
+LOST_GRACE_SECONDS = 0.5
 _PR_SET_PDEATHSIG = 1
 
 
@@ -63,6 +67,7 @@ class Rank:
     stub: socket.socket
     link: socket.socket | None = None
     killed_because: str | None = None
+    kill_at: float | None = None  # told its world lost a host: killed then if still running
 
 
 class Agent:
@@ -140,6 +145,9 @@ class Agent:
                     return launch_or_end if isinstance(launch_or_end, Launch) else None
             self._reap()
             now = time.monotonic()
+            for rank in self.ranks.values():
+                if rank.kill_at is not None and now >= rank.kill_at and rank.killed_because is None:
+                    self._kill(rank, "stop")
             if now >= self.next_beat:
                 self.tell({"t": "beat"})
                 self.next_beat = now + BEAT_SECONDS
@@ -197,8 +205,16 @@ class Agent:
                 if rank.world <= self.update_world and rank.link is not None:
                     self._to(rank.link, {"t": "update"})
         elif kind == "stop":
+            lost = message.get("why") == "lost"
             for rank in self.ranks.values():
-                if rank.world <= int(message["world"]) and rank.killed_because is None:
+                if rank.world > int(message["world"]) or rank.killed_because is not None:
+                    continue
+                if lost and rank.link is not None and rank.kill_at is None:
+                    # Its collectives raise HorovodInternalError first (elastic.run restores and
+                    # leaves); one blocked inside an MPI call is killed when the grace ends.
+                    self._to(rank.link, {"t": "lost", "why": "a host of this elastic world was lost"})
+                    rank.kill_at = time.monotonic() + LOST_GRACE_SECONDS
+                elif not lost or rank.link is None:
                     self._kill(rank, "stop")
         elif kind == "quit":
             self.end()

@@ -282,6 +282,11 @@ class Supervisor:
         elif kind == "commit" and not world.first_commit_logged and rank == 0:
             world.first_commit_logged = True
             self.log(f"world {world.number}: first commit ({int(message['serial'])})")
+        elif kind == "reset" and message.get("why") == "HorovodInternalError":
+            if world.ending is None:  # a collective failed there: the others cannot reach a commit
+                self.log(f"world {world.number}: rank {rank} left after a failed collective (HorovodInternalError); "
+                         f"stopping the other ranks, the next world resumes from commit {int(message['serial'])}")
+                self._end_world(world, "reset", stop=True)
         elif kind == "reset" and rank == 0:
             self.log(f"world {world.number}: the ranks leave at commit {int(message['serial'])} for the next world")
         elif kind == "exit":
@@ -361,7 +366,7 @@ class Supervisor:
             for name in world.plan.names:
                 agent = self.agents.get(name)
                 if agent is not None and agent.cid is not None and agent.lost is None:
-                    self.server.send(agent.cid, {"t": "stop", "world": world.number})
+                    self.server.send(agent.cid, {"t": "stop", "world": world.number, "why": why})
 
     def _check_world(self, now: float) -> None:
         world = self.world

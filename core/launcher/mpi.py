@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ddl.launcher.command import Flavour, MpiInfo, flavour_from_version
+from ddl.wire.mpi_library import loaded_library_path, read_maps
 
 #: Launcher names to try in each bin folder, in order; the generic name comes first.
 LAUNCHER_NAMES: dict[Flavour, tuple[str, ...]] = {
     "mpich": ("mpiexec", "mpiexec.hydra", "mpiexec.mpich", "mpirun", "mpirun.mpich"),
     "openmpi": ("mpiexec", "mpirun", "mpirun.openmpi", "mpiexec.openmpi"),
 }
-_LIBMPI = re.compile(r"^lib(?:mpi|mpich|impi)\.(?:so(?:\.\d+)*|dylib|\d+\.dylib)$")
 
 
 class MpiNotFoundError(RuntimeError):
@@ -76,26 +76,12 @@ def load_library() -> MpiLibrary:
     return MpiLibrary(
         flavour=flavour_from_version(version),
         version=version,
-        path=loaded_library_path(_read_maps()),
+        path=loaded_library_path(read_maps()),
         standard=standard,
         mpi4py_version=str(mpi4py.__version__),
         mpi4py_extension=str(getattr(MPI, "__file__", "")),
         mpi4py_build=build,
     )
-
-
-def loaded_library_path(maps: str) -> str | None:
-    """The ``libmpi`` file among a ``/proc/self/maps`` text's mapped files, or None.
-
-    Example:
-        >>> loaded_library_path("7f00-7f01 r-xp 0 08:01 12 /usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4")
-        '/usr/lib/x86_64-linux-gnu/libmpi.so.40.30.4'
-    """
-    for line in maps.splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and _LIBMPI.match(os.path.basename(fields[5].strip())):
-            return fields[5].strip()
-    return None
 
 
 def mpiexec_candidates(
@@ -214,10 +200,3 @@ def detect_mpi(*, python_executable: str, path: list[str]) -> MpiInfo:
     mpiexec, _ = find_mpiexec(flavour=library.flavour, library_path=library.path,
                               python_executable=python_executable, path_dirs=path)
     return MpiInfo(flavour=library.flavour, mpiexec=str(mpiexec), library=library.first_line)
-
-
-def _read_maps() -> str:
-    try:
-        return Path("/proc/self/maps").read_text()
-    except OSError:  # not Linux: the launcher is then found beside python or on PATH
-        return ""

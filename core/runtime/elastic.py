@@ -30,7 +30,7 @@ from ddl.base.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl.runtime.api import allgather_object, broadcast_object
 from ddl.runtime.elastic_store import CommitStore
 from ddl.runtime.elastic_wire import AGENT_SOCKET, RESET_EXIT, LineReader, request, send
-from ddl.runtime.lifecycle import context, shutdown
+from ddl.runtime.lifecycle import context, current_engine, shutdown
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -57,6 +57,14 @@ class AgentLink:
             for message in messages:
                 if message["t"] == "update":
                     self.updates.set()
+                elif message["t"] == "lost":
+                    # ddlrun ends this world because a host was lost: what this rank waits
+                    # for can never come, so its collectives raise as Horovod's do.
+                    engine = current_engine()
+                    if engine is not None:
+                        engine.interrupt(HorovodInternalError(
+                            f"a collective failed: {message.get('why', 'a host of this elastic world was lost')}; "
+                            "elastic.run restores the last commit and the next world resumes from it"))
 
     def report(self, kind: str, **fields: Any) -> None:
         """Tell the agent (and through it ``ddlrun``) about progress; a gone agent is ignored."""
@@ -234,6 +242,19 @@ class ObjectState(State):
             setattr(self, name, copy.deepcopy(value))
 
 
+def _leave_broken_world() -> None:
+    """End this process at once with status 75 after a collective failed (a peer lost, or
+    the program raised :class:`HorovodInternalError`).
+
+    Unlike :func:`_leave_for_next_world` there is no ``shutdown``: it waits for every
+    rank to agree, and a lost or departed peer never would. ``ddlrun`` stops the world's
+    other ranks and the next world resumes from the last commit.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(RESET_EXIT)
+
+
 def _leave_for_next_world() -> None:
     """End this process at once with status 75, for ``ddlrun`` to start the next world.
 
@@ -256,8 +277,11 @@ def run(func: F) -> F:
     callbacks when this world follows a change of hosts, then calls ``func``. When a
     commit raises :class:`HostsUpdatedInterrupt`, the process ends with status 75 so that
     ``ddlrun --elastic`` starts the next world, which resumes from that commit. A
-    :class:`HorovodInternalError` raised by the training code rolls back the same way.
-    Outside ``ddlrun --elastic`` it syncs and calls ``func`` once.
+    :class:`HorovodInternalError` (a collective failed: ddl raises it when a host of the
+    world was lost; the program may raise it too) restores the last commit and ends the
+    process at once, without the agreeing ``shutdown`` (a departed peer would never
+    agree); ``ddlrun`` then stops the other ranks and starts the next world from that
+    commit. Outside ``ddlrun --elastic`` it syncs and calls ``func`` once.
 
     Do not call collectives between building the state and calling the decorated function
     that the next world would not call in the same order (as with Horovod).
@@ -278,6 +302,8 @@ def run(func: F) -> F:
                 raise
             if isinstance(exc, HorovodInternalError):
                 state.restore()
+                link.report("reset", serial=state.commits, why=type(exc).__name__)
+                _leave_broken_world()
             link.report("reset", serial=state.commits, why=type(exc).__name__)
             _leave_for_next_world()
         if link is not None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddl import __version__
-from ddl.base.config import Config, settings_differences
+from ddl.base.config import Config, JobEnv, job_from_env, settings_differences
 from ddl.base.cpus import available_cpus
 from ddl.base.errors import NotInitializedError, SettingsMismatchError
 from ddl.base.topology import Topology, build_topology
@@ -26,7 +26,8 @@ from ddl.engine.timeline import Timeline
 from ddl.reduction.calibration import calibrate
 from ddl.runtime.abort_hooks import AbortHooks
 from ddl.runtime.world_check import check_world
-from ddl.wire.comm import MPIComm, world_comm
+from ddl.wire.comm import MPIComm, SelfComm, world_comm
+from ddl.wire.mpi_library import describe_loaded_mpi
 
 VERSION = __version__  # one place for the version: the package
 
@@ -81,6 +82,15 @@ def _check_comm(comm: Any, size: int) -> None:
                               "supported: call init() everywhere and use add_process_set(ranks) for the subset")
 
 
+def _check_world(comm: Any, config: Config, job: JobEnv) -> None:
+    """Refuse a world that is not the launcher's (N singletons would train N models)."""
+    load_error = getattr(comm, "load_error", None)
+    library = describe_loaded_mpi() if load_error is None and isinstance(comm, SelfComm) else None
+    check_world(comm.size, config, job, load_error=load_error, library=library)
+    if load_error is not None:  # no launcher said otherwise: a world of one is what was asked
+        print(f"ddl: MPI unavailable ({load_error}); running as a single process", file=sys.stderr)
+
+
 def _init(topology: str | None, algorithm: str | None) -> Context:
     global _context, _engine, _collectives
     with _lock:
@@ -92,8 +102,9 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
         if _context is not None:
             _check_same(_context, spec, algorithm)
             return _context
-        comm = world_comm()
-        check_world(comm.size, config)  # srun tasks that MPI left as singletons: refuse
+        job = job_from_env()
+        comm = world_comm(job.announced)
+        _check_world(comm, config, job)
         # One gather carries the host names and the settings every rank must share.
         mine = config.sequence_settings(topology=spec, version=VERSION)
         gathered = comm.allgather_object((config.hostname or comm.hostname(), mine))
@@ -172,6 +183,11 @@ def engine() -> Engine:
     """
     if _engine is None:
         raise NotInitializedError("ddl is not initialized; call ddl.init() first")
+    return _engine
+
+
+def current_engine() -> Engine | None:
+    """The running engine, or None (from threads that may outlive ``shutdown``)."""
     return _engine
 
 

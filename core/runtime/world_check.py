@@ -1,52 +1,81 @@
-"""Refuse a world of one when the scheduler started several tasks (``srun --mpi=none``).
+"""Refuse to train when the world MPI formed is not the world the launcher started.
 
-Each such task would train its own model and report success: a silent waste of the
-allocation. MPI cannot tell (every task is a valid singleton); Slurm's variables can.
+``mpiexec -n 2 python train.py`` where mpi4py cannot load its MPI, or loads another MPI
+than the launcher's, gives every process a valid world of one: each would train its
+own model and the job would exit 0. MPI cannot tell (each process is a valid
+singleton); the launcher's own variables can (``PMI_SIZE``, ``OMPI_COMM_WORLD_SIZE``,
+a Slurm step's ``SLURM_STEP_NUM_TASKS``, ``PMIX_RANK``). A world of one that no
+launcher started (a plain ``python train.py``) stays allowed.
 """
 
 from __future__ import annotations
 
 from ddl.base.config import Config, JobEnv, job_from_env
-from ddl.base.errors import DDLError
+from ddl.base.errors import WorldMismatchError
+
+__all__ = ["SingletonWorldError", "WorldMismatchError", "check_world"]
+
+#: The name this error had when it covered Slurm steps only; kept for code that catches it.
+SingletonWorldError = WorldMismatchError
 
 
-class SingletonWorldError(DDLError):
-    """Several tasks of one Slurm step each started as a world of one rank."""
-
-
-def check_world(world_size: int, config: Config, job: JobEnv | None = None) -> None:
-    """Raise when this process is one of several ``srun`` tasks but MPI sees a world of 1.
+def check_world(world_size: int, config: Config, job: JobEnv | None = None, *,
+                load_error: str | None = None, library: str | None = None) -> None:
+    """Raise when MPI's world is not the one the launcher of this process announced.
 
     Args:
-        world_size: the size of ``MPI_COMM_WORLD`` (1 for a singleton).
-        config: ``allow_singletons`` (``DDL_ALLOW_SINGLETONS=1``) turns the check off.
-        job: what Slurm and the MPI launcher said (default: read from the environment).
+        world_size: the size of ``MPI_COMM_WORLD`` (1 for a singleton or without MPI).
+        config: ``allow_singletons`` (``DDL_ALLOW_SINGLETONS=1``) allows independent
+            worlds of one on purpose.
+        job: what the launcher and Slurm said (default: read from the environment).
+        load_error: why mpi4py could not load an MPI library, if it could not.
+        library: the MPI library mpi4py loaded ('MPICH Version: 5.0.2 (/v/lib/libmpi.so.12)').
 
     Raises:
-        SingletonWorldError: ``world_size == 1``, the process is a task ``srun`` started
-            (``SLURM_PROCID``), its step has more than one task, and no MPI launcher
-            started it (an ``mpiexec -n 1`` inside an allocation is fine).
+        WorldMismatchError: the launcher announced another size than MPI's, or a rank
+            above 0 to a world of one; the message names both, the likely cause and the fix.
 
     Example:
-        >>> check_world(1, Config(), JobEnv(slurm_job_id="5", slurm_step_tasks=4, slurm_procid=2))
-        ... # doctest: +ELLIPSIS
+        >>> check_world(1, Config(), job_from_env({"PMI_SIZE": "1"}))  # mpiexec -n 1: fine
+        >>> check_world(1, Config(), job_from_env({"PMI_SIZE": "2"}))  # doctest: +IGNORE_EXCEPTION_DETAIL
         Traceback (most recent call last):
-        ...
-        ddl.runtime.world_check.SingletonWorldError: Slurm started 4 tasks ...
+        ddl.runtime.world_check.WorldMismatchError: the launcher started 2 processes (PMI_SIZE=2, ...
     """
     job = job_from_env() if job is None else job
-    # SLURM_STEP_NUM_TASKS, not SLURM_NTASKS: a batch script's own process has
-    # SLURM_NTASKS=4 and SLURM_PROCID=0 too, and may rightly run alone.
-    tasks = job.slurm_step_tasks
-    if world_size != 1 or config.allow_singletons or job.mpi_launched:
+    said = job.announced
+    if said is None or config.allow_singletons and world_size == 1:
         return
-    if not job.in_slurm or job.slurm_procid is None or tasks is None or tasks <= 1:
+    if said.size is not None and said.size == world_size:
         return
-    raise SingletonWorldError(
-        f"Slurm started {tasks} tasks in this step (SLURM_JOB_ID={job.slurm_job_id}, this is "
-        f"SLURM_PROCID={job.slurm_procid}) but MPI sees a world of 1: each task would train "
-        "alone. The step's MPI plugin did not connect them: with the pip MPICH run "
-        "`srun --mpi=pmi2 ...` (it speaks PMI-1, which Slurm's pmi2 plugin serves), or start the "
-        "job with `ddlrun` inside the allocation. Independent runs on purpose: set "
-        "DDL_ALLOW_SINGLETONS=1"
-    )
+    if said.size is None and (world_size > 1 or not said.rank):
+        return  # PMIx gave a rank only: rank 0 of a world of one is consistent
+    raise WorldMismatchError(_message(world_size, said.size, said.rank, said.source, job,
+                                      load_error=load_error, library=library))
+
+
+def _message(world_size: int, size: int | None, rank: int | None, source: str, job: JobEnv, *,
+             load_error: str | None, library: str | None) -> str:
+    launcher = "srun" if source.startswith("SLURM_") else "the launcher"
+    started = f"{launcher} started {size} processes" if size is not None else \
+        f"{launcher} started this process as rank {rank}"
+    head = f"{started} ({source}) but MPI connected {world_size} (this process sees a world of {world_size})"
+    if load_error is not None:
+        cause = (f"mpi4py could not load an MPI library ({load_error}), so no process could join the others")
+        fix = ("install the MPI mpi4py uses in this environment (`pip install mpich`, which ddl-runtime "
+               "brings) or make your cluster's libmpi findable (module load, LD_LIBRARY_PATH), then check "
+               "with `ddl doctor`")
+    elif world_size == 1:
+        cause = (f"mpi4py loaded {library or 'an MPI library'}, which is not the MPI of the launcher that "
+                 "started the job, so each process came up alone")
+        fix = ("start the job with the mpiexec of the MPI mpi4py uses (`ddlrun -np N ...` finds it), or "
+               "reinstall mpi4py for your launcher's MPI (DDL_MPI=system, see the install guide)")
+        if source.startswith("SLURM_"):
+            fix = ("the step's MPI plugin did not connect the tasks: with the pip MPICH run `srun --mpi=pmi2 ...` "
+                   "(it speaks PMI-1, which Slurm's pmi2 plugin serves), or start the job with `ddlrun` "
+                   "inside the allocation")
+    else:
+        cause = f"the MPI world ({library or 'mpi4py'}) and the launcher disagree"
+        fix = "start every process with one launcher, the mpiexec of the MPI mpi4py uses (`ddlrun -np N ...`)"
+    where = f" (SLURM_JOB_ID={job.slurm_job_id}, SLURM_PROCID={job.slurm_procid})" if job.in_slurm else ""
+    return (f"{head}{where}: {cause}. Nothing was trained. To fix: {fix}. Independent single-process runs on "
+            "purpose: set DDL_ALLOW_SINGLETONS=1")

@@ -12,6 +12,8 @@ from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
+from ddl.base.config import Announced
+from ddl.base.errors import WorldMismatchError
 from ddl.base.ops import ReduceOp, ufunc
 from ddl.wire.shared_memory import MPISharedWindow, SharedSlots
 from ddl.wire.splits import split_shared_group
@@ -82,12 +84,15 @@ def as_bytes(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1).view(np.uint8)
 
 
-def polite_wait(request: Any, spin: float = 250e-6, longest: float = 200e-6) -> None:
+def polite_wait(request: Any, spin: float = 250e-6, longest: float = 200e-6,
+                owner: Any = None) -> None:
     """Complete an MPI request, spinning briefly then sleeping in growing steps.
 
     A short wait (all ranks arrive together) costs what a blocking call would; a long
     one (another rank still in backward) sleeps instead of polling, so that rank's
-    compute keeps the core. mpi4py drops the GIL inside ``Test``.
+    compute keeps the core. mpi4py drops the GIL inside ``Test``. While sleeping it
+    raises ``owner.interrupted`` once that is set (an elastic world whose peer was lost:
+    the request can never complete).
     """
     if request.Test():
         return
@@ -97,6 +102,8 @@ def polite_wait(request: Any, spin: float = 250e-6, longest: float = 200e-6) -> 
             return
     pause = 20e-6
     while not request.Test():
+        if owner is not None and owner.interrupted is not None:
+            raise owner.interrupted
         time.sleep(pause)
         pause = min(pause * 2, longest)
 
@@ -112,6 +119,8 @@ class MPIComm:
         #: Wait for the negotiation by sleeping rather than MPI's busy poll; set at init
         #: from whether this host has a core per rank.
         self.polite = True
+        #: Set from outside (an elastic world that lost a peer): polite waits raise it.
+        self.interrupted: BaseException | None = None
         self._null = MPI.PROC_NULL
         self._empty = np.empty(0, np.uint8)
         self._ops = {
@@ -183,7 +192,7 @@ class MPIComm:
         # The engine's negotiation: often the first rank in waits for the others to
         # finish computing. A blocking Allgather would busy-poll a core they need.
         if self.polite:
-            polite_wait(self._comm.Iallgather(send, recv))
+            polite_wait(self._comm.Iallgather(send, recv), owner=self)
         else:  # more ranks than cores: MPI's own (yielding) wait hands the core over sooner
             self._comm.Allgather(send, recv)
 
@@ -246,6 +255,11 @@ class SelfComm:
     rank = 0
     size = 1
 
+    def __init__(self, load_error: str | None = None) -> None:
+        #: Why there is no MPI world (mpi4py could not load an MPI library), or None when
+        #: MPI itself said the world is this one process.
+        self.load_error = load_error
+
     def sendrecv(
         self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
     ) -> None:
@@ -296,16 +310,60 @@ class SelfComm:
         return None
 
 
-def world_comm() -> Comm:
+def world_comm(announced: Announced | None = None) -> Comm:
     """This process's world: a private duplicate of ``MPI_COMM_WORLD``, or a world of one
-    (no ``mpiexec``, a singleton, or no loadable MPI library: ddl still works alone)."""
+    (no ``mpiexec``, a singleton, or no loadable MPI library: the caller decides whether
+    a world of one is what the launcher meant; see ``ddl.runtime.world_check``).
+    ``announced``: what the launcher told this process (``ddl.base.config.job_from_env``).
+
+    MPI is initialised here rather than by importing ``mpi4py.MPI``, so that a process
+    that Open MPI's launcher started for an MPICH-built mpi4py is refused with ddl's
+    message instead of MPICH's abort inside ``MPI_Init``.
+
+    Raises:
+        WorldMismatchError: Open MPI's launcher started this process but mpi4py uses an
+            MPICH-family library, which cannot join its world.
+    """
     import sys
 
     try:
+        import mpi4py
+
+        if "mpi4py.MPI" not in sys.modules:
+            mpi4py.rc.initialize = False
+            mpi4py.rc.finalize = True  # at exit, as when mpi4py initialises itself
         from mpi4py import MPI
-    except Exception as exc:  # no MPI library loadable: a world of one is still useful
-        print(f"ddl: MPI unavailable ({exc}); running as a single process", file=sys.stderr)
-        return SelfComm()
+    except Exception as exc:  # no MPI library loadable
+        return SelfComm(load_error=f"{type(exc).__name__}: {exc}")
+    if not MPI.Is_initialized():
+        refuse_foreign_launcher(str(MPI.Get_library_version()), announced)
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
     if MPI.COMM_WORLD.Get_size() == 1:
         return SelfComm()
     return MPIComm(MPI.COMM_WORLD.Dup())
+
+
+def refuse_foreign_launcher(library_version: str, announced: Announced | None) -> None:
+    """Raise before ``MPI_Init`` when Open MPI's launcher started an MPICH-family process.
+
+    MPICH (the pip wheel included) aborts inside ``MPI_Init`` under Open MPI's PMIx
+    ("unsupported PMI version PMIx") with no word of the fix. The reverse case (an Open
+    MPI library under hydra) starts as a world of one, which ``world_check`` refuses.
+
+    Example:
+        >>> from ddl.base.config import announced_world
+        >>> refuse_foreign_launcher("Open MPI v4.1.4", announced_world({"OMPI_COMM_WORLD_SIZE": "2"}))
+        >>> refuse_foreign_launcher("MPICH Version: 5.0.2", announced_world({"PMI_SIZE": "2"}))
+    """
+    if announced is None or not announced.source.startswith("OMPI_COMM_WORLD_SIZE=") \
+            or "Open MPI" in library_version:
+        return
+    size = announced.size
+    text = library_version.strip()
+    first = " ".join(text.splitlines()[0].split()) if text else "an MPICH-family MPI"
+    raise WorldMismatchError(
+        f"Open MPI's launcher started this process (OMPI_COMM_WORLD_SIZE={size}) but mpi4py uses {first}, "
+        "which cannot join an Open MPI world: MPI would abort in MPI_Init and nothing would train. Start the "
+        "job with the mpiexec of the MPI mpi4py uses (`ddlrun -np N ...` finds it), or reinstall mpi4py "
+        "against Open MPI (DDL_MPI=system, see the install guide)"
+    )

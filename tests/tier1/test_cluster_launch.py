@@ -18,11 +18,11 @@ from ddl.launcher.mpi import (
     MpiNotFoundError,
     find_mpiexec,
     launcher_flavour,
-    loaded_library_path,
     mpiexec_candidates,
 )
 from ddl.launcher.slurm import SlurmError, allocation_hosts, expand_hostlist, expand_tasks_per_node
-from ddl.runtime.world_check import SingletonWorldError, check_world
+from ddl.runtime.world_check import SingletonWorldError, WorldMismatchError, check_world
+from ddl.wire.mpi_library import loaded_library_path
 
 # ---------------------------------------------------------------- Slurm variables
 
@@ -225,7 +225,50 @@ def test_srun_tasks_left_as_singletons_are_refused() -> None:
     with pytest.raises(SingletonWorldError) as info:
         check_world(1, Config(), srun_task())
     message = str(info.value)
-    assert "Slurm started 4 tasks" in message and "--mpi=pmi2" in message and "DDL_ALLOW_SINGLETONS" in message
+    assert "srun started 4 processes" in message and "--mpi=pmi2" in message and "DDL_ALLOW_SINGLETONS" in message
+    assert "MPI connected 1" in message and "Nothing was trained" in message
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({"PMI_SIZE": "2", "PMI_RANK": "1"}, ["the launcher started 2 processes", "PMI_SIZE=2", "hydra"]),
+        ({"OMPI_COMM_WORLD_SIZE": "3", "OMPI_COMM_WORLD_RANK": "2"},
+         ["the launcher started 3 processes", "OMPI_COMM_WORLD_SIZE=3", "Open MPI"]),
+        ({"PMIX_RANK": "1"}, ["started this process as rank 1", "PMIX_RANK=1"]),
+        ({**SALLOC, "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "PMIX_RANK": "0"},
+         ["srun started 2 processes", "SLURM_STEP_NUM_TASKS=2"]),
+    ],
+)
+def test_a_world_of_one_under_a_launcher_of_several_is_refused(env: dict[str, str], words: list[str]) -> None:
+    """mpi4py loaded another MPI than the launcher's: each process came up alone."""
+    with pytest.raises(WorldMismatchError) as info:
+        check_world(1, Config(), job_from_env(env), library="MPICH Version: 5.0.2 (/v/lib/libmpi.so.12)")
+    message = str(info.value)
+    assert all(w in message for w in words), message
+    assert "MPICH Version: 5.0.2" in message and "not the MPI of the launcher" in message, message
+
+
+def test_an_mpi_that_cannot_load_is_named_with_its_fix() -> None:
+    with pytest.raises(WorldMismatchError) as info:
+        check_world(1, Config(), job_from_env({"PMI_SIZE": "2", "PMI_RANK": "0"}),
+                    load_error="RuntimeError: cannot load MPI library /x/libmpi.so.12")
+    message = str(info.value)
+    assert "cannot load MPI library /x/libmpi.so.12" in message and "pip install mpich" in message, message
+
+
+def test_a_world_of_another_size_is_refused() -> None:
+    with pytest.raises(WorldMismatchError, match="started 4 processes .* MPI connected 2"):
+        check_world(2, Config(), job_from_env({"OMPI_COMM_WORLD_SIZE": "4"}), library="Open MPI v4.1.4")
+
+
+def test_the_innermost_launcher_is_the_one_compared() -> None:
+    # mpiexec -n 4 inside a one-task srun step: hydra's PMI_SIZE, not the step's task count.
+    job = job_from_env({**SALLOC, "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0", "PMI_SIZE": "4"})
+    assert job.announced is not None and job.announced.size == 4 and "PMI_SIZE" in job.announced.source
+    check_world(4, Config(), job)
+    with pytest.raises(WorldMismatchError):
+        check_world(1, Config(), job)
 
 
 @pytest.mark.parametrize(
@@ -233,14 +276,19 @@ def test_srun_tasks_left_as_singletons_are_refused() -> None:
     [
         (4, Config(), srun_task()),                           # MPI connected them
         (1, Config(allow_singletons=True), srun_task()),      # independent on purpose
+        (1, Config(allow_singletons=True), job_from_env({"PMI_SIZE": "2"})),  # likewise under mpiexec
         (1, Config(), srun_task(SLURM_STEP_NUM_TASKS="1")),   # srun -n 1
         (1, Config(), srun_task(PMI_SIZE="1")),               # mpiexec -n 1 in a step
         (1, Config(), job_from_env(SALLOC)),                  # python in the salloc shell
         (1, Config(), job_from_env({**SALLOC, "SLURM_PROCID": "0"})),  # python in an sbatch script
         (1, Config(), JobEnv()),                              # no Slurm
+        (1, Config(), job_from_env({})),                      # plain python train.py
+        (1, Config(), job_from_env({"PMIX_RANK": "0"})),      # a PMIx rank 0 alone: consistent
+        (2, Config(), job_from_env({"PMIX_RANK": "1"})),      # PMIx without a size: MPI's world
+        (2, Config(), job_from_env({"PMI_SIZE": "2", "PMI_RANK": "1"})),
     ],
 )
-def test_worlds_of_one_that_are_fine(size: int, config: Config, job: JobEnv) -> None:
+def test_worlds_that_are_fine(size: int, config: Config, job: JobEnv) -> None:
     check_world(size, config, job)
 
 

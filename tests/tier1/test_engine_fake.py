@@ -306,3 +306,28 @@ def test_an_idle_engine_backs_off_and_work_brings_it_back() -> None:
     for idle, gap, done in run_engines(3, fn):
         assert 3 <= idle <= 12, idle  # 20+40+80+160+320 ms, then every 320 ms (75 at a steady 20 ms)
         assert gap == engine_module._IDLE_MAX and done
+
+
+# -- an elastic world that lost a peer -----------------------------------------------
+
+
+def test_interrupt_fails_waiting_and_later_collectives_with_the_given_error() -> None:
+    """A peer that will never submit (lost): interrupt() wakes the waiter with
+    HorovodInternalError within a poll, and later calls raise it at once."""
+
+    def fn(c: Collectives) -> str:
+        if c.topology.rank == 1:
+            time.sleep(0.6)  # the "lost" rank submits nothing
+            return "idle"
+        handle = c.allreduce_async(np.ones(3), op=ddl.Sum, name="never-matched")
+        threading.Timer(0.2, c.engine.interrupt, [ddl.HorovodInternalError("peer lost")]).start()
+        start = time.monotonic()
+        with pytest.raises(ddl.HorovodInternalError, match="peer lost"):
+            handle.wait()
+        waited = time.monotonic() - start
+        assert waited < 1.0, waited
+        with pytest.raises(ddl.HorovodInternalError):
+            c.allreduce(np.ones(3), name="later")
+        return "interrupted"
+
+    assert run_engines(2, fn) == ["interrupted", "idle"]

@@ -178,7 +178,9 @@ def test_a_host_lost_by_sigkill_then_listed_again_rejoins(cluster: Cluster) -> N
     assert "world 1: lost host h3 (its agent's connection closed)" in run.text
     step, seconds = first_step_after(run, "kill", world=2)
     reached = max(s for s, w, _, _ in run.steps() if w == 1)
-    print(f"h3 killed after step {reached}: world 2 ran step {step} {seconds:.2f} s later")
+    internal = sorted(set(re.findall(r"INTERNAL rank=(\d+) world=1 ", run.text)))
+    print(f"h3 killed after step {reached}: world 2 ran step {step} {seconds:.2f} s later; "
+          f"ranks that saw HorovodInternalError: {internal}")
     assert step == 11 and seconds < 10, (step, seconds)
     assert [(s, size) for s, w, size, _ in run.steps() if w == 3][:1] == [(26, 3)]
     check_nothing_left(cluster)
@@ -215,9 +217,12 @@ def test_a_new_host_joins_then_its_link_goes_down(cluster: Cluster) -> None:
     assert joined == 2 and [s for s, w, _, _ in run.steps() if w == 2][0] == 11, run.steps()
     step, seconds = first_step_after(run, "cut", world=after)
     reached = max(s for s, w, _, _ in run.steps() if w == joined)
+    internal = sorted(set(re.findall(rf"INTERNAL rank=(\d+) world={joined} ", run.text)))
     print(f"h3 joined in world {joined}; its link went down after step {reached}: world {after} ran step {step} "
-          f"{seconds:.2f} s later")
+          f"{seconds:.2f} s later; ranks whose collective raised HorovodInternalError: {internal}")
     assert reached - 5 <= step - 1 <= reached and seconds < 10, (step, reached, seconds)
+    # The survivors were waiting for h3 in a collective when ddlrun ended the world: it raised.
+    assert internal, "no survivor's collective raised HorovodInternalError: " + run.text[-3000:]
     assert f"world {joined}: lost host h3" in run.text
     assert all(size == 2 for _, w, size, _ in run.steps() if w >= after), "h3 failed: it must not return while listed"
     check_nothing_left(cluster)
@@ -260,6 +265,25 @@ def test_a_host_crashing_inside_a_commit_then_another_during_recovery(cluster: C
     # does: h3 crashed in its own write), else from commit 5; never from h3's half-written one.
     print(f"world {worlds[-1]} on h1 alone resumed at step {last[0][0]}")
     assert last[0][0] in (6, 11) and last[0][2] == 1, last[:2]
+    check_nothing_left(cluster)
+
+
+def test_horovod_internal_error_raised_by_the_program_on_one_rank_resumes_without_a_stall(cluster: Cluster) -> None:
+    """Rank 0 raises HorovodInternalError at step 12 (commits every 5): it restores and leaves at once,
+    ddlrun stops the others (who wait for it in a collective), and the next world resumes from
+    step 10 in seconds, not after the 60 s stall timeout; the run stays exact."""
+
+    def react(line: str, run: Run, listing: Path) -> None:
+        if line.startswith("RAISE HorovodInternalError") and "raise" not in run.marks:
+            run.marks["raise"] = time.time()
+
+    run = elastic_job(cluster, ["h1", "h2", "h3"], "-np", "3", "--min-np", "2", "--max-np", "3", react=react,
+                      worker=["--steps", "20", "--internal-error-step", "12", "--step-seconds", "0.1"])
+    check_exact(run, steps=20, ranks=3)
+    assert "left after a failed collective (HorovodInternalError)" in run.text, run.text[-3000:]
+    step, seconds = first_step_after(run, "raise", world=2)
+    print(f"HorovodInternalError at step 12: world 2 ran step {step} {seconds:.2f} s later")
+    assert step == 11 and seconds < 10, (step, seconds)
     check_nothing_left(cluster)
 
 

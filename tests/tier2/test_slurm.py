@@ -9,6 +9,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,8 +87,20 @@ def test_srun_without_pmi_is_refused_not_trained_four_times(cluster: SlurmCluste
                                   "import ddl; ddl.init(); print('TRAINED ALONE')"], env=TCP, timeout=120)
     assert done.returncode != 0
     assert "TRAINED ALONE" not in done.stdout
-    assert done.stderr.count("SingletonWorldError: Slurm started 4 tasks") == 4, done.stderr[-3000:]
+    assert done.stderr.count("WorldMismatchError: srun started 4 processes") == 4, done.stderr[-3000:]
     assert "--mpi=pmi2" in done.stderr
+
+
+def test_srun_with_an_mpi_that_cannot_load_exits_nonzero_before_training(cluster: SlurmCluster) -> None:
+    start = time.monotonic()
+    done = cluster.on_node("h1", ["srun", "-N", "2", "-n", "4", "--mpi=pmi2", sys.executable, "-c",
+                                  "import ddl; ddl.init(); print('TRAINED ALONE')"],
+                           env={**TCP, "MPI4PY_LIBMPI": "/nonexistent/libmpi.so.12"}, timeout=120)
+    took = time.monotonic() - start
+    assert done.returncode != 0 and "TRAINED ALONE" not in done.stdout, done.stdout + done.stderr[-3000:]
+    assert done.stderr.count("WorldMismatchError") == 4, done.stderr[-3000:]
+    assert "cannot load MPI library" in done.stderr and "pip install mpich" in done.stderr, done.stderr[-3000:]
+    assert took < 10, f"took {took:.1f} s"
 
 
 def test_documented_sbatch_script_runs(cluster: SlurmCluster, tmp_path: Path) -> None:

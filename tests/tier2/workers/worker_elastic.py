@@ -7,7 +7,10 @@ any order, so the test can compute the final weights from which world size ran e
 and compare them to the bit. ``STEP`` lines carry the wall time, so the test can time a
 recovery from the moment it broke a host. ``--join-step N`` holds the ranks at step N
 until ddlrun has announced new hosts (once: a join at the same commit in every run);
-``--fail-step N`` raises an error of the program on rank 0; ``--die-in-commit N`` makes
+``--fail-step N`` raises an error of the program on rank 0; ``--internal-error-step N``
+makes rank 0 raise ``HorovodInternalError`` at step N of the first world (as a program
+that found a collective broken would); every rank prints ``INTERNAL`` when a collective
+raises ``HorovodInternalError`` (ddl's, when a host of the world is lost); ``--die-in-commit N`` makes
 the host named by ``--die-on`` crash (its agent and this rank, SIGKILL) half-way through
 writing commit N.
 """
@@ -30,6 +33,7 @@ parser.add_argument("--commit-every", type=int, default=5)
 parser.add_argument("--step-seconds", type=float, default=0.1)
 parser.add_argument("--join-step", type=int, default=0)
 parser.add_argument("--fail-step", type=int, default=0)
+parser.add_argument("--internal-error-step", type=int, default=0)
 parser.add_argument("--die-in-commit", type=int, default=0)
 parser.add_argument("--die-on", default="")
 parser.add_argument("--size", type=int, default=4096)
@@ -60,7 +64,15 @@ def train(state: elastic.ObjectState) -> np.ndarray:
     while state.step < args.steps:
         if args.fail_step and state.step == args.fail_step and ddl.rank() == 0:
             raise ValueError(f"an error of the program at step {state.step}")
-        grad = ddl.allreduce(contribution(state.step, ddl.rank()), op=ddl.Sum, name="grad")
+        if args.internal_error_step and state.step == args.internal_error_step and elastic.world_number() == 1 \
+                and ddl.rank() == 0:
+            print(f"RAISE HorovodInternalError step={state.step} t={time.time():.3f}", flush=True)
+            raise ddl.HorovodInternalError(f"the program raised it at step {state.step}")
+        try:
+            grad = ddl.allreduce(contribution(state.step, ddl.rank()), op=ddl.Sum, name="grad")
+        except ddl.HorovodInternalError as exc:
+            print(f"INTERNAL rank={ddl.rank()} world={elastic.world_number()} t={time.time():.3f}: {exc}", flush=True)
+            raise
         state.weights = state.weights - grad
         state.step += 1
         print(f"STEP {state.step} world={elastic.world_number()} size={ddl.size()} rank={ddl.rank()} "
