@@ -483,15 +483,17 @@ def test_missing_mpiexec_says_what_to_install(
     assert "pip install mpich" in capsys.readouterr().err
 
 
-def test_run_forwards_sigterm_to_the_child() -> None:
+def test_run_forwards_sigterm_to_the_child_and_restores_the_handlers() -> None:
     child = Launch(argv=[sys.executable, "-c", "import time; time.sleep(20)"], env=dict(os.environ), notes=[])
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     try:
         assert cli.run(child) == 128 + signal.SIGTERM
     finally:
         timer.cancel()
-    assert signal.getsignal(signal.SIGTERM) is not None
+    after = {sig: signal.getsignal(sig) for sig in before}
+    assert after == before, f"ddlrun left its forwarding handlers in place: {after} (were {before})"
 
 
 # -- one real launch -----------------------------------------------------------------

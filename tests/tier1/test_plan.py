@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from ddl.reduction import calibration, cost
+from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES
 from ddl.reduction.probes import DEFAULT_PLAN, Samples
 from ddl.tools import plan
 from ddl.tools.plan_models import (
@@ -101,16 +102,23 @@ def test_multiring_price_is_the_design_formula() -> None:
 
 
 def test_buckets_match_ddl_torch() -> None:
-    torch_buckets = pytest.importorskip("ddl.torch.buckets")
+    """``ddl plan``'s buckets for a model are the buckets ddl.torch's DistributedOptimizer
+    builds for it (same members, same gradient bytes), with the same default caps."""
+    torch = pytest.importorskip("torch")
+    dt = pytest.importorskip("ddl.torch")
+    dt.init()
     rng = random.Random(3)
-    for _ in range(20):
-        nbytes = [rng.choice([4, 400, 40_000, 4_000_000]) for _ in range(rng.randint(1, 40))]
-        want = torch_buckets.plan_buckets(nbytes, ["f32"] * len(nbytes), first_cap=1 << 20, cap=25 << 20)
-        runs = plan.step_schedule([n // 4 for n in nbytes], 4, plan.plan_topology("2"),
-                                  cost.CostModel(links=(cost.SHARED_MEMORY,)), step=0.1, backward_fraction=0.5,
-                                  first_cap=1 << 20, cap=25 << 20)
-        assert [r.tensors for r in runs] == [len(b) for b in want]
-        assert [r.nbytes for r in runs] == [sum(nbytes[i] for i in b) for b in want]
+    for _ in range(10):
+        numels = [rng.choice([1, 100, 10_000, 1_000_000]) for _ in range(rng.randint(1, 40))]
+        params = [torch.nn.Parameter(torch.zeros(n)) for n in numels]
+        opt = dt.DistributedOptimizer(torch.optim.SGD(params, lr=0.1),
+                                      named_parameters=[(f"p{i}", p) for i, p in enumerate(params)])
+        built = [b.params for b in opt._reducer.buckets]
+        runs = plan.step_schedule(numels, 4, plan.plan_topology("2"), cost.CostModel(links=(cost.SHARED_MEMORY,)),
+                                  step=0.1, backward_fraction=0.5, first_cap=FIRST_BUCKET_BYTES,
+                                  cap=BUCKET_BYTES)
+        assert [r.tensors for r in runs] == [len(b) for b in built], (numels, [r.tensors for r in runs])
+        assert [r.nbytes for r in runs] == [sum(p.numel() * 4 for p in b) for b in built]
 
 
 def args_for(*argv: str) -> object:

@@ -121,3 +121,21 @@ def test_binary_mpi4py_wheel_loads_the_system_open_mpi(tmp_path: Path, request: 
     done = sh([str(venv / "bin" / "ddlrun"), "-np", "2", "python", str(WORKERS / "worker_collectives.py")], timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert len(re.findall(r"PASS rank \d+/2 ", done.stdout)) == 2, done.stdout
+
+
+def test_open_mpis_mpirun_over_the_pip_mpich_is_refused_before_mpi_init(request: pytest.FixtureRequest) -> None:
+    """This environment's mpi4py loads the pip MPICH: Open MPI's mpirun starting it would
+    have MPICH abort inside MPI_Init; ddl refuses first, naming both and the fix."""
+    if "openmpi" not in (request.config.option.markexpr or ""):
+        pytest.skip("opt-in: bash scripts/test-cluster.sh or pytest -m openmpi")
+    reason = open_mpi_missing()
+    if reason:
+        pytest.skip(reason)
+    mpirun = shutil.which("mpirun")
+    assert mpirun is not None
+    done = sh([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-c",
+               "import ddl; ddl.init(); print('TRAINED', flush=True)"], timeout=60)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0 and "TRAINED" not in out, out[-3000:]
+    assert out.count("WorldMismatchError: Open MPI's launcher started this process (OMPI_COMM_WORLD_SIZE=2)") == 2, out
+    assert "but mpi4py uses MPICH" in out and "ddlrun" in out, out[-3000:]

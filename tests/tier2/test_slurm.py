@@ -98,7 +98,7 @@ def test_srun_with_an_mpi_that_cannot_load_exits_nonzero_before_training(cluster
                            env={**TCP, "MPI4PY_LIBMPI": "/nonexistent/libmpi.so.12"}, timeout=120)
     took = time.monotonic() - start
     assert done.returncode != 0 and "TRAINED ALONE" not in done.stdout, done.stdout + done.stderr[-3000:]
-    assert done.stderr.count("WorldMismatchError") == 4, done.stderr[-3000:]
+    assert done.stderr.count("WorldMismatchError: the launcher started 4 processes") == 4, done.stderr[-3000:]
     assert "cannot load MPI library" in done.stderr and "pip install mpich" in done.stderr, done.stderr[-3000:]
     assert took < 10, f"took {took:.1f} s"
 
