@@ -199,3 +199,24 @@ def test_reducescatter_refuses_adasum_with_a_runtime_error(dtype: str) -> None:
 
     for err in run_engines(2, fn):
         assert isinstance(err, NotImplementedError) and "Adasum" in str(err) and "Sum or Average" in str(err)
+
+
+def test_unnamed_calls_after_join_meet_on_every_rank() -> None:
+    # Rank 1 makes unnamed calls while rank 0 waits in join() (an allreduce rank 0 stands
+    # in for, an allgather that fails); afterwards both ranks' unnamed calls must pair up.
+    def fn(c: Collectives) -> tuple[np.ndarray, list[np.ndarray], BaseException | None]:
+        err = None
+        if c.topology.rank == 1:
+            c.allreduce(np.ones(2), op=ddl.Sum)
+            try:
+                c.allgather(np.ones(2))
+            except ddl.DDLError as exc:
+                err = exc
+        c.join()
+        return c.allreduce(np.full(2, 1.0 + c.topology.rank), op=ddl.Sum), c.allgather_object(c.topology.rank), err
+
+    results = run_engines(2, fn, config=Config(segment_bytes=64, stall_timeout=3.0))
+    for total, gathered, _ in results:
+        np.testing.assert_array_equal(total, [3.0, 3.0])
+        assert gathered == [0, 1]
+    assert results[0][2] is None and "joined" in str(results[1][2])
