@@ -311,6 +311,18 @@ def test_cpu_tensors_reach_the_core_without_a_copy(monkeypatch, dtype) -> None:
     assert {a.__array_interface__["data"][0] for a in handed[2:]} == {b.buffer.data_ptr() for b in opt._reducer.buckets}
 
 
+def test_sparse_allreduce_async_handle_is_callable_as_horovods() -> None:
+    # Horovod's sparse_allreduce_async returns a function: handle() gives the result.
+    t = torch.tensor([[0.0, 2.0], [0.0, 0.0], [3.0, 0.0]]).to_sparse()
+    h = dt.sparse_allreduce_async(t, name="sp", op=ddl.Average)
+    out = h()
+    assert out.is_sparse and torch.equal(out.to_dense(), t.to_dense()) and dt.synchronize(h) is out
+    with pytest.raises(TypeError, match="sparse COO"):
+        dt.sparse_allreduce_async(torch.ones(2), name="d", op=ddl.Sum)
+    with pytest.raises(ValueError, match="Sum or Average"):
+        dt.sparse_allreduce_async(t, name="m", op=ddl.Max)
+
+
 def test_tensor_collective_errors() -> None:
     with pytest.raises(TypeError, match="torch.Tensor"):
         dt.allreduce([1, 2])

@@ -1,5 +1,5 @@
 """Horovod's torch API under mpiexec (run at 3 ranks): SyncBatchNorm and join equal one
-process, process sets, the Adasum optimizer, a torch.compile'd model under DistributedOptimizer."""
+process, process sets, Horovod's gradient conventions, the Adasum optimizer, a torch.compile'd model under DistributedOptimizer."""
 
 from __future__ import annotations
 
@@ -127,6 +127,30 @@ def check_process_sets() -> None:
     print(f"PASS process_sets rank {R}", flush=True)
 
 
+def check_gradient_conventions() -> None:
+    """Horovod 0.28.1's gradient scaling: an allgather's gradient is this rank's rows of the
+    output gradients averaged over the ranks; a reducescatter's the allgathered gradient,
+    times the ranks for Sum, times the scale factors."""
+    x = torch.full((R + 1, 2), float(R), requires_grad=True)
+    (hvd.allgather(x, name="ag") * (R + 1)).sum().backward()
+    assert torch.equal(x.grad, torch.full((R + 1, 2), 2.0)), x.grad  # mean of 1, 2, 3 (the sum would be 6)
+    xs = [torch.ones(R + 1, requires_grad=True), torch.ones(2, 3, requires_grad=True)]
+    outs = hvd.grouped_allgather(xs, name="gag")
+    sum((o * (R + 1)).sum() for o in outs).backward()
+    assert all(torch.equal(t.grad, torch.full_like(t, 2.0)) for t in xs), [t.grad for t in xs]
+    rows = torch.arange(1.0, 4.0).repeat_interleave(2)[:, None]  # rank q's output gradient is q + 1
+    for op, pre, post, factor in ((hvd.Sum, 1.0, 1.0, P), (hvd.Average, 1.0, 1.0, 1), (hvd.Sum, 0.5, 3.0, 1.5 * P)):
+        y = torch.ones(2 * P, 2, requires_grad=True)
+        (hvd.reducescatter(y, op=op, prescale_factor=pre, postscale_factor=post) * (R + 1)).sum().backward()
+        assert torch.equal(y.grad, rows.expand(-1, 2) * factor), (op, y.grad)
+    try:
+        hvd.reducescatter(torch.ones(2 * P, dtype=torch.int32), op=hvd.Adasum)
+        raise AssertionError("reducescatter took Adasum")
+    except RuntimeError as exc:  # Horovod's error class
+        assert "Adasum" in str(exc), exc
+    print(f"PASS gradient_conventions rank {R}", flush=True)
+
+
 def check_adasum() -> None:
     torch.manual_seed(4)
     model = nn.Linear(5, 2).double()
@@ -170,7 +194,8 @@ def check_compile() -> None:
     print(f"EQUIV torch.compile ranks={P} max_rel_diff={worst:.2e}", flush=True)
 
 
-for check in (check_sync_batch_norm, check_join, check_process_sets, check_adasum, check_compile):
+for check in (check_sync_batch_norm, check_join, check_process_sets, check_gradient_conventions, check_adasum,
+              check_compile):
     check()
 hvd.shutdown()
 print(f"PASS horovod torch rank {R}/{P}", flush=True)

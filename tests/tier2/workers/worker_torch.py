@@ -328,7 +328,7 @@ x = torch.full((3,), float(R + 1), requires_grad=True)
 assert torch.equal(x.grad, torch.full((3,), P * (P + 1) / 2)), x.grad
 x = torch.ones(R + 1, 2, requires_grad=True)
 (dt.allgather(x, name="ag.gather") * (R + 1)).sum().backward()
-assert torch.equal(x.grad, torch.full((R + 1, 2), P * (P + 1) / 2)), x.grad
+assert torch.equal(x.grad, torch.full((R + 1, 2), (P + 1) / 2)), x.grad  # averaged, as Horovod 0.28.1
 
 # Different models on different ranks: a MismatchError on every rank, naming the parameter.
 if P > 1:
