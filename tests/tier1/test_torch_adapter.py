@@ -222,6 +222,16 @@ def test_sparse_gradients_are_refused_unless_densified() -> None:
     del opt
 
 
+def test_parameter_names_under_horovods_attribute() -> None:
+    m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    opt = dt.DistributedOptimizer(torch.optim.SGD([{"params": m[0].parameters()}, {"params": m[1].parameters()}],
+                                                  lr=0.1))
+    names = opt._parameter_names
+    assert set(names) == set(m.parameters()) and len(set(names.values())) == 4
+    named = wrapped(m)
+    assert {named._parameter_names[p] for p in m.parameters()} == {n for n, _ in m.named_parameters()}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

@@ -1,10 +1,12 @@
 """Horovod's torch API under mpiexec (run at 3 ranks): SyncBatchNorm and join equal one
-process, process sets, Horovod's gradient conventions, the Adasum optimizer, a torch.compile'd model under DistributedOptimizer."""
+process, process sets, Horovod's gradient conventions, an optimizer on a rank outside its
+process set, the Adasum optimizer, a torch.compile'd model under DistributedOptimizer."""
 
 from __future__ import annotations
 
 import sys
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -151,6 +153,33 @@ def check_gradient_conventions() -> None:
     print(f"PASS gradient_conventions rank {R}", flush=True)
 
 
+def check_optimizer_outside_its_process_set() -> None:
+    """Horovod's rule: on a rank outside the optimizer's set, step() applies the local gradient."""
+    pair = hvd.add_process_set([0, 2])
+
+    def make() -> nn.Module:
+        torch.manual_seed(9)
+        return nn.Linear(3, 1)
+
+    model, local = make(), make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), process_set=pair)
+    assert any("not in" in str(w.message) for w in caught) == (R == 1), [str(w.message) for w in caught]
+    x = torch.ones(2, 3) * (R + 1)
+    model(x).sum().backward()
+    opt.step()
+    local(x).sum().backward()
+    torch.optim.SGD(local.parameters(), lr=0.1).step()
+    if R == 1:
+        assert torch.equal(model.weight, local.weight)
+    else:
+        w = hvd.allgather(model.weight.detach(), process_set=pair)
+        assert torch.equal(w[0], w[1]) and not torch.equal(model.weight, local.weight)
+    assert hvd.remove_process_set(pair)
+    print(f"PASS optimizer_outside_process_set rank {R}", flush=True)
+
+
 def check_adasum() -> None:
     torch.manual_seed(4)
     model = nn.Linear(5, 2).double()
@@ -194,8 +223,8 @@ def check_compile() -> None:
     print(f"EQUIV torch.compile ranks={P} max_rel_diff={worst:.2e}", flush=True)
 
 
-for check in (check_sync_batch_norm, check_join, check_process_sets, check_gradient_conventions, check_adasum,
-              check_compile):
+for check in (check_sync_batch_norm, check_join, check_process_sets, check_gradient_conventions,
+              check_optimizer_outside_its_process_set, check_adasum, check_compile):
     check()
 hvd.shutdown()
 print(f"PASS horovod torch rank {R}/{P}", flush=True)
