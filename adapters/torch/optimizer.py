@@ -49,7 +49,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         first_bucket_mb: the size cap of the first bucket.
         num_groups, groups: Horovod's manual grouping of gradients into fused allreduces;
             accepted, and left to ddl's bucket planner (which groups by arrival order).
-        sparse_as_dense: reduce sparse gradients (``Embedding(sparse=True)``) as dense.
+        sparse_as_dense: reduce sparse gradients (``Embedding(sparse=True)``) as dense;
+            otherwise each is allgathered (indices and values, Horovod's way) and ``.grad``
+            stays sparse.
         process_set: reduce over this ``ddl.ProcessSet`` only (Horovod's). On a rank outside
             it the optimizer makes no collective calls and ``step()`` applies the local
             gradients, as Horovod's does (with a warning at construction).

@@ -208,18 +208,28 @@ def test_add_param_group_rebuilds_buckets() -> None:
     assert extra.weight.grad is not None
 
 
-def test_sparse_gradients_are_refused_unless_densified() -> None:
-    emb = nn.Embedding(10, 3, sparse=True)
-    opt = dt.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
-                                  named_parameters=[("emb.weight", emb.weight)])
-    with pytest.raises(TypeError, match="emb.weight.*sparse_as_dense"):
-        emb(torch.tensor([1, 2])).sum().backward()
-    emb2 = nn.Embedding(10, 3, sparse=True)
+def test_sparse_gradients_stay_sparse_unless_densified() -> None:
+    # Sparse gradients are allgathered across ranks (Horovod's way); in one process that is
+    # the gradient itself, so the step equals the plain optimizer's and .grad stays sparse.
+    def emb() -> nn.Embedding:
+        torch.manual_seed(0)
+        return nn.Embedding(10, 3, sparse=True)
+
+    plain_emb, dist_emb = emb(), emb()
+    plain = torch.optim.SGD(plain_emb.parameters(), lr=0.1)
+    dist = dt.DistributedOptimizer(torch.optim.SGD(dist_emb.parameters(), lr=0.1),
+                                   named_parameters=[("emb.weight", dist_emb.weight)])
+    for m, o in ((plain_emb, plain), (dist_emb, dist)):
+        o.zero_grad()
+        m(torch.tensor([1, 2, 2])).sum().backward()
+        o.step()
+    assert dist_emb.weight.grad.is_sparse
+    assert torch.equal(plain_emb.weight, dist_emb.weight)
+    emb2 = emb()
     opt2 = dt.DistributedOptimizer(torch.optim.SGD(emb2.parameters(), lr=0.1), sparse_as_dense=True)
     emb2(torch.tensor([1, 2])).sum().backward()
     opt2.step()
     assert not emb2.weight.grad.is_sparse and emb2.weight.grad[1].sum() == 3
-    del opt
 
 
 def test_parameter_names_under_horovods_attribute() -> None:

@@ -1,6 +1,7 @@
 """Horovod's torch API under mpiexec (run at 3 ranks): SyncBatchNorm and join equal one
-process, process sets, Horovod's gradient conventions, an optimizer on a rank outside its
-process set, the Adasum optimizer, a torch.compile'd model under DistributedOptimizer."""
+process, process sets, Horovod's gradient conventions, sparse gradients, an optimizer on a
+rank outside its process set, the Adasum optimizer, a torch.compile'd model under
+DistributedOptimizer."""
 
 from __future__ import annotations
 
@@ -153,6 +154,49 @@ def check_gradient_conventions() -> None:
     print(f"PASS gradient_conventions rank {R}", flush=True)
 
 
+def check_sparse() -> None:
+    """Horovod's sparse path: the handle is a function; DistributedOptimizer allgathers sparse
+    gradients (a rank that got none joins with an empty one) and trains like one process."""
+    gen = torch.Generator().manual_seed(7)
+    dense = [torch.where(torch.rand(5, 3, generator=gen) > 0.6, torch.randn(5, 3, generator=gen), 0.0)
+             for _ in range(P)]
+    handle = hvd.sparse_allreduce_async(dense[R].to_sparse(), name="sp", op=hvd.Average)
+    torch.testing.assert_close(handle().to_dense(), sum(dense) / P)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(8)
+            self.emb = nn.Embedding(10, 2, sparse=True)
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+            out = self.lin(x)
+            used = tok > 0  # token 0: no embedding; rank 2's samples have none
+            if bool(used.any()):
+                out = out + torch.zeros_like(out).index_put((used.nonzero()[:, 0],), self.emb(tok[used]))
+            return out
+
+    xs = torch.randn(4, 12, 3, generator=gen)
+    toks = torch.randint(1, 10, (4, 12), generator=gen)
+    toks[:, 8:] = 0
+    ref, dist = Net(), Net()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.3)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(dist.parameters(), lr=0.3), named_parameters=dist.named_parameters())
+    for x, tok in zip(xs, toks, strict=True):
+        ref_opt.zero_grad()
+        ref(x, tok).pow(2).mean().backward()
+        ref_opt.step()
+        opt.zero_grad()
+        dist(x[4 * R : 4 * R + 4], tok[4 * R : 4 * R + 4]).pow(2).mean().backward()
+        assert (dist.emb.weight.grad is None) == (R == 2)
+        opt.step()
+        assert dist.emb.weight.grad.is_sparse
+    worst = max(rel(a, b) for a, b in zip(dist.parameters(), ref.parameters(), strict=True))
+    assert worst <= 1e-6, worst
+    print(f"EQUIV sparse-gradients ranks={P} max_rel_diff={worst:.2e}", flush=True)
+
+
 def check_optimizer_outside_its_process_set() -> None:
     """Horovod's rule: on a rank outside the optimizer's set, step() applies the local gradient."""
     pair = hvd.add_process_set([0, 2])
@@ -223,7 +267,7 @@ def check_compile() -> None:
     print(f"EQUIV torch.compile ranks={P} max_rel_diff={worst:.2e}", flush=True)
 
 
-for check in (check_sync_batch_norm, check_join, check_process_sets, check_gradient_conventions,
+for check in (check_sync_batch_norm, check_join, check_process_sets, check_gradient_conventions, check_sparse,
               check_optimizer_outside_its_process_set, check_adasum, check_compile):
     check()
 hvd.shutdown()
