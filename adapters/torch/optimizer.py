@@ -49,9 +49,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         first_bucket_mb: the size cap of the first bucket.
         num_groups, groups: Horovod's manual grouping of gradients into fused allreduces;
             accepted, and left to ddl's bucket planner (which groups by arrival order).
-        sparse_as_dense: reduce sparse gradients (``Embedding(sparse=True)``) as dense;
-            otherwise each is allgathered (indices and values, Horovod's way) and ``.grad``
-            stays sparse.
+        sparse_as_dense: reduce sparse gradients (``Embedding(sparse=True)``) as dense
+            (``.grad`` is made sparse again after, as Horovod's); otherwise each is
+            allgathered (indices and values, Horovod's way). ``.grad`` stays sparse either way.
         process_set: reduce over this ``ddl.ProcessSet`` only (Horovod's). On a rank outside
             it the optimizer makes no collective calls and ``step()`` applies the local
             gradients, as Horovod's does (with a warning at construction).
@@ -221,8 +221,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
         Buckets whose gradients did not all arrive (parameters unused in this step) are
         started now if the end of backward has not started them, with zeros for the
-        missing ones. Calling it twice without a backward pass in between does nothing
-        the second time. Parameters put into ``param_groups`` since the last call (by
+        missing ones. Calling it twice without a backward pass or ``zero_grad()`` in
+        between does nothing the second time (a rank whose step had no backward pass still
+        reduces its part after ``zero_grad()``). Parameters put into ``param_groups`` since the last call (by
         ``append`` or the wrapped optimizer's ``add_param_group``) are reduced too, and
         hooked from now on: every rank must add the same ones.
         """
@@ -331,6 +332,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"({', '.join(in_flight[:3])}); call optimizer.step() or optimizer.synchronize() first"
             )
         self._reducer.reset()
+        # A new step: the next synchronize() reduces even if this rank gets no gradient at
+        # all (no backward here), since the other ranks' step reduces theirs.
+        self._reducer.synchronized = False
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:

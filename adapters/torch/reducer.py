@@ -187,22 +187,22 @@ class Reducer:
             flags, sparse, dsts, srcs = [], [], [], []
             for j, g in enumerate(grads):
                 dst = bucket.grad_slice(j)
-                if g is None or (g.is_sparse and not opts.sparse_as_dense):
+                was_sparse = g is not None and g.is_sparse
+                sparse.append(1.0 if was_sparse else 0.0)
+                if g is None or (was_sparse and not opts.sparse_as_dense):
                     # A sparse gradient is allgathered after this bucket (Horovod's way): its
                     # slot goes as zeros, its flag tells every rank to join that allgather.
                     dst.zero_()
                     flags.append(0.0)
-                    sparse.append(0.0 if g is None else 1.0)
                     if g is not None:
                         bucket.sparse[j] = g
                     continue
-                if g.is_sparse:
+                if was_sparse:
                     g = g.to_dense()
                 if g.data_ptr() != dst.data_ptr():  # a grad left as a view of this bucket is in place already
                     dsts.append(dst)
                     srcs.append(g)
                 flags.append(1.0)
-                sparse.append(0.0)
             bucket.flags.copy_(torch.tensor(flags))
             bucket.sparse_flags.copy_(torch.tensor(sparse))
             if bucket.device is None:
@@ -243,7 +243,8 @@ class Reducer:
     def synchronize(self, extra: Sequence[Bucket] = ()) -> None:
         """Start the buckets still waiting, plus ``extra`` ones, wait, and write ``.grad``.
 
-        Calling it again without a backward pass in between reduces only ``extra``.
+        Calling it again without a backward pass (or ``synchronized`` cleared, as the
+        optimizer's ``zero_grad()`` does) in between reduces only ``extra``.
         """
         todo = [] if self.synchronized else self.buckets
         if not todo and not extra:
@@ -275,7 +276,9 @@ class Reducer:
     def _start_sparse(self, buckets: Sequence[Bucket]) -> list[tuple[torch.Tensor, TorchHandle]]:
         """Start the allgather of each sparse gradient some rank has (the reduced flags, alike
         everywhere, say which), this rank's or an empty one; Horovod's sparse reduction."""
-        todo = []
+        todo: list[tuple[Bucket, int, torch.Tensor]] = []
+        if self.options.sparse_as_dense:
+            return []  # reduced with the dense ones; _unpack makes them sparse again
         for b in buckets:
             if b.handle is _LOCAL:
                 continue
@@ -301,12 +304,21 @@ class Reducer:
             if post is not None:
                 bucket.buffer[: bucket.numel].mul_(post)
             flags = bucket.flags.tolist()
+            if self.options.sparse_as_dense:
+                # Densified on the wire only: a gradient sparse on some rank is sparse again
+                # on every rank (Horovod's rule; SparseAdam takes nothing else), one sparse
+                # dimension as nn.Embedding's. Rows whose sum is exactly zero drop out.
+                for j, resparse in enumerate(bucket.sparse_flags.tolist()):
+                    if resparse > 0 and flags[j] > 0:
+                        p = bucket.params[j]
+                        p.grad = bucket.grad_slice(j).to(p.device).to_sparse(1)
+                        flags[j] = 0.0
             if bucket.device is not None:
                 self._unpack_to_device(bucket, flags)
                 return
             for j, p in enumerate(bucket.params):
                 if flags[j] <= 0:
-                    continue  # no rank had a gradient: leave .grad as it is (None)
+                    continue  # no rank had a gradient (or it is sparse): leave .grad as it is
                 reduced = bucket.grad_slice(j)
                 if p.device == reduced.device:
                     # .grad becomes a view of the bucket: no copy now, and none at the next

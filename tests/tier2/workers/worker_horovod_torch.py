@@ -164,14 +164,14 @@ def check_sparse() -> None:
     torch.testing.assert_close(handle().to_dense(), sum(dense) / P)
 
     class Net(nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, dense_layer: bool) -> None:
             super().__init__()
             torch.manual_seed(8)
             self.emb = nn.Embedding(10, 2, sparse=True)
-            self.lin = nn.Linear(3, 2)
+            self.lin = nn.Linear(3, 2) if dense_layer else None
 
         def forward(self, x: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
-            out = self.lin(x)
+            out = self.lin(x) if self.lin is not None else torch.zeros(len(x), 2)
             used = tok > 0  # token 0: no embedding; rank 2's samples have none
             if bool(used.any()):
                 out = out + torch.zeros_like(out).index_put((used.nonzero()[:, 0],), self.emb(tok[used]))
@@ -180,20 +180,30 @@ def check_sparse() -> None:
     xs = torch.randn(4, 12, 3, generator=gen)
     toks = torch.randint(1, 10, (4, 12), generator=gen)
     toks[:, 8:] = 0
-    ref, dist = Net(), Net()
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.3)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(dist.parameters(), lr=0.3), named_parameters=dist.named_parameters())
-    for x, tok in zip(xs, toks, strict=True):
-        ref_opt.zero_grad()
-        ref(x, tok).pow(2).mean().backward()
-        ref_opt.step()
-        opt.zero_grad()
-        dist(x[4 * R : 4 * R + 4], tok[4 * R : 4 * R + 4]).pow(2).mean().backward()
-        assert (dist.emb.weight.grad is None) == (R == 2)
-        opt.step()
-        assert dist.emb.weight.grad.is_sparse
-    worst = max(rel(a, b) for a, b in zip(dist.parameters(), ref.parameters(), strict=True))
-    assert worst <= 1e-6, worst
+    worst = 0.0
+    # SGD with a dense layer beside; SparseAdam (sparse gradients only), on the wire sparse or dense.
+    for make_opt, dense_layer, as_dense in ((lambda ps: torch.optim.SGD(ps, lr=0.3), True, False),
+                                            (lambda ps: torch.optim.SparseAdam(ps, lr=0.1), False, False),
+                                            (lambda ps: torch.optim.SparseAdam(ps, lr=0.1), False, True)):
+        ref, dist = Net(dense_layer), Net(dense_layer)
+        ref_opt = make_opt(list(ref.parameters()))
+        opt = hvd.DistributedOptimizer(make_opt(list(dist.parameters())), named_parameters=dist.named_parameters(),
+                                       sparse_as_dense=as_dense)
+        for x, tok in zip(xs, toks, strict=True):
+            ref_opt.zero_grad()
+            ref(x, tok).pow(2).mean().backward()
+            ref_opt.step()
+            opt.zero_grad()
+            loss = dist(x[4 * R : 4 * R + 4], tok[4 * R : 4 * R + 4]).pow(2).mean()
+            if loss.requires_grad:
+                loss.backward()
+            assert (dist.emb.weight.grad is None) == (R == 2)
+            opt.step()
+            assert dist.emb.weight.grad.is_sparse
+        worst = max(worst, *(rel(a, b) for a, b in zip(dist.parameters(), ref.parameters(), strict=True)))
+        assert worst <= 1e-6, (as_dense, worst)
+        hashes = hvd.allgather_object([p.detach().sum().item() for p in dist.parameters()])
+        assert all(h == hashes[0] for h in hashes), hashes
     print(f"EQUIV sparse-gradients ranks={P} max_rel_diff={worst:.2e}", flush=True)
 
 
