@@ -11,12 +11,14 @@ __all__ = ["Bucket", "MiB", "plan_buckets"]
 
 
 class Bucket:
-    """One bucket: its parameters, their offsets in one flat buffer, and a presence flag each.
+    """One bucket: its parameters, their offsets in one flat buffer, and two flags each.
 
     The buffer holds every gradient followed by one flag per parameter (1 where this
-    rank has a gradient, else 0). Reduced with the gradients, a flag above zero says some
-    rank had one, so a parameter unused everywhere keeps ``grad=None`` as it would in a
-    single process, and one unused only here still gets the others' gradient.
+    rank has a dense gradient, else 0), then one more per parameter (1 where this rank
+    has a sparse gradient to allgather, else 0). Reduced with the gradients, a flag above
+    zero says some rank had one, so a parameter unused everywhere keeps ``grad=None`` as it
+    would in a single process, one unused only here still gets the others' gradient, and
+    every rank knows which sparse gradients to gather, this one's included or not.
     """
 
     def __init__(self, index: int, name: str, params: list[torch.Tensor], device: Device | None = None) -> None:
@@ -34,11 +36,12 @@ class Bucket:
         first = params[0]
         pin = first.device.type == "cuda"
         # Made once and reused every step: no pinned allocation on the step's path.
-        self.buffer = torch.zeros(total + len(params), dtype=first.dtype, pin_memory=pin)
+        self.buffer = torch.zeros(total + 2 * len(params), dtype=first.dtype, pin_memory=pin)
         self.device = device
         self.ready = 0
         self.handle: object | None = None
         self.copy: Copy | None = None  # the device->host copy in flight, before the allreduce starts
+        self.sparse: dict[int, torch.Tensor] = {}  # this rank's sparse gradients, by position, this step
 
     def grad_slice(self, j: int) -> torch.Tensor:
         """The part of the buffer holding parameter ``j``'s gradient, shaped like it."""
@@ -47,9 +50,16 @@ class Bucket:
 
     @property
     def flags(self) -> torch.Tensor:
-        return self.buffer[self.numel :]
+        """The dense-gradient flags."""
+        return self.buffer[self.numel : self.numel + len(self.params)]
+
+    @property
+    def sparse_flags(self) -> torch.Tensor:
+        """The sparse-gradient flags."""
+        return self.buffer[self.numel + len(self.params) :]
 
     def reset(self) -> None:
         self.ready = 0
         self.handle = None
         self.copy = None
+        self.sparse = {}

@@ -25,7 +25,11 @@ _NONE = None  # Compression.none: the core's default
 
 
 class TorchHandle:
-    """The pending result of an asynchronous torch collective; ``wait()`` returns the tensor(s)."""
+    """The pending result of an asynchronous torch collective; ``wait()`` returns the tensor(s).
+
+    Calling the handle waits too: Horovod's :func:`sparse_allreduce_async` returns a
+    function that gives the result, and code written for it calls ``handle()``.
+    """
 
     __slots__ = ("_finish", "_handle", "_result")
 
@@ -47,6 +51,10 @@ class TorchHandle:
         if self._result is None:
             self._result = self._finish(self._handle.wait(timeout))
         return self._result
+
+    def __call__(self) -> Any:
+        """The same as :meth:`wait` (Horovod's sparse handles are functions)."""
+        return self.wait()
 
     def __repr__(self) -> str:
         return f"<ddl.torch.Handle {self.name!r} {'done' if self.done() else 'pending'}>"
@@ -260,19 +268,32 @@ def grouped_allreduce_(tensors: Sequence[torch.Tensor], average: bool | None = N
 def sparse_allreduce_async(tensor: torch.Tensor, name: str | None, op: Any,
                            process_set: ProcessSet = global_process_set) -> TorchHandle:
     """Start an allreduce of a sparse COO tensor: indices and values are allgathered (an
-    Average divides the values); :func:`synchronize` returns the coalesced sparse sum."""
-    t = tensor.coalesce()
+    Average divides the values). Returns a handle that, called as Horovod's function is
+    (``handle()``) or passed to :func:`synchronize`, gives the coalesced sparse sum.
+
+    Example:
+        >>> h = ddl.torch.sparse_allreduce_async(emb.weight.grad, name="emb", op=ddl.Average)  # doctest: +SKIP
+        >>> grad = h()                                                                          # doctest: +SKIP
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        got = type(tensor).__name__ if not isinstance(tensor, torch.Tensor) else f"layout {tensor.layout}"
+        raise TypeError(f"ddl.torch.sparse_allreduce_async takes a sparse COO tensor, got {got}; "
+                        "use allreduce_async for dense tensors")
     rop = as_op(op)
+    if rop not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(f"ddl.torch.sparse_allreduce_async reduces with Sum or Average, got {rop.name}")
+    t = tensor.detach().coalesce()
     ps = _ps(process_set)
     indices = t.indices().t().contiguous()
     values = t.values().contiguous()
-    h = api.grouped_allgather_async([indices.numpy(), values.numpy()], name=name, process_set=ps)
+    h = api.grouped_allgather_async([staged(indices)[0], staged(values)[0]], name=name, process_set=ps)
     size = (process_set.size() if ps is not None else None) or ddl.size()
 
     def finish(outs: Any) -> torch.Tensor:
-        idx, vals = torch.from_numpy(outs[0]).t(), torch.from_numpy(outs[1])
+        idx, vals = from_numpy(outs[0], indices).t(), from_numpy(outs[1], values)
         if rop is ReduceOp.AVERAGE:
             vals = vals / size
-        return torch.sparse_coo_tensor(idx, vals, t.shape).coalesce()
+        # Every part is a coalesced tensor of the same shape from some rank: nothing to check.
+        return torch.sparse_coo_tensor(idx, vals, t.shape, check_invariants=False).coalesce()
 
     return TorchHandle(h, finish)

@@ -1,10 +1,12 @@
 """Horovod's other collectives on torch tensors: allgather, broadcast, alltoall, reducescatter
 (grouped and asynchronous forms too), join and barrier, with Horovod's signatures.
 
-Each synchronous call on a tensor that requires grad is differentiable, with Horovod's
-gradients: an allgather's is the summed output gradient's rows of this rank; a
+Each synchronous call on a tensor that requires grad is differentiable, with Horovod
+0.28.1's gradients (a convention: each is the true gradient times a constant): an
+allgather's is this rank's rows of the output gradient *averaged* over the ranks; a
 broadcast's the averaged gradient on the root and zeros elsewhere; an alltoall's the
-alltoall of the gradient back; a reducescatter's the allgather of the gradient.
+alltoall of the gradient back; a reducescatter's the allgather of the gradient, times the
+number of ranks for Sum, and times the prescale and postscale factors.
 """
 
 from __future__ import annotations
@@ -63,9 +65,11 @@ class _AllgatherFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        # Horovod averages the incoming gradients (the true gradient of the concatenation
+        # would be their sum): its users' learning rates are tuned to that.
         name = None if ctx.name is None else f"{ctx.name}.grad"
-        total = _allreduce_now(grad.contiguous(), ReduceOp.SUM, name, None, None, process_set=ctx.process_set)
-        return total[ctx.start : ctx.start + ctx.rows], None, None
+        mean = _allreduce_now(grad.contiguous(), ReduceOp.AVERAGE, name, None, None, process_set=ctx.process_set)
+        return mean[ctx.start : ctx.start + ctx.rows], None, None
 
 
 def grouped_allgather_async(tensors: Sequence[torch.Tensor], name: str | None = None,
@@ -227,9 +231,12 @@ class _ReducescatterFn(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         if ctx.op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
             raise RuntimeError(f"ddl.torch.reducescatter with op={ctx.op.name} has no gradient; use Sum or Average")
+        # Horovod's scaling: the true gradient of an Average would be the gathered gradient
+        # divided by the ranks, of a Sum the gathered gradient itself; Horovod gives the
+        # gathered gradient for Average and that times the ranks for Sum.
+        if ctx.op is ReduceOp.SUM:
+            grad = grad * _ps_size(_ps(ctx.process_set))
         full = synchronize(allgather_async(grad.contiguous(), None, ctx.process_set))
-        if ctx.op is ReduceOp.AVERAGE:
-            full = full / _ps_size(_ps(ctx.process_set))
         return full * ctx.scale, None, None, None, None, None
 
 

@@ -49,8 +49,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         first_bucket_mb: the size cap of the first bucket.
         num_groups, groups: Horovod's manual grouping of gradients into fused allreduces;
             accepted, and left to ddl's bucket planner (which groups by arrival order).
-        sparse_as_dense: reduce sparse gradients (``Embedding(sparse=True)``) as dense.
-        process_set: reduce over this ``ddl.ProcessSet`` only (Horovod's).
+        sparse_as_dense: reduce sparse gradients (``Embedding(sparse=True)``) as dense
+            (``.grad`` is made sparse again after, as Horovod's); otherwise each is
+            allgathered (indices and values, Horovod's way). ``.grad`` stays sparse either way.
+        process_set: reduce over this ``ddl.ProcessSet`` only (Horovod's). On a rank outside
+            it the optimizer makes no collective calls and ``step()`` applies the local
+            gradients, as Horovod's does (with a warning at construction).
         op=ddl.Adasum: returns Horovod's Adasum optimizer instead (each rank steps locally
             and the parameter changes are combined by Adasum).
 
@@ -101,9 +105,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
             sparse_as_dense=bool(sparse_as_dense),
             process_set=None if process_set is None or process_set.process_set_id == 0 else process_set,
         )
-        self._names = _parameter_names(optimizer, named_parameters)
+        self._names = _names_of(optimizer, named_parameters)
         self._no_sync = False
+        # Horovod's rule for a rank outside the optimizer's process set: no communication,
+        # and step() applies this rank's own gradients (it is no replica of the set's ranks).
+        self._outside = process_set is not None and process_set.included() is False
+        if self._outside:
+            warnings.warn(f"rank {ddl.rank()} is not in {process_set}: this DistributedOptimizer reduces nothing "
+                          f"here, and step() applies rank {ddl.rank()}'s own gradients", stacklevel=2)
         self._attach()
+
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:
+        """Each parameter's name, under the attribute Horovod's optimizer has (code written for
+        Horovod reads it): ``named_parameters``' names, or ``param.<i>`` without them."""
+        return self._names
 
     # -- the wrapped optimizer's state, passed through -----------------------------
     @property  # type: ignore[override]
@@ -148,11 +164,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer, "options": self._options,
                 "names": [self._names[p] for p in _all_params(self.optimizer)], "prefix": self._prefix,
-                "order": self._reducer.agreed}
+                "order": self._reducer.agreed, "outside": self._outside}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__["optimizer"] = state["optimizer"]
         self._options = state["options"]
+        self._outside = state.get("outside", False)
         params = _all_params(self.optimizer)
         self._names = dict(zip(params, state["names"], strict=True))
         # Unpickling or deepcopy may happen on one rank alone: no cross-rank check, and
@@ -180,10 +197,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
             prefix = self._base
         self._prefix = prefix
         self._known = params
-        self._reducer = Reducer(params, self._names, self._options, prefix, order=order,
+        outside = self.__dict__.get("_outside", False)
+        self._reducer = Reducer([] if outside else params, self._names, self._options, prefix, order=order,
                                 no_sync=self.__dict__.get("_no_sync", False))
         self._skip = False
-        if check:
+        if check and not outside:
             _check_same_model(_manifest(params, self._names), self._options.process_set)
 
     def _next_prefix(self) -> str:
@@ -203,8 +221,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
         Buckets whose gradients did not all arrive (parameters unused in this step) are
         started now if the end of backward has not started them, with zeros for the
-        missing ones. Calling it twice without a backward pass in between does nothing
-        the second time. Parameters put into ``param_groups`` since the last call (by
+        missing ones. Calling it twice without a backward pass or ``zero_grad()`` in
+        between does nothing the second time (a rank whose step had no backward pass still
+        reduces its part after ``zero_grad()``). Parameters put into ``param_groups`` since the last call (by
         ``append`` or the wrapped optimizer's ``add_param_group``) are reduced too, and
         hooked from now on: every rank must add the same ones.
         """
@@ -221,6 +240,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         params = _all_params(self.optimizer)
         if len(params) == len(self._known) and all(a is b for a, b in zip(params, self._known, strict=True)):
             self._reducer.synchronize()
+            return
+        if self._outside:  # nothing to reduce or agree on: just watch the new set
+            self._name_new()
+            self._attach(prefix=self._next_prefix(), check=False)
             return
         # The parameters changed behind the wrapper's back: agree on the new set, reduce
         # the new ones with this step's buckets, then plan and hook them all.
@@ -309,6 +332,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 f"({', '.join(in_flight[:3])}); call optimizer.step() or optimizer.synchronize() first"
             )
         self._reducer.reset()
+        # A new step: the next synchronize() reduces even if this rank gets no gradient at
+        # all (no backward here), since the other ranks' step reduces theirs.
+        self._reducer.synchronized = False
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
@@ -325,7 +351,7 @@ def _all_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _parameter_names(optimizer: torch.optim.Optimizer,
+def _names_of(optimizer: torch.optim.Optimizer,
                      named: Iterable[tuple[str, torch.nn.Parameter]] | None) -> dict[torch.Tensor, str]:
     params = _all_params(optimizer)
     if named is None:

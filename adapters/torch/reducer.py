@@ -11,9 +11,11 @@ import torch
 from ddl.base.ops import ReduceOp
 from ddl.engine.compression import Compressor
 from ddl.runtime import api
+from ddl.runtime.process_sets import global_process_set
 
 from . import staging
 from .buckets import Bucket, MiB, plan_buckets
+from .collectives import TorchHandle, sparse_allreduce_async
 from .tensors import host_view
 
 _LOCAL = object()  # a bucket's "handle" when one rank needs no reduction
@@ -49,7 +51,9 @@ class Reducer:
     allreduce at once, while backward goes on. When the k-th backward pass ends (an
     autograd final callback) the buckets still waiting, those holding a parameter that
     got no gradient, start too. ``synchronize()`` waits and writes the results to
-    ``.grad``. Under ``no_sync`` hooks only check; gradients accumulate locally.
+    ``.grad``; then it allgathers the sparse gradients (unless ``sparse_as_dense``), which
+    the buckets' flags name alike on every rank. Under ``no_sync`` hooks only check;
+    gradients accumulate locally.
 
     Buckets start in declared order reversed. The first step records the order in which
     gradients really arrive; at its ``synchronize()`` the ranks agree on one order (rank
@@ -141,12 +145,6 @@ class Reducer:
                 "(or set backward_passes_per_step to their number)"
             )
         self.synchronized = False
-        if p.grad is not None and p.grad.is_sparse and not self.options.sparse_as_dense:
-            raise TypeError(
-                f"parameter {self.names[p]!r} has a sparse gradient (nn.Embedding(sparse=True)?); "
-                "ddl reduces dense gradients: pass sparse_as_dense=True to DistributedOptimizer "
-                "or use a dense embedding"
-            )
         if self.no_sync:
             return  # accumulate locally; the first backward outside no_sync reduces the sum
         if not self._armed:
@@ -181,24 +179,32 @@ class Reducer:
         on an accelerator, start their copy to the host and submit once it has landed."""
         opts = self.options
         grads = [p.grad for p in bucket.params]
-        if opts.size() == 1 and opts.compression.wire is None and not any(g is not None and g.is_sparse for g in grads):
-            bucket.handle = _LOCAL  # one rank: the average is the gradient itself
+        densify = opts.sparse_as_dense and any(g is not None and g.is_sparse for g in grads)
+        if opts.size() == 1 and opts.compression.wire is None and not densify:
+            bucket.handle = _LOCAL  # one rank: the average is the gradient itself (a sparse one too)
             return
         with torch.no_grad():
-            flags, dsts, srcs = [], [], []
+            flags, sparse, dsts, srcs = [], [], [], []
             for j, g in enumerate(grads):
                 dst = bucket.grad_slice(j)
-                if g is None:
+                was_sparse = g is not None and g.is_sparse
+                sparse.append(1.0 if was_sparse else 0.0)
+                if g is None or (was_sparse and not opts.sparse_as_dense):
+                    # A sparse gradient is allgathered after this bucket (Horovod's way): its
+                    # slot goes as zeros, its flag tells every rank to join that allgather.
                     dst.zero_()
                     flags.append(0.0)
+                    if g is not None:
+                        bucket.sparse[j] = g
                     continue
-                if g.is_sparse:
+                if was_sparse:
                     g = g.to_dense()
                 if g.data_ptr() != dst.data_ptr():  # a grad left as a view of this bucket is in place already
                     dsts.append(dst)
                     srcs.append(g)
                 flags.append(1.0)
             bucket.flags.copy_(torch.tensor(flags))
+            bucket.sparse_flags.copy_(torch.tensor(sparse))
             if bucket.device is None:
                 for dst, src in zip(dsts, srcs, strict=True):
                     dst.copy_(src)
@@ -237,7 +243,8 @@ class Reducer:
     def synchronize(self, extra: Sequence[Bucket] = ()) -> None:
         """Start the buckets still waiting, plus ``extra`` ones, wait, and write ``.grad``.
 
-        Calling it again without a backward pass in between reduces only ``extra``.
+        Calling it again without a backward pass (or ``synchronized`` cleared, as the
+        optimizer's ``zero_grad()`` does) in between reduces only ``extra``.
         """
         todo = [] if self.synchronized else self.buckets
         if not todo and not extra:
@@ -253,7 +260,11 @@ class Reducer:
             for b in [*todo, *extra]:
                 if b.handle is not _LOCAL:
                     b.handle.wait()  # type: ignore[attr-defined]
+            gathering = self._start_sparse([*todo, *extra])
+            for b in [*todo, *extra]:
                 self._unpack(b, post)
+            for p, handle in gathering:
+                p.grad = handle.wait()
         finally:
             for b in extra:
                 b.reset()
@@ -262,6 +273,30 @@ class Reducer:
         if todo and observed is not None:
             self._agree_order(observed)
 
+    def _start_sparse(self, buckets: Sequence[Bucket]) -> list[tuple[torch.Tensor, TorchHandle]]:
+        """Start the allgather of each sparse gradient some rank has (the reduced flags, alike
+        everywhere, say which), this rank's or an empty one; Horovod's sparse reduction."""
+        todo: list[tuple[Bucket, int, torch.Tensor]] = []
+        if self.options.sparse_as_dense:
+            return []  # reduced with the dense ones; _unpack makes them sparse again
+        for b in buckets:
+            if b.handle is _LOCAL:
+                continue
+            dense, sparse = b.flags.tolist(), b.sparse_flags.tolist()
+            for j, p in enumerate(b.params):
+                if sparse[j] <= 0:
+                    continue
+                if dense[j] > 0:
+                    raise RuntimeError(
+                        f"parameter {self.names[p]!r} has a sparse gradient on some ranks and a dense one on "
+                        "others; build the same model on every rank, or pass sparse_as_dense=True"
+                    )
+                todo.append((b, j, p))
+        opts = self.options
+        return [(p, sparse_allreduce_async(b.sparse.get(j, _no_sparse_grad(p)), f"{b.name}.sparse.{j}", opts.op,
+                                           opts.process_set or global_process_set))
+                for b, j, p in todo]
+
     def _unpack(self, bucket: Bucket, post: float | None) -> None:
         if bucket.handle is _LOCAL:
             return
@@ -269,12 +304,21 @@ class Reducer:
             if post is not None:
                 bucket.buffer[: bucket.numel].mul_(post)
             flags = bucket.flags.tolist()
+            if self.options.sparse_as_dense:
+                # Densified on the wire only: a gradient sparse on some rank is sparse again
+                # on every rank (Horovod's rule; SparseAdam takes nothing else), one sparse
+                # dimension as nn.Embedding's. Rows whose sum is exactly zero drop out.
+                for j, resparse in enumerate(bucket.sparse_flags.tolist()):
+                    if resparse > 0 and flags[j] > 0:
+                        p = bucket.params[j]
+                        p.grad = bucket.grad_slice(j).to(p.device).to_sparse(1)
+                        flags[j] = 0.0
             if bucket.device is not None:
                 self._unpack_to_device(bucket, flags)
                 return
             for j, p in enumerate(bucket.params):
                 if flags[j] <= 0:
-                    continue  # no rank had a gradient: leave .grad as it is (None)
+                    continue  # no rank had a gradient (or it is sparse): leave .grad as it is
                 reduced = bucket.grad_slice(j)
                 if p.device == reduced.device:
                     # .grad becomes a view of the bucket: no copy now, and none at the next
@@ -327,6 +371,15 @@ class Reducer:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+
+def _no_sparse_grad(p: torch.Tensor) -> torch.Tensor:
+    """An empty sparse gradient for ``p`` on a rank where it got none: one sparse dimension,
+    as ``nn.Embedding`` and ``nn.EmbeddingBag`` make (another layout is a shape mismatch
+    error in the allgather, not a wrong sum)."""
+    return torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64, device=p.device),
+                                   torch.zeros((0, *p.shape[1:]), dtype=p.dtype, device=p.device), p.shape,
+                                   check_invariants=False)
 
 
 def late_buckets(params: Sequence[torch.Tensor], options: Options, prefix: str) -> list[Bucket]:

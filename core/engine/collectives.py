@@ -257,9 +257,12 @@ class Collectives:
         what = "reducescatter" if single else "grouped_reducescatter"
 
         def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            # Before the inputs' checks, whose dtype rule for Adasum would name the wrong
+            # problem. NotImplementedError (a RuntimeError, as Horovod's refusal is).
+            if as_op(op) is ReduceOp.ADASUM:
+                raise NotImplementedError(f"{what} does not take ddl.Adasum (it combines whole gradients); "
+                                          "use Sum or Average, or allreduce with Adasum")
             checked = [reduction_input(x, op, what, needs_axis=True) for x in _as_list(xs, what)]
-            if any(rop is ReduceOp.ADASUM for _, rop in checked):
-                raise ValueError(f"{what} does not take ddl.Adasum; use Sum or Average")
 
             def run() -> Any:
                 outs = []
@@ -268,9 +271,7 @@ class Collectives:
                     if prescale != 1.0:
                         src = np.array(arr, dtype=dtypes.accumulator(arr.dtype), copy=True)
                         dtypes.scale(src, prescale)
-                    out = self.ctx.reducescatter(src, op=rop)
-                    dtypes.scale(out, postscale)
-                    outs.append(out.astype(arr.dtype, copy=False))
+                    outs.append(self.ctx.reducescatter(src, op=rop, postscale=postscale, out_dtype=arr.dtype))
                 return outs[0] if single else outs
 
             fields = tuple((a.shape, str(a.dtype), rop.name) for a, rop in checked) + _scales(prescale, postscale)

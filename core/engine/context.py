@@ -101,9 +101,14 @@ class Context:
             return arr
         return target
 
-    def reducescatter(self, arr: np.ndarray, *, op: ReduceOp) -> np.ndarray:
+    def reducescatter(self, arr: np.ndarray, *, op: ReduceOp, postscale: float = 1.0,
+                      out_dtype: np.dtype | None = None) -> np.ndarray:
         """Reduce ``arr`` over ranks and give rank r its rows of axis 0 (first ranks get
-        extra rows); half types accumulate in float32 as allreduce does."""
+        extra rows), multiplied by ``postscale``, as ``out_dtype`` (default ``arr``'s).
+
+        Half types accumulate in float32 as allreduce does, and the postscale is applied
+        there too, before the one rounding to the output type (Horovod scales halves in
+        float32; scaling after the cast would round twice)."""
         p, n = self.topology.size, arr.shape[0]
         rows = [n // p + (1 if r < n % p else 0) for r in range(p)]
         row = int(np.prod(arr.shape[1:], dtype=np.int64))
@@ -117,7 +122,8 @@ class Context:
         mine: np.ndarray = flat[lo:hi].reshape((rows[self.topology.rank], *arr.shape[1:]))
         if op is ReduceOp.AVERAGE:
             dtypes.divide(mine, p)
-        return mine.astype(arr.dtype)  # a copy: the rest of the buffer can go
+        dtypes.scale(mine, postscale)
+        return mine.astype(arr.dtype if out_dtype is None else out_dtype)  # a copy: the rest of the buffer can go
 
     def alltoall(self, arr: np.ndarray, splits: list[int]) -> tuple[np.ndarray, list[int]]:
         """Send rows ``splits[r]`` of ``arr`` (consecutive, axis 0) to rank r; return the

@@ -433,6 +433,12 @@ class Engine:
         everyone = self.ctx.comm.allgather_object([r.descriptor for r in batch])
         result = negotiation.match(everyone)
         joined = join.joined_ranks(everyone)
+        if self.ctx.topology.rank in joined:
+            # Waiting in join(): the others' unnamed calls count as made here too, or the
+            # names of every unnamed call after the join would differ between the ranks.
+            for descriptors in everyone:
+                for d in descriptors:
+                    self.names.catch_up(d.name)
         substitutes = join.resolve(everyone, result, joined)
         now = time.monotonic()
         for name, have in result.missing.items():

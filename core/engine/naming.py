@@ -21,7 +21,8 @@ class ThreadNamer:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         # thread name -> (the live thread that counts under it, its counter cell)
-        self._counters: dict[str, tuple[weakref.ref[threading.Thread], list[int]]] = {}
+        # (None until a thread of that name counts: another rank's names may come first, see catch_up)
+        self._counters: dict[str, tuple[weakref.ref[threading.Thread] | None, list[int]]] = {}
         self._local = threading.local()  # this thread's (label, prefix, cell) once checked
 
     def next(self) -> str:
@@ -36,8 +37,27 @@ class ThreadNamer:
         if mine is None or mine[0] != thread.name:  # first call here, or the thread was renamed
             mine = self._local.mine = self._claim(thread)
         cell = mine[2]
-        cell[0] += 1  # only the owning thread writes its cell
-        return f"{mine[1]}{cell[0]}"
+        with self._lock:  # catch_up may raise the count from the thread running a cycle
+            cell[0] += 1
+            n = cell[0]
+        return f"{mine[1]}{n}"
+
+    def catch_up(self, name: str) -> None:
+        """Count ``name``, another rank's unnamed request, as made here too.
+
+        A rank waiting in ``join()`` never makes the unnamed calls the working ranks make
+        meanwhile (it stands in for them, or they fail); without this its counters would
+        lag theirs, and every later unnamed call would wait for a name no other rank uses.
+        """
+        if not name.startswith("#"):
+            return
+        label, _, count = name[1:].rpartition(".")
+        if not count.isdigit():
+            return
+        label = label or "MainThread"
+        with self._lock:
+            cell = self._counters.setdefault(label, (None, [0]))[1]
+            cell[0] = max(cell[0], int(count))
 
     def _claim(self, thread: threading.Thread) -> tuple[str, str, list[int]]:
         """Register ``thread`` under its name; a later thread of the same name, once this

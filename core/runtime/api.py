@@ -166,7 +166,14 @@ def broadcast_async(x: Any, root_rank: int = 0, *, name: str | None = None, proc
 
 def reducescatter(x: Any, *, op: Any = ReduceOp.SUM, name: str | None = None, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> np.ndarray:
-    """Reduce ``x`` and return this rank's slice of axis 0 (the first ranks get extra rows)."""
+    """Reduce ``x`` and return this rank's slice of axis 0 (the first ranks get extra rows).
+
+    ``postscale_factor`` multiplies the result before it is rounded to ``x``'s dtype (half
+    types in float32, as Horovod does).
+
+    Raises:
+        NotImplementedError: ``op`` is ``ddl.Adasum`` (Horovod refuses it too).
+    """
     return collectives(process_set).reducescatter(x, op=op, name=name, prescale=prescale_factor,
                                                   postscale=postscale_factor)
 

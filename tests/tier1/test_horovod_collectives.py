@@ -164,3 +164,59 @@ def test_grouped_allgather_reducescatter_async_and_poll() -> None:
         np.testing.assert_array_equal(gathered[1], np.array([0, 1], np.int8))
         np.testing.assert_array_equal(scattered[0], np.ones((2, 2)))
         np.testing.assert_array_equal(scattered[1], np.arange(6.0).reshape(3, 2)[[0, 1]] if r == 0 else [[4.0, 5.0]])
+
+
+def test_reducescatter_postscale_rounds_halves_once() -> None:
+    # Horovod scales a float16 result in float32 (a float32 factor) and rounds once; scaling
+    # after the cast to float16 rounds the factor and the product a second time.
+    factor = 0.1915194503788923
+    rows = np.arange(-96, 96, 3, dtype=np.float16).reshape(16, 4)
+
+    def fn(c: Collectives) -> tuple[np.ndarray, np.ndarray]:
+        return (c.reducescatter(rows, op=ddl.Sum, postscale=factor),
+                c.reducescatter(rows, op=ddl.Average, postscale=factor))
+
+    summed32 = 2 * rows.astype(np.float32)
+    once = (summed32 * np.float32(factor)).astype(np.float16)
+    twice = summed32.astype(np.float16) * np.float16(factor)
+    assert not np.array_equal(once, twice)  # the data tell the two roundings apart
+    for r, (total, mean) in enumerate(run_engines(2, fn)):
+        assert total.dtype == mean.dtype == np.float16
+        np.testing.assert_array_equal(total, once[8 * r : 8 * r + 8])
+        np.testing.assert_array_equal(mean, (rows.astype(np.float32) * np.float32(factor)).astype(np.float16)[8 * r : 8 * r + 8])
+
+
+@pytest.mark.parametrize("dtype", ["int32", "float32"])
+def test_reducescatter_refuses_adasum_with_a_runtime_error(dtype: str) -> None:
+    # Horovod refuses Adasum for reducescatter with a RuntimeError, whatever the dtype: the
+    # op's refusal comes before the integer-dtype rule that would name another problem.
+    def fn(c: Collectives) -> BaseException | None:
+        try:
+            c.reducescatter(np.ones((4, 2), dtype), op=ddl.Adasum, name="rs")
+        except RuntimeError as exc:
+            return exc
+        return None
+
+    for err in run_engines(2, fn):
+        assert isinstance(err, NotImplementedError) and "Adasum" in str(err) and "Sum or Average" in str(err)
+
+
+def test_unnamed_calls_after_join_meet_on_every_rank() -> None:
+    # Rank 1 makes unnamed calls while rank 0 waits in join() (an allreduce rank 0 stands
+    # in for, an allgather that fails); afterwards both ranks' unnamed calls must pair up.
+    def fn(c: Collectives) -> tuple[np.ndarray, list[np.ndarray], BaseException | None]:
+        err = None
+        if c.topology.rank == 1:
+            c.allreduce(np.ones(2), op=ddl.Sum)
+            try:
+                c.allgather(np.ones(2))
+            except ddl.DDLError as exc:
+                err = exc
+        c.join()
+        return c.allreduce(np.full(2, 1.0 + c.topology.rank), op=ddl.Sum), c.allgather_object(c.topology.rank), err
+
+    results = run_engines(2, fn, config=Config(segment_bytes=64, stall_timeout=3.0))
+    for total, gathered, _ in results:
+        np.testing.assert_array_equal(total, [3.0, 3.0])
+        assert gathered == [0, 1]
+    assert results[0][2] is None and "joined" in str(results[1][2])

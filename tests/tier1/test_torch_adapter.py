@@ -208,18 +208,44 @@ def test_add_param_group_rebuilds_buckets() -> None:
     assert extra.weight.grad is not None
 
 
-def test_sparse_gradients_are_refused_unless_densified() -> None:
-    emb = nn.Embedding(10, 3, sparse=True)
-    opt = dt.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1),
-                                  named_parameters=[("emb.weight", emb.weight)])
-    with pytest.raises(TypeError, match="emb.weight.*sparse_as_dense"):
-        emb(torch.tensor([1, 2])).sum().backward()
-    emb2 = nn.Embedding(10, 3, sparse=True)
-    opt2 = dt.DistributedOptimizer(torch.optim.SGD(emb2.parameters(), lr=0.1), sparse_as_dense=True)
-    emb2(torch.tensor([1, 2])).sum().backward()
-    opt2.step()
-    assert not emb2.weight.grad.is_sparse and emb2.weight.grad[1].sum() == 3
-    del opt
+def test_sparse_gradients_stay_sparse() -> None:
+    # Sparse gradients are allgathered across ranks (Horovod's way); in one process that is
+    # the gradient itself, so the step equals the plain optimizer's and .grad stays sparse.
+    def emb() -> nn.Embedding:
+        torch.manual_seed(0)
+        return nn.Embedding(10, 3, sparse=True)
+
+    plain_emb, dist_emb = emb(), emb()
+    plain = torch.optim.SGD(plain_emb.parameters(), lr=0.1)
+    dist = dt.DistributedOptimizer(torch.optim.SGD(dist_emb.parameters(), lr=0.1),
+                                   named_parameters=[("emb.weight", dist_emb.weight)])
+    for m, o in ((plain_emb, plain), (dist_emb, dist)):
+        o.zero_grad()
+        m(torch.tensor([1, 2, 2])).sum().backward()
+        o.step()
+    assert dist_emb.weight.grad.is_sparse
+    assert torch.equal(plain_emb.weight, dist_emb.weight)
+    # sparse_as_dense: dense on the wire, sparse again after, so SparseAdam takes it (Horovod's rule).
+    plain_emb, dist_emb = emb(), emb()
+    plain = torch.optim.SparseAdam(list(plain_emb.parameters()), lr=0.1)
+    dist = dt.DistributedOptimizer(torch.optim.SparseAdam(list(dist_emb.parameters()), lr=0.1), sparse_as_dense=True)
+    for m, o in ((plain_emb, plain), (dist_emb, dist)):
+        for _ in range(2):
+            o.zero_grad()
+            m(torch.tensor([1, 2, 2])).sum().backward()
+            o.step()
+    assert dist_emb.weight.grad.is_sparse and dist_emb.weight.grad.to_dense()[2].sum() == 6
+    assert torch.equal(plain_emb.weight, dist_emb.weight)
+
+
+def test_parameter_names_under_horovods_attribute() -> None:
+    m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    opt = dt.DistributedOptimizer(torch.optim.SGD([{"params": m[0].parameters()}, {"params": m[1].parameters()}],
+                                                  lr=0.1))
+    names = opt._parameter_names
+    assert set(names) == set(m.parameters()) and len(set(names.values())) == 4
+    named = wrapped(m)
+    assert {named._parameter_names[p] for p in m.parameters()} == {n for n, _ in m.named_parameters()}
 
 
 @pytest.mark.parametrize(
@@ -309,6 +335,18 @@ def test_cpu_tensors_reach_the_core_without_a_copy(monkeypatch, dtype) -> None:
     backward(m)
     opt.step()
     assert {a.__array_interface__["data"][0] for a in handed[2:]} == {b.buffer.data_ptr() for b in opt._reducer.buckets}
+
+
+def test_sparse_allreduce_async_handle_is_callable_as_horovods() -> None:
+    # Horovod's sparse_allreduce_async returns a function: handle() gives the result.
+    t = torch.tensor([[0.0, 2.0], [0.0, 0.0], [3.0, 0.0]]).to_sparse()
+    h = dt.sparse_allreduce_async(t, name="sp", op=ddl.Average)
+    out = h()
+    assert out.is_sparse and torch.equal(out.to_dense(), t.to_dense()) and dt.synchronize(h) is out
+    with pytest.raises(TypeError, match="sparse COO"):
+        dt.sparse_allreduce_async(torch.ones(2), name="d", op=ddl.Sum)
+    with pytest.raises(ValueError, match="Sum or Average"):
+        dt.sparse_allreduce_async(t, name="m", op=ddl.Max)
 
 
 def test_tensor_collective_errors() -> None:

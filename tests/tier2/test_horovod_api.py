@@ -29,9 +29,10 @@ def test_horovod_torch_api_at_3_ranks() -> None:
     # contributed (Horovod's own rule divides by all: the tier-1 tests cover both).
     out = _run(3, "worker_horovod_torch.py", "--join-average", "contributors")
     assert len(re.findall(r"PASS horovod torch rank \d/3", out)) == 3, out
-    for what in ("syncbatchnorm", "join", "torch.compile"):
+    for what in ("syncbatchnorm", "join", "sparse-gradients", "torch.compile"):
         assert len(re.findall(rf"EQUIV {re.escape(what)} ", out)) == 3, out
-    assert len(re.findall(r"PASS (process_sets|adasum) rank", out)) == 6, out
+    assert len(re.findall(r"PASS (process_sets|gradient_conventions|optimizer_outside_process_set|adasum) rank",
+                          out)) == 12, out
 
 
 def test_horovod_tensorflow_keras_api_at_2_ranks() -> None:

@@ -15,7 +15,8 @@ WORKER = Path(__file__).parent / "workers" / "worker_torch.py"
 pytestmark = pytest.mark.mpi
 
 CASES = ["sgd-momentum-wd", "adam", "sgd-backward_passes_per_step=2", "adam-fp16-compression",
-         "sgd-broadcast-from-different-inits", "sgd-gradscaler-clip", "sgd-sparse_as_dense", "sgd-small-buckets",
+         "sgd-broadcast-from-different-inits", "sgd-gradscaler-clip", "sgd-sparse_as_dense",
+         "sgd-sparse-allgathered", "sgd-small-buckets",
          "sgd-predivide", "sgd-param-appended-after-construction", "adam-inner-add_param_group",
          "sgd-no_sync-1-to-3-passes", "sgd-rebucketed-order", "sgd-staged-copies-landing-late"]
 

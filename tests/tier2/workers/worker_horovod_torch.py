@@ -1,10 +1,13 @@
 """Horovod's torch API under mpiexec (run at 3 ranks): SyncBatchNorm and join equal one
-process, process sets, the Adasum optimizer, a torch.compile'd model under DistributedOptimizer."""
+process, process sets, Horovod's gradient conventions, sparse gradients, an optimizer on a
+rank outside its process set, the Adasum optimizer, a torch.compile'd model under
+DistributedOptimizer."""
 
 from __future__ import annotations
 
 import sys
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -127,6 +130,110 @@ def check_process_sets() -> None:
     print(f"PASS process_sets rank {R}", flush=True)
 
 
+def check_gradient_conventions() -> None:
+    """Horovod 0.28.1's gradient scaling: an allgather's gradient is this rank's rows of the
+    output gradients averaged over the ranks; a reducescatter's the allgathered gradient,
+    times the ranks for Sum, times the scale factors."""
+    x = torch.full((R + 1, 2), float(R), requires_grad=True)
+    (hvd.allgather(x, name="ag") * (R + 1)).sum().backward()
+    assert torch.equal(x.grad, torch.full((R + 1, 2), 2.0)), x.grad  # mean of 1, 2, 3 (the sum would be 6)
+    xs = [torch.ones(R + 1, requires_grad=True), torch.ones(2, 3, requires_grad=True)]
+    outs = hvd.grouped_allgather(xs, name="gag")
+    sum((o * (R + 1)).sum() for o in outs).backward()
+    assert all(torch.equal(t.grad, torch.full_like(t, 2.0)) for t in xs), [t.grad for t in xs]
+    rows = torch.arange(1.0, 4.0).repeat_interleave(2)[:, None]  # rank q's output gradient is q + 1
+    for op, pre, post, factor in ((hvd.Sum, 1.0, 1.0, P), (hvd.Average, 1.0, 1.0, 1), (hvd.Sum, 0.5, 3.0, 1.5 * P)):
+        y = torch.ones(2 * P, 2, requires_grad=True)
+        (hvd.reducescatter(y, op=op, prescale_factor=pre, postscale_factor=post) * (R + 1)).sum().backward()
+        assert torch.equal(y.grad, rows.expand(-1, 2) * factor), (op, y.grad)
+    try:
+        hvd.reducescatter(torch.ones(2 * P, dtype=torch.int32), op=hvd.Adasum)
+        raise AssertionError("reducescatter took Adasum")
+    except RuntimeError as exc:  # Horovod's error class
+        assert "Adasum" in str(exc), exc
+    print(f"PASS gradient_conventions rank {R}", flush=True)
+
+
+def check_sparse() -> None:
+    """Horovod's sparse path: the handle is a function; DistributedOptimizer allgathers sparse
+    gradients (a rank that got none joins with an empty one) and trains like one process."""
+    gen = torch.Generator().manual_seed(7)
+    dense = [torch.where(torch.rand(5, 3, generator=gen) > 0.6, torch.randn(5, 3, generator=gen), 0.0)
+             for _ in range(P)]
+    handle = hvd.sparse_allreduce_async(dense[R].to_sparse(), name="sp", op=hvd.Average)
+    torch.testing.assert_close(handle().to_dense(), sum(dense) / P)
+
+    class Net(nn.Module):
+        def __init__(self, dense_layer: bool) -> None:
+            super().__init__()
+            torch.manual_seed(8)
+            self.emb = nn.Embedding(10, 2, sparse=True)
+            self.lin = nn.Linear(3, 2) if dense_layer else None
+
+        def forward(self, x: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+            out = self.lin(x) if self.lin is not None else torch.zeros(len(x), 2)
+            used = tok > 0  # token 0: no embedding; rank 2's samples have none
+            if bool(used.any()):
+                out = out + torch.zeros_like(out).index_put((used.nonzero()[:, 0],), self.emb(tok[used]))
+            return out
+
+    xs = torch.randn(4, 12, 3, generator=gen)
+    toks = torch.randint(1, 10, (4, 12), generator=gen)
+    toks[:, 8:] = 0
+    worst = 0.0
+    # SGD with a dense layer beside; SparseAdam (sparse gradients only), on the wire sparse or dense.
+    for make_opt, dense_layer, as_dense in ((lambda ps: torch.optim.SGD(ps, lr=0.3), True, False),
+                                            (lambda ps: torch.optim.SparseAdam(ps, lr=0.1), False, False),
+                                            (lambda ps: torch.optim.SparseAdam(ps, lr=0.1), False, True)):
+        ref, dist = Net(dense_layer), Net(dense_layer)
+        ref_opt = make_opt(list(ref.parameters()))
+        opt = hvd.DistributedOptimizer(make_opt(list(dist.parameters())), named_parameters=dist.named_parameters(),
+                                       sparse_as_dense=as_dense)
+        for x, tok in zip(xs, toks, strict=True):
+            ref_opt.zero_grad()
+            ref(x, tok).pow(2).mean().backward()
+            ref_opt.step()
+            opt.zero_grad()
+            loss = dist(x[4 * R : 4 * R + 4], tok[4 * R : 4 * R + 4]).pow(2).mean()
+            if loss.requires_grad:
+                loss.backward()
+            assert (dist.emb.weight.grad is None) == (R == 2)
+            opt.step()
+            assert dist.emb.weight.grad.is_sparse
+        worst = max(worst, *(rel(a, b) for a, b in zip(dist.parameters(), ref.parameters(), strict=True)))
+        assert worst <= 1e-6, (as_dense, worst)
+        hashes = hvd.allgather_object([p.detach().sum().item() for p in dist.parameters()])
+        assert all(h == hashes[0] for h in hashes), hashes
+    print(f"EQUIV sparse-gradients ranks={P} max_rel_diff={worst:.2e}", flush=True)
+
+
+def check_optimizer_outside_its_process_set() -> None:
+    """Horovod's rule: on a rank outside the optimizer's set, step() applies the local gradient."""
+    pair = hvd.add_process_set([0, 2])
+
+    def make() -> nn.Module:
+        torch.manual_seed(9)
+        return nn.Linear(3, 1)
+
+    model, local = make(), make()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), process_set=pair)
+    assert any("not in" in str(w.message) for w in caught) == (R == 1), [str(w.message) for w in caught]
+    x = torch.ones(2, 3) * (R + 1)
+    model(x).sum().backward()
+    opt.step()
+    local(x).sum().backward()
+    torch.optim.SGD(local.parameters(), lr=0.1).step()
+    if R == 1:
+        assert torch.equal(model.weight, local.weight)
+    else:
+        w = hvd.allgather(model.weight.detach(), process_set=pair)
+        assert torch.equal(w[0], w[1]) and not torch.equal(model.weight, local.weight)
+    assert hvd.remove_process_set(pair)
+    print(f"PASS optimizer_outside_process_set rank {R}", flush=True)
+
+
 def check_adasum() -> None:
     torch.manual_seed(4)
     model = nn.Linear(5, 2).double()
@@ -170,7 +277,8 @@ def check_compile() -> None:
     print(f"EQUIV torch.compile ranks={P} max_rel_diff={worst:.2e}", flush=True)
 
 
-for check in (check_sync_batch_norm, check_join, check_process_sets, check_adasum, check_compile):
+for check in (check_sync_batch_norm, check_join, check_process_sets, check_gradient_conventions, check_sparse,
+              check_optimizer_outside_its_process_set, check_adasum, check_compile):
     check()
 hvd.shutdown()
 print(f"PASS horovod torch rank {R}/{P}", flush=True)
