@@ -1,4 +1,5 @@
-"""Tier 1: what Horovod's TF tests expect of ddl.tensorflow: Session graphs, error classes, Compression."""
+"""Tier 1: what Horovod's TF tests expect of ddl.tensorflow: Session graphs, error classes (eager and
+in graphs, with and without the status op), Compression."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ tf = pytest.importorskip("tensorflow")
 
 import ddl  # noqa: E402
 import ddl.tensorflow as dtf  # noqa: E402
-from ddl.tensorflow.bridge import graph_name  # noqa: E402
+from ddl.tensorflow import status_op  # noqa: E402
+from ddl.tensorflow.bridge import graph_name, host_call  # noqa: E402
 from ddl.tensorflow.errors import CollectiveArgumentError, CollectiveMismatchError, as_tf_errors  # noqa: E402
 
 
@@ -23,7 +25,7 @@ def world() -> None:
 
 
 def _collective_ops(graph: tf.Graph) -> list[tf.Operation]:
-    return [op for op in graph.get_operations() if op.name.startswith("ddl_")]
+    return [op for op in graph.get_operations() if op.type == "PyFunc" and op.name.startswith("ddl_")]
 
 
 def test_session_graph_runs_collectives_in_trace_order() -> None:
@@ -33,8 +35,8 @@ def test_session_graph_runs_collectives_in_trace_order() -> None:
         outs = [dtf.allreduce(x, op=ddl.Sum) for x in xs] + [dtf.allgather(xs[0])]
         ops = _collective_ops(graph)
         assert len(ops) == 5
-        for before, after in zip(ops, ops[1:], strict=False):
-            assert before in after.control_inputs
+        for before, after in zip(ops, ops[1:], strict=False):  # each waits for the one before (its status)
+            assert any(c is before or before.outputs[0] in c.inputs for c in after.control_inputs)
         with tf.compat.v1.Session() as sess:
             got = sess.run(outs)
     for i, g in enumerate(got[:4]):
@@ -100,3 +102,75 @@ def test_horovods_util_helper_is_there() -> None:
     from ddl.tensorflow.util import _executing_eagerly
 
     assert dtf._executing_eagerly is _executing_eagerly and _executing_eagerly() is True
+
+
+def _refuse(_: np.ndarray) -> list[np.ndarray]:
+    raise ddl.MismatchError("rank 0: allreduce((3,), float32); rank 1: allreduce((4,), float32)")
+
+
+def _bad(_: np.ndarray) -> list[np.ndarray]:
+    raise ValueError("splits must sum to 3")
+
+
+def _run_in_session(fn: object) -> None:
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        sess.run(host_call(fn, [tf.ones([3])], [tf.float32], [[3]], what="t"))  # type: ignore[arg-type]
+
+
+def test_graph_errors_keep_horovods_classes_through_the_status_op() -> None:
+    # TF's PyFunc would report a mismatch as UnknownError; Horovod's tests expect FailedPrecondition.
+    if status_op.find_compiler() is None:
+        pytest.skip("no C++ compiler: the fallback test covers this machine")
+    assert status_op.load() is not None, status_op.why_not()
+    with pytest.raises(tf.errors.FailedPreconditionError, match=r"rank 1: allreduce\(\(4,\)"):
+        _run_in_session(_refuse)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="splits must sum to 3"):
+        _run_in_session(_bad)
+    f = tf.function(lambda x: host_call(_refuse, [x], [tf.float32], [[3]], what="t"))
+    with pytest.raises(tf.errors.FailedPreconditionError, match="rank 1"):
+        f(tf.ones([3]))
+    # A good call passes its results through unchanged, with their static shapes.
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        out = host_call(lambda a: [a * 2, np.int64(7)], [tf.ones([3])], [tf.float32, tf.int64], [[3], []],
+                        what="t")
+        assert out[0].shape == (3,) and [op.type for op in tf.compat.v1.get_default_graph().get_operations()
+                                         ].count("DdlCheckStatus") == 1
+        got = sess.run(out)
+    assert got[0].tolist() == [2.0, 2.0, 2.0] and got[1] == 7
+
+
+def test_the_status_op_passes_tensors_or_fails_with_the_code() -> None:
+    if status_op.find_compiler() is None:
+        pytest.skip("no C++ compiler")
+    check = status_op.load()
+    assert check is not None, status_op.why_not()
+    a, b = tf.constant([1.5, 2.5]), tf.constant([[1, 2]], tf.int64)
+    out = check(0, "", [a, b])
+    assert out[0].numpy().tolist() == [1.5, 2.5] and out[1].numpy().tolist() == [[1, 2]]
+    with pytest.raises(tf.errors.FailedPreconditionError, match="ranks disagree"):
+        check(int(tf.errors.FAILED_PRECONDITION), "ranks disagree", [a])
+    with pytest.raises(tf.errors.InternalError, match="no such code"):
+        check(12345, "no such code", [a])
+
+
+def test_without_the_status_op_graph_errors_are_unknown_with_the_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fallback where no compiler is installed: the class is TF's, the message is ours.
+    monkeypatch.setattr(status_op, "load", lambda: None)
+    with pytest.raises(tf.errors.UnknownError, match=r"rank 1: allreduce\(\(4,\)"):
+        _run_in_session(_refuse)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="splits must sum to 3"):
+        _run_in_session(_bad)
+    with tf.Graph().as_default() as graph:
+        host_call(lambda a: [a], [tf.ones([1])], [tf.float32], [[1]], what="t")
+        assert "DdlCheckStatus" not in [op.type for op in graph.get_operations()]
+
+
+def test_status_op_build_says_why_not(tmp_path: object) -> None:
+    with pytest.raises(status_op.BuildError, match="did not run"):
+        status_op.build(tmp_path, compiler="/nonexistent/c++", quiet=True)  # type: ignore[arg-type]
+    one = status_op.library_name(b"src", "2.21.0", ["-I/a"])
+    assert one.endswith(".so") and "2.21.0" in one
+    assert one != status_op.library_name(b"src", "2.20.0", ["-I/a"]) != status_op.library_name(b"src2", "2.21.0",
+                                                                                                 ["-I/a"])
+    cmd = status_op.build_command("c++", status_op.SOURCE, tmp_path / "x.so", ["-I/inc"], ["-l:tf"])  # type: ignore[operator]
+    assert cmd[0] == "c++" and "-shared" in cmd and cmd.index("-I/inc") < cmd.index("-l:tf")
