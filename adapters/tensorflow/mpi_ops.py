@@ -69,14 +69,12 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     rop = as_op(op_from_average(op, average))
     ps = _ps(process_set)
     if isinstance(tensor, tf.IndexedSlices):
+        _check_indexed_slices(rop, prescale_factor, postscale_factor)
         values = allgather(tensor.values, name=None if name is None else f"{name}.values", process_set=process_set)
         indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices", process_set=process_set)
         if rop is ReduceOp.AVERAGE:
             values = values / tf.cast(_size(ps), values.dtype)
-        elif rop is not ReduceOp.SUM:
-            raise ValueError(f"tf.IndexedSlices reduce with Sum or Average, got {rop.name}")
-        return tf.IndexedSlices(values * prescale_factor * postscale_factor if prescale_factor * postscale_factor
-                                != 1.0 else values, indices, tensor.dense_shape)
+        return tf.IndexedSlices(values, indices, tensor.dense_shape)
     t = _tensor(tensor, "allreduce")
     name = _name("allreduce", name, t)
     if not t.dtype.is_floating:
@@ -96,6 +94,19 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     return differentiable(t)
 
 
+def _check_indexed_slices(rop: ReduceOp, prescale_factor: float, postscale_factor: float) -> None:
+    """Refuse what an allgather of rows cannot do, with Horovod's class (NotImplementedError)."""
+    if rop is ReduceOp.ADASUM:
+        raise NotImplementedError("ddl.Adasum cannot reduce tf.IndexedSlices; pass sparse_as_dense=True to the "
+                                  "optimizer or tape, or convert them with tf.convert_to_tensor first")
+    if rop not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise NotImplementedError(f"tf.IndexedSlices reduce with ddl.Sum or ddl.Average only, got ddl.{rop.name.title()}; "
+                                  "convert them with tf.convert_to_tensor to reduce them densely")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError(f"prescale_factor and postscale_factor must be 1 for tf.IndexedSlices, got "
+                                  f"{prescale_factor} and {postscale_factor}; scale the values yourself")
+
+
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, device_dense: str = "",
                       device_sparse: str = "", compression: Any = None, op: Any = None, prescale_factor: float = 1.0,
                       postscale_factor: float = 1.0, process_set: ProcessSet = global_process_set,
@@ -104,6 +115,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, devic
     rop = as_op(op_from_average(op, average))
     ps = _ps(process_set)
     if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        _check_indexed_slices(rop, prescale_factor, postscale_factor)  # before any dense tensor is reduced
         return [allreduce(t, None, "", "", compression, rop, prescale_factor, postscale_factor,
                           None if name is None else f"{name}.{i}", process_set) for i, t in enumerate(tensors)]
     ts = [_tensor(t, "grouped_allreduce") for t in tensors]

@@ -1,5 +1,5 @@
 """Tier 1: what Horovod's TF tests expect of ddl.tensorflow: Session graphs, error classes (eager and
-in graphs, with and without the status op), Compression."""
+in graphs, with and without the status op), Compression, IndexedSlices refusals."""
 
 from __future__ import annotations
 
@@ -174,3 +174,22 @@ def test_status_op_build_says_why_not(tmp_path: object) -> None:
                                                                                                  ["-I/a"])
     cmd = status_op.build_command("c++", status_op.SOURCE, tmp_path / "x.so", ["-I/inc"], ["-l:tf"])  # type: ignore[operator]
     assert cmd[0] == "c++" and "-shared" in cmd and cmd.index("-I/inc") < cmd.index("-l:tf")
+
+
+@pytest.mark.parametrize("op", ["Min", "Max", "Product", "Adasum"])
+def test_indexed_slices_refuse_other_ops_with_horovods_class(op: str) -> None:
+    sl = tf.IndexedSlices(tf.ones((1, 3)), tf.constant([0]))
+    with pytest.raises(NotImplementedError, match="IndexedSlices"):
+        dtf.allreduce(sl, op=getattr(ddl, op))
+    with pytest.raises(NotImplementedError, match="IndexedSlices"):
+        dtf.grouped_allreduce([tf.ones(2), sl], op=getattr(ddl, op))
+
+
+def test_indexed_slices_refuse_scale_factors_before_any_collective(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ddl.tensorflow.mpi_ops as ops
+
+    monkeypatch.setattr(ops, "allgather", lambda *a, **k: pytest.fail("no collective may start"))
+    sl = tf.IndexedSlices(tf.ones((1, 3), tf.int32), tf.constant([0]))
+    for kwargs in ({"prescale_factor": 0.5}, {"postscale_factor": 2.0}):
+        with pytest.raises(NotImplementedError, match="prescale_factor and postscale_factor"):
+            dtf.allreduce(sl, op=ddl.Sum, **kwargs)  # type: ignore[arg-type]
