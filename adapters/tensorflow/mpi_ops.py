@@ -45,6 +45,11 @@ def _name(kind: str, name: str | None, *ts: Any) -> str | None:
     return name if tf.executing_eagerly() else graph_name(kind, name, *ts)
 
 
+def _grad_name(name: str | None) -> str | None:
+    # A gradient traced into a graph needs a name as its forward does; eager ones match by order.
+    return None if name is None else f"{name}.grad"
+
+
 def _raw_allreduce(t: tf.Tensor, op: ReduceOp, name: str | None, compression: Any, pre: float, post: float,
                    ps: ProcessSet | None) -> tf.Tensor:
     def fn(a: np.ndarray) -> list[np.ndarray]:
@@ -86,8 +91,8 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
             if rop not in (ReduceOp.SUM, ReduceOp.AVERAGE):
                 raise ValueError(f"ddl.tensorflow.allreduce with op={rop.name} has no gradient; use Sum or "
                                  "Average, or wrap the input in tf.stop_gradient")
-            return _raw_allreduce(tf.convert_to_tensor(dy), rop, None if name is None else f"{name}.grad",
-                                  compression, prescale_factor, postscale_factor, ps)
+            return _raw_allreduce(tf.convert_to_tensor(dy), rop, _grad_name(name), compression, prescale_factor,
+                                  postscale_factor, ps)
 
         return _raw_allreduce(x, rop, name, compression, prescale_factor, postscale_factor, ps), grad
 
@@ -137,7 +142,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, devic
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
     def differentiable(*xs: tf.Tensor) -> Any:
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            return raw([tf.convert_to_tensor(d) for d in dys], None if name is None else f"{name}.grad")
+            return raw([tf.convert_to_tensor(d) for d in dys], _grad_name(name))
 
         return raw(list(xs), name), grad
 
@@ -172,9 +177,9 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
         out, start = _raw_allgather(x, name, ps)
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            total = _raw_allreduce(tf.convert_to_tensor(dy), ReduceOp.SUM, None if name is None else f"{name}.grad",
-                                   None, 1.0, 1.0, ps)
-            return total[start : start + tf.shape(x, out_type=tf.int64)[0]]
+            # Horovod's convention: the ranks' output gradients are averaged, then sliced.
+            mean = _raw_allreduce(tf.convert_to_tensor(dy), ReduceOp.AVERAGE, _grad_name(name), None, 1.0, 1.0, ps)
+            return mean[start : start + tf.shape(x, out_type=tf.int64)[0]]
 
         return out, grad
 
@@ -207,7 +212,7 @@ def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None, ignore_n
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
     def differentiable(x: tf.Tensor) -> Any:
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            g = _raw_allreduce(tf.convert_to_tensor(dy), ReduceOp.AVERAGE, None, None, 1.0, 1.0, ps)
+            g = _raw_allreduce(tf.convert_to_tensor(dy), ReduceOp.AVERAGE, _grad_name(name), None, 1.0, 1.0, ps)
             return g if ddl.rank() == root_rank else g * 0
 
         return raw(x), grad
@@ -253,7 +258,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
             out, received = raw(x, sp, name)
 
             def grad(dy: tf.Tensor, *_: Any) -> tf.Tensor:
-                return raw(tf.convert_to_tensor(dy), received, None if name is None else f"{name}.grad")[0]
+                return raw(tf.convert_to_tensor(dy), received, _grad_name(name))[0]
 
             return (out, received), grad
 
@@ -289,9 +294,11 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = None, 
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
     def differentiable(x: tf.Tensor) -> Any:
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            full = _raw_allgather(tf.convert_to_tensor(dy), None if name is None else f"{name}.grad", ps)[0]
-            scale = prescale_factor * postscale_factor / (_size(ps) if rop is ReduceOp.AVERAGE else 1)
-            return full * tf.cast(scale, full.dtype)
+            # Horovod's convention: the gathered gradient times the scale factors, times the
+            # number of ranks for a Sum (and not divided by it for an Average).
+            full = _raw_allgather(tf.convert_to_tensor(dy), _grad_name(name), ps)[0]
+            scale = prescale_factor * postscale_factor * (_size(ps) if rop is ReduceOp.SUM else 1)
+            return full if scale == 1.0 else full * tf.cast(scale, full.dtype)
 
         return _raw_reducescatter(x, rop, name, ps, prescale_factor, postscale_factor), grad
 

@@ -1,5 +1,6 @@
 """Tier 2: Horovod's API under a real mpiexec — SyncBatchNorm and join equal one process,
-process sets, Adasum, torch.compile, Keras callbacks on a model built at its first batch."""
+process sets, Adasum, torch.compile, Keras callbacks on a model built at its first batch,
+Horovod 0.28.1's TF gradient conventions."""
 
 from __future__ import annotations
 
@@ -40,3 +41,4 @@ def test_horovod_tensorflow_keras_api_at_2_ranks() -> None:
     assert len(re.findall(r"PASS horovod tensorflow rank \d/2", out)) == 2, out
     assert len(re.findall(r"EQUIV syncbatchnormalization ranks=2", out)) == 2, out
     assert len(re.findall(r"PASS keras unbuilt model with callbacks", out)) == 2, out
+    assert len(re.findall(r"PASS horovod gradient conventions rank \d", out)) == 2, out

@@ -1,5 +1,6 @@
 """Horovod's TensorFlow/Keras API under mpiexec (run at 2 ranks): SyncBatchNormalization equals
-one process, a model built at its first batch trains with every callback, TF collectives."""
+one process, a model built at its first batch trains with every callback, TF collectives, and
+Horovod 0.28.1's gradient conventions, eagerly and in TF 1 graphs."""
 
 from __future__ import annotations
 
@@ -111,7 +112,43 @@ def check_collectives() -> None:
     print(f"PASS tf collectives rank {R}", flush=True)
 
 
-for check in (check_sync_batch_normalization, check_unbuilt_model_with_every_callback, check_collectives):
+def check_horovod_gradient_conventions() -> None:
+    """Horovod 0.28.1's gradients, traced into a Session graph and eagerly: allgather averages the
+    ranks' output gradients before slicing, broadcast gives the root the average, reducescatter
+    gives the gathered gradient times size for Sum and times the scale factors."""
+    rows = [3, 2][R]
+    mean = [[1.5] * 2] * 3 if R == 0 else [[15.0] * 2] * 2  # not a sum (3, 30), not this rank's own
+
+    def grads(graph_mode: bool) -> list[np.ndarray]:
+        if graph_mode:
+            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                x, y = tf.ones([rows, 2]), tf.ones([4, 2])
+                dy_all = tf.concat([tf.fill([3, 2], R + 1.0), tf.fill([2, 2], R * 10.0 + 10)], 0)  # per rank
+                outs = [tf.gradients(hvd.allgather(x), x, dy_all)[0],
+                        tf.gradients(hvd.broadcast(y, root_rank=1), y, tf.fill([4, 2], float(R + 1)))[0],
+                        tf.gradients(hvd.reducescatter(y, op=hvd.Sum), y, tf.ones([2, 2]))[0],
+                        tf.gradients(hvd.reducescatter(y, op=hvd.Average, postscale_factor=0.5), y,
+                                     tf.ones([2, 2]))[0]]
+                return [np.asarray(o) for o in sess.run(outs)]
+        x, y = tf.ones([rows, 2]), tf.ones([4, 2])
+        dy_all = tf.concat([tf.fill([3, 2], R + 1.0), tf.fill([2, 2], R * 10.0 + 10)], 0)
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([x, y])
+            g, b = hvd.allgather(x), hvd.broadcast(y, root_rank=1)
+            s, a = hvd.reducescatter(y, op=hvd.Sum), hvd.reducescatter(y, op=hvd.Average, postscale_factor=0.5)
+        return [tape.gradient(g, x, dy_all).numpy(), tape.gradient(b, y, tf.fill([4, 2], float(R + 1))).numpy(),
+                tape.gradient(s, y, tf.ones([2, 2])).numpy(), tape.gradient(a, y, tf.ones([2, 2])).numpy()]
+
+    for graph_mode in (True, False):
+        gather, bcast, rs_sum, rs_avg = grads(graph_mode)
+        assert gather.tolist() == mean, (graph_mode, gather)
+        assert bcast.tolist() == ([[1.5] * 2] * 4 if R == 1 else [[0.0] * 2] * 4), (graph_mode, bcast)
+        assert rs_sum.tolist() == [[2.0] * 2] * 4 and rs_avg.tolist() == [[0.5] * 2] * 4, (graph_mode, rs_sum, rs_avg)
+    print(f"PASS horovod gradient conventions rank {R}", flush=True)
+
+
+for check in (check_sync_batch_normalization, check_unbuilt_model_with_every_callback, check_collectives,
+              check_horovod_gradient_conventions):
     check()
 hvd.shutdown()
 print(f"PASS horovod tensorflow rank {R}/{P}", flush=True)
