@@ -222,12 +222,11 @@ def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None, ignore_n
 
 def broadcast_(variables: Any, root_rank: int = 0, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
-    """Overwrite each variable with ``root_rank``'s value in place; return their new values."""
-    from .tape import broadcast_variables
+    """Overwrite each variable with ``root_rank``'s value in place; return their new values
+    (in a TF 1 graph: tensors whose evaluation runs the broadcast and the assignments)."""
+    from .tape import broadcast_into
 
-    vs = list(tf.nest.flatten(variables))
-    broadcast_variables(vs, root_rank, process_set=process_set, name=name)
-    return [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v) for v in vs]
+    return broadcast_into(list(tf.nest.flatten(variables)), root_rank, process_set=process_set, name=name)
 
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,

@@ -1,5 +1,6 @@
 """Tier 1: what Horovod's TF tests expect of ddl.tensorflow: Session graphs, error classes (eager and
-in graphs, with and without the status op), Compression, IndexedSlices refusals."""
+in graphs, with and without the status op), Compression, IndexedSlices refusals, in-place broadcasts
+in graphs."""
 
 from __future__ import annotations
 
@@ -193,3 +194,34 @@ def test_indexed_slices_refuse_scale_factors_before_any_collective(monkeypatch: 
     for kwargs in ({"prescale_factor": 0.5}, {"postscale_factor": 2.0}):
         with pytest.raises(NotImplementedError, match="prescale_factor and postscale_factor"):
             dtf.allreduce(sl, op=ddl.Sum, **kwargs)  # type: ignore[arg-type]
+
+
+def test_in_place_broadcast_in_a_session_graph_assigns(monkeypatch: pytest.MonkeyPatch) -> None:
+    # In a TF 1 graph an assignment only happens when something depends on it.
+    import ddl.tensorflow.tape as tape
+
+    monkeypatch.setattr(tape.api, "broadcast", lambda a, root, **k: np.full_like(a, 7))  # the root's bytes
+    seven = np.full(2, 7, np.uint8)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        v = tf.compat.v1.Variable(tf.zeros([2], tf.uint8), use_resource=True)
+        w = tf.compat.v1.Variable(tf.ones([2], tf.uint8), use_resource=False)  # a TF 1 reference variable
+        sess.run(tf.compat.v1.global_variables_initializer())
+        new_v, new_w = dtf.broadcast_([v, w], root_rank=0)
+        np.testing.assert_array_equal(sess.run(new_v), seven)
+        np.testing.assert_array_equal(sess.run([v, w]), [seven, seven])
+        np.testing.assert_array_equal(sess.run(new_w), seven)
+        sess.run(v.assign([1, 1]))
+        group = dtf.broadcast_variables([v], root_rank=0)
+        assert isinstance(group, tf.Operation)
+        sess.run(group)
+        np.testing.assert_array_equal(sess.run(v), seven)
+    assert dtf.broadcast_variables([tf.Variable(1.0)], root_rank=0) is None  # eagerly: done, nothing to run
+
+
+def test_graphs_can_broadcast_before_init(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Horovod builds graph ops before hvd.init(); the world is only needed when they run.
+    monkeypatch.setattr(ddl, "size", lambda: pytest.fail("the world was asked for while building a graph"))
+    with tf.Graph().as_default():
+        assert isinstance(dtf.broadcast_global_variables(0), tf.Operation)
+        tf.compat.v1.Variable(1.0)
+        assert isinstance(dtf.broadcast_global_variables(0), tf.Operation)

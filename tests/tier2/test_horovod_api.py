@@ -1,11 +1,12 @@
 """Tier 2: Horovod's API under a real mpiexec — SyncBatchNorm and join equal one process,
 process sets, Adasum, torch.compile, Keras callbacks on a model built at its first batch,
-Horovod 0.28.1's TF gradient conventions."""
+Horovod 0.28.1's TF graph-mode error classes and gradient conventions."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -42,3 +43,7 @@ def test_horovod_tensorflow_keras_api_at_2_ranks() -> None:
     assert len(re.findall(r"EQUIV syncbatchnormalization ranks=2", out)) == 2, out
     assert len(re.findall(r"PASS keras unbuilt model with callbacks", out)) == 2, out
     assert len(re.findall(r"PASS horovod gradient conventions rank \d", out)) == 2, out
+    # Where a C++ compiler is present the status op must be built (the compilers that
+    # ddl.tensorflow.status_op looks for; not imported here: it would import TensorFlow).
+    status = str(any(shutil.which(c) for c in ("c++", "g++", "clang++")))
+    assert len(re.findall(rf"PASS session graph errors and broadcast_ rank \d status_op={status}", out)) == 2, out

@@ -1,6 +1,7 @@
 """Horovod's TensorFlow/Keras API under mpiexec (run at 2 ranks): SyncBatchNormalization equals
 one process, a model built at its first batch trains with every callback, TF collectives, and
-Horovod 0.28.1's gradient conventions, eagerly and in TF 1 graphs."""
+Horovod 0.28.1's conventions: error classes in TF 1 graphs, gradient scaling, in-place
+broadcasts in graphs."""
 
 from __future__ import annotations
 
@@ -112,6 +113,31 @@ def check_collectives() -> None:
     print(f"PASS tf collectives rank {R}", flush=True)
 
 
+def check_session_graph_errors_and_broadcast_in_place() -> None:
+    """In a TF 1 graph run by a Session: a mismatch is FailedPreconditionError on every rank (the
+    status op; ddl_status_op_built says whether this machine could build it), and broadcast_
+    changes the variables."""
+    from ddl.tensorflow import status_op
+
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        wrong = hvd.allreduce(tf.ones([3 + R]), op=hvd.Sum)
+        expected = tf.errors.FailedPreconditionError if status_op.load() is not None else tf.errors.UnknownError
+        try:
+            sess.run(wrong)
+            raise AssertionError("ranks with different shapes did not fail")
+        except expected as exc:
+            assert "(3,)" in exc.message and "(4,)" in exc.message, exc.message
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        v = tf.compat.v1.Variable(tf.fill([4], float(R + 10)), use_resource=True)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        (new,) = hvd.broadcast_([v], root_rank=1)
+        assert sess.run(new).tolist() == [11.0] * 4 and sess.run(v).tolist() == [11.0] * 4
+        again = hvd.allreduce(tf.ones([2]), op=hvd.Sum)  # the runtime is still usable
+        assert sess.run(again).tolist() == [2.0, 2.0]
+    print(f"PASS session graph errors and broadcast_ rank {R} status_op={status_op.load() is not None}",
+          flush=True)
+
+
 def check_horovod_gradient_conventions() -> None:
     """Horovod 0.28.1's gradients, traced into a Session graph and eagerly: allgather averages the
     ranks' output gradients before slicing, broadcast gives the root the average, reducescatter
@@ -148,7 +174,7 @@ def check_horovod_gradient_conventions() -> None:
 
 
 for check in (check_sync_batch_normalization, check_unbuilt_model_with_every_callback, check_collectives,
-              check_horovod_gradient_conventions):
+              check_session_graph_errors_and_broadcast_in_place, check_horovod_gradient_conventions):
     check()
 hvd.shutdown()
 print(f"PASS horovod tensorflow rank {R}/{P}", flush=True)
