@@ -70,8 +70,23 @@ class DistributedGradientTape:
         size = ddl.size() if self._process_set is None else int(self._process_set.size() or 1)
         for i in local:  # Horovod's scale_local_gradients: local layers' gradients / size
             if reduced[i] is not None and self._scale_local and self._op is ReduceOp.AVERAGE:
-                reduced[i] = reduced[i] / size
+                reduced[i] = _divided(reduced[i], size)
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def register_local_source(self, source: Any) -> None:
+        """Keep ``source``'s gradient on this rank (a model-parallel part that only this rank
+        has): not reduced, and divided by the number of ranks when ``scale_local_gradients``
+        and the op is Average, so it matches the averaged loss of the others."""
+        self._local.add(_ref(source))
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
+                                       use_generic_names: bool = False) -> tuple[list[Any], list[Any]]:
+        """:meth:`gradient`, split into (local source, gradient) and (reduced source, gradient) pairs."""
+        flat_sources = list(tf.nest.flatten(sources))
+        grads = tf.nest.flatten(self.gradient(target, flat_sources, output_gradients=output_gradients))
+        local = [(s, g) for s, g in zip(flat_sources, grads, strict=True) if _ref(s) in self._local]
+        shared = [(s, g) for s, g in zip(flat_sources, grads, strict=True) if _ref(s) not in self._local]
+        return local, shared
 
     def __enter__(self) -> DistributedGradientTape:
         self._tape.__enter__()
@@ -100,6 +115,12 @@ class PartialDistributedGradientTape(DistributedGradientTape):
 
 def _ref(v: Any) -> Any:
     return v.ref() if hasattr(v, "ref") else id(v)
+
+
+def _divided(grad: Any, size: int) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
 
 
 def broadcast_variables(variables: Any, root_rank: int = 0, process_set: Any = None, inplace: bool = False, *,

@@ -1,6 +1,6 @@
 """Tier 1: what Horovod's TF tests expect of ddl.tensorflow: Session graphs, error classes (eager and
 in graphs, with and without the status op), Compression, IndexedSlices refusals, in-place broadcasts
-in graphs."""
+in graphs, local gradient sources."""
 
 from __future__ import annotations
 
@@ -225,3 +225,15 @@ def test_graphs_can_broadcast_before_init(monkeypatch: pytest.MonkeyPatch) -> No
         assert isinstance(dtf.broadcast_global_variables(0), tf.Operation)
         tf.compat.v1.Variable(1.0)
         assert isinstance(dtf.broadcast_global_variables(0), tf.Operation)
+
+
+def test_local_sources_are_kept_and_split_out() -> None:
+    shared, local = tf.Variable([1.0, 2.0]), tf.Variable(tf.ones((4, 2)))
+    with tf.GradientTape(persistent=True) as plain:
+        loss = tf.reduce_sum(shared * 3.0) + tf.reduce_sum(tf.gather(local, [1, 3]))
+    tape = dtf.DistributedGradientTape(plain)
+    tape.register_local_source(local)
+    local_pairs, shared_pairs = tape.get_local_and_global_gradients(loss, [shared, local])
+    assert [v is local for v, _ in local_pairs] == [True] and [v is shared for v, _ in shared_pairs] == [True]
+    assert isinstance(local_pairs[0][1], tf.IndexedSlices)  # scaled by 1/size as IndexedSlices, not densified
+    np.testing.assert_array_equal(shared_pairs[0][1], [3.0, 3.0])

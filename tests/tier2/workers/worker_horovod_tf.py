@@ -1,7 +1,7 @@
 """Horovod's TensorFlow/Keras API under mpiexec (run at 2 ranks): SyncBatchNormalization equals
 one process, a model built at its first batch trains with every callback, TF collectives, and
 Horovod 0.28.1's conventions: error classes in TF 1 graphs, gradient scaling, in-place
-broadcasts in graphs."""
+broadcasts in graphs, local gradient sources."""
 
 from __future__ import annotations
 
@@ -173,8 +173,26 @@ def check_horovod_gradient_conventions() -> None:
     print(f"PASS horovod gradient conventions rank {R}", flush=True)
 
 
+def check_local_gradient_sources() -> None:
+    """A model-parallel part (a different shape on each rank) stays local, divided by size."""
+    local, shared = tf.Variable(tf.ones([3 + R])), tf.Variable([1.0, 1.0])
+
+    @tf.function
+    def step() -> list[tf.Tensor]:
+        with tf.GradientTape() as plain:
+            loss = tf.reduce_sum(local) * 4.0 + tf.reduce_sum(shared) * float(R + 1)
+        tape = hvd.DistributedGradientTape(plain)
+        tape.register_local_source(local)
+        return tape.gradient(loss, [local, shared])
+
+    g_local, g_shared = step()
+    assert g_local.numpy().tolist() == [2.0] * (3 + R) and g_shared.numpy().tolist() == [1.5, 1.5]
+    print(f"PASS local gradient sources rank {R}", flush=True)
+
+
 for check in (check_sync_batch_normalization, check_unbuilt_model_with_every_callback, check_collectives,
-              check_session_graph_errors_and_broadcast_in_place, check_horovod_gradient_conventions):
+              check_session_graph_errors_and_broadcast_in_place, check_horovod_gradient_conventions,
+              check_local_gradient_sources):
     check()
 hvd.shutdown()
 print(f"PASS horovod tensorflow rank {R}/{P}", flush=True)
