@@ -1,6 +1,6 @@
 """Tier 1: what Horovod's TF tests expect of ddl.tensorflow: Session graphs, error classes (eager and
 in graphs, with and without the status op), Compression, IndexedSlices refusals, in-place broadcasts
-in graphs, local gradient sources."""
+in graphs, local gradient sources and the Keras optimizer's compute_gradients."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
 
 import ddl  # noqa: E402
 import ddl.tensorflow as dtf  # noqa: E402
+import ddl.tensorflow.keras as dk  # noqa: E402
 from ddl.tensorflow import status_op  # noqa: E402
 from ddl.tensorflow.bridge import graph_name, host_call  # noqa: E402
 from ddl.tensorflow.errors import CollectiveArgumentError, CollectiveMismatchError, as_tf_errors  # noqa: E402
@@ -237,3 +239,48 @@ def test_local_sources_are_kept_and_split_out() -> None:
     assert [v is local for v, _ in local_pairs] == [True] and [v is shared for v, _ in shared_pairs] == [True]
     assert isinstance(local_pairs[0][1], tf.IndexedSlices)  # scaled by 1/size as IndexedSlices, not densified
     np.testing.assert_array_equal(shared_pairs[0][1], [3.0, 3.0])
+
+
+def test_keras_compute_gradients_then_apply_reduces_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    reduce = dk.DistributedOptimizer._reduce
+
+    def counting(self, grads, tvs):  # type: ignore[no-untyped-def]
+        calls.append(len(grads))
+        return reduce(self, grads, tvs)
+
+    monkeypatch.setattr(dk.DistributedOptimizer, "_reduce", counting)
+    x = tf.Variable([2.0, 3.0])
+    opt = dk.DistributedOptimizer(keras.optimizers.SGD(0.5))
+    pairs = opt.compute_gradients(lambda: tf.reduce_sum(x * x), [x])
+    opt.apply_gradients(pairs)
+    assert calls == [1] and x.numpy().tolist() == [0.0, 0.0]
+    opt.apply([tf.ones(2)], [x])  # gradients from anywhere else are reduced
+    assert calls == [1, 1] and x.numpy().tolist() == [-0.5, -0.5]
+
+    @tf.function
+    def step() -> None:
+        opt.apply_gradients(opt._compute_gradients(lambda: tf.reduce_sum(x), [x]))
+
+    step()
+    assert calls == [1, 1, 1] and x.numpy().tolist() == [-1.0, -1.0]
+
+
+def test_keras_compute_gradients_accumulates_and_forgets_an_inf_step() -> None:
+    # backward_passes_per_step=2: passes 1 and 2 make one update; an inf gradient in the first
+    # cycle must not leak into the second (the sums are zeroed, not decremented).
+    x = tf.Variable(0.0)
+    step = tf.Variable(0)
+    opt = dk.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+
+    def loss() -> tf.Tensor:
+        step.assign_add(1)
+        return tf.cond(step > 1, lambda: x * 1.0, lambda: x * float("inf"))
+
+    returned = []
+    for _ in range(4):
+        pairs = opt.compute_gradients(loss, [x])
+        returned.append(float(pairs[0][0]))
+        opt.apply_gradients(pairs)
+    assert returned[:2] == [float("inf"), float("inf")] and returned[2:] == [1.0, 2.0]
+    assert int(opt.iterations) == 2

@@ -1,7 +1,7 @@
 """Horovod's TensorFlow/Keras API under mpiexec (run at 2 ranks): SyncBatchNormalization equals
 one process, a model built at its first batch trains with every callback, TF collectives, and
-Horovod 0.28.1's conventions: error classes in TF 1 graphs, gradient scaling, in-place
-broadcasts in graphs, local gradient sources."""
+Horovod 0.28.1's conventions in TF 1 graphs: error classes, gradient scaling, in-place
+broadcasts, local gradient sources, the Keras optimizer's compute_gradients."""
 
 from __future__ import annotations
 
@@ -190,9 +190,20 @@ def check_local_gradient_sources() -> None:
     print(f"PASS local gradient sources rank {R}", flush=True)
 
 
+def check_keras_compute_gradients() -> None:
+    """The Keras optimizer's compute_gradients returns reduced gradients, which apply once."""
+    x = tf.Variable([0.0])
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    pairs = opt.compute_gradients(lambda: tf.reduce_sum(x) * float(R + 1), [x])
+    assert pairs[0][0].numpy().tolist() == [1.5]
+    opt.apply_gradients(pairs)
+    assert x.numpy().tolist() == [-1.5]
+    print(f"PASS keras compute_gradients rank {R}", flush=True)
+
+
 for check in (check_sync_batch_normalization, check_unbuilt_model_with_every_callback, check_collectives,
               check_session_graph_errors_and_broadcast_in_place, check_horovod_gradient_conventions,
-              check_local_gradient_sources):
+              check_local_gradient_sources, check_keras_compute_gradients):
     check()
 hvd.shutdown()
 print(f"PASS horovod tensorflow rank {R}/{P}", flush=True)
