@@ -21,7 +21,8 @@ import numpy as np
 import tensorflow as tf
 from ddl.engine.naming import manifest_name
 
-from .errors import as_tf_errors
+from . import status_op
+from .errors import as_tf_errors, status_of
 
 
 def executing_eagerly() -> bool:
@@ -84,16 +85,21 @@ def _plain_graph() -> Any:
     return graph
 
 
-def _previous_collective() -> list[Any]:
+def _order_after_previous(first: Any, last: Any) -> None:
+    """Make ``first`` (a new collective's host call) wait for the previous collective's ``last`` op."""
+    # A control input added to the new op, not a control_dependencies block: that would also
+    # mark the previous op, which a Session may have run already (TF warns about that).
     graph = _plain_graph()
-    op = None if graph is None else _last_in_graph.get(graph)
-    return [] if op is None else [op]
-
-
-def _remember_collective(op: Any) -> None:
-    graph = _plain_graph()
+    previous = None if graph is None else _last_in_graph.get(graph)
+    if previous is not None:
+        first._add_control_input(previous)
     if graph is not None:
-        _last_in_graph[graph] = op
+        _last_in_graph[graph] = last
+
+
+def _placeholder(dtype: tf.DType) -> np.ndarray:
+    # What a failed host call returns in place of each output: the status op fails first.
+    return np.zeros((), dtype=dtype.as_numpy_dtype)
 
 
 def host_call(
@@ -103,24 +109,43 @@ def host_call(
     """Run ``fn(*arrays) -> arrays`` on ``inputs``; outputs get ``out_dtypes``/``out_shapes``.
 
     Eager: called at once on views of the inputs. In a graph: one stateful
-    ``tf.numpy_function`` op whose outputs carry the given static shapes.
+    ``tf.numpy_function`` op whose outputs carry the given static shapes. An error with a
+    TensorFlow class (a mismatch is ``FailedPreconditionError``) leaves the graph with that
+    class through :mod:`ddl.tensorflow.status_op` where it is built, else as ``UnknownError``.
     """
     fn = as_tf_errors(fn)
     if executing_eagerly():
         outs = fn(*[host_view(t) for t in inputs])
         return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes, strict=True)]
     check_not_xla(what)
+    check_status = status_op.load()
+    name = "ddl_" + what.replace(" ", "_")
 
-    def checked(*arrays: np.ndarray) -> list[np.ndarray]:
+    def run(*arrays: np.ndarray) -> list[np.ndarray]:
         outs = fn(*arrays)
         return [np.asarray(o, dtype=d.as_numpy_dtype) for o, d in zip(outs, out_dtypes, strict=True)]
 
-    with tf.control_dependencies(_previous_collective()):
-        outs = tf.numpy_function(checked, list(inputs), list(out_dtypes), stateful=True,
-                                 name="ddl_" + what.replace(" ", "_"))
-    if not isinstance(outs, (list, tuple)):
-        outs = [outs]
-    _remember_collective(outs[0].op)
+    def run_with_status(*arrays: np.ndarray) -> list[np.ndarray]:
+        try:
+            outs = run(*arrays)
+        except Exception as exc:
+            status = status_of(exc)
+            if status is None:
+                raise
+            return [*(_placeholder(d) for d in out_dtypes), np.int32(status[0]), np.bytes_(status[1].encode())]
+        return [*outs, np.int32(0), np.bytes_(b"")]
+
+    if check_status is None:
+        made = tf.numpy_function(run, list(inputs), list(out_dtypes), stateful=True, name=name)
+        outs = list(made) if isinstance(made, (list, tuple)) else [made]
+        call_op = last_op = outs[0].op
+    else:
+        raw = tf.numpy_function(run_with_status, list(inputs), [*out_dtypes, tf.int32, tf.string], stateful=True,
+                                name=name)
+        call_op = raw[0].op
+        outs = list(check_status(raw[-2], raw[-1], raw[:-2], name=name + "_status"))
+        last_op = outs[0].op  # a later collective starts once this one's status is known good
+    _order_after_previous(call_op, last_op)
     for o, shape in zip(outs, out_shapes, strict=True):
         o.set_shape(shape)
-    return list(outs)
+    return outs

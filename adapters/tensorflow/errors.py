@@ -4,8 +4,9 @@ Horovod's TF ops fail with ``tf.errors.FailedPreconditionError`` when ranks subm
 collectives that do not match, and ``tf.errors.InvalidArgumentError`` on bad arguments;
 TF code catches those classes. ddl's core raises
 :class:`ddl.MismatchError`. The class here is both, so ``except
-tf.errors.FailedPreconditionError`` and ``except ddl.MismatchError`` each catch it, and a
-``tf.numpy_function`` in a graph keeps its error code (TF reads an ``OpError``'s code).
+tf.errors.FailedPreconditionError`` and ``except ddl.MismatchError`` each catch it. In a
+graph, ``tf.numpy_function`` would report it as ``UnknownError``; :func:`status_of` gives
+the code that :mod:`ddl.tensorflow.status_op` raises it with instead.
 """
 
 from __future__ import annotations
@@ -54,3 +55,10 @@ def as_tf_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise CollectiveArgumentError(str(exc)) from exc
 
     return wrapped
+
+
+def status_of(exc: BaseException) -> tuple[int, str] | None:
+    """``(TF status code, message)`` for a TensorFlow error class, else None (raise it as it is)."""
+    if isinstance(exc, tf.errors.OpError) and exc.error_code != tf.errors.OK:
+        return int(exc.error_code), str(exc.message)
+    return None

@@ -45,6 +45,11 @@ def _name(kind: str, name: str | None, *ts: Any) -> str | None:
     return name if tf.executing_eagerly() else graph_name(kind, name, *ts)
 
 
+def _grad_name(name: str | None) -> str | None:
+    # A gradient traced into a graph needs a name as its forward does; eager ones match by order.
+    return None if name is None else f"{name}.grad"
+
+
 def _raw_allreduce(t: tf.Tensor, op: ReduceOp, name: str | None, compression: Any, pre: float, post: float,
                    ps: ProcessSet | None) -> tf.Tensor:
     def fn(a: np.ndarray) -> list[np.ndarray]:
@@ -69,14 +74,12 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
     rop = as_op(op_from_average(op, average))
     ps = _ps(process_set)
     if isinstance(tensor, tf.IndexedSlices):
+        _check_indexed_slices(rop, prescale_factor, postscale_factor)
         values = allgather(tensor.values, name=None if name is None else f"{name}.values", process_set=process_set)
         indices = allgather(tensor.indices, name=None if name is None else f"{name}.indices", process_set=process_set)
         if rop is ReduceOp.AVERAGE:
             values = values / tf.cast(_size(ps), values.dtype)
-        elif rop is not ReduceOp.SUM:
-            raise ValueError(f"tf.IndexedSlices reduce with Sum or Average, got {rop.name}")
-        return tf.IndexedSlices(values * prescale_factor * postscale_factor if prescale_factor * postscale_factor
-                                != 1.0 else values, indices, tensor.dense_shape)
+        return tf.IndexedSlices(values, indices, tensor.dense_shape)
     t = _tensor(tensor, "allreduce")
     name = _name("allreduce", name, t)
     if not t.dtype.is_floating:
@@ -88,12 +91,25 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
             if rop not in (ReduceOp.SUM, ReduceOp.AVERAGE):
                 raise ValueError(f"ddl.tensorflow.allreduce with op={rop.name} has no gradient; use Sum or "
                                  "Average, or wrap the input in tf.stop_gradient")
-            return _raw_allreduce(tf.convert_to_tensor(dy), rop, None if name is None else f"{name}.grad",
-                                  compression, prescale_factor, postscale_factor, ps)
+            return _raw_allreduce(tf.convert_to_tensor(dy), rop, _grad_name(name), compression, prescale_factor,
+                                  postscale_factor, ps)
 
         return _raw_allreduce(x, rop, name, compression, prescale_factor, postscale_factor, ps), grad
 
     return differentiable(t)
+
+
+def _check_indexed_slices(rop: ReduceOp, prescale_factor: float, postscale_factor: float) -> None:
+    """Refuse what an allgather of rows cannot do, with Horovod's class (NotImplementedError)."""
+    if rop is ReduceOp.ADASUM:
+        raise NotImplementedError("ddl.Adasum cannot reduce tf.IndexedSlices; pass sparse_as_dense=True to the "
+                                  "optimizer or tape, or convert them with tf.convert_to_tensor first")
+    if rop not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise NotImplementedError(f"tf.IndexedSlices reduce with ddl.Sum or ddl.Average only, got ddl.{rop.name.title()}; "
+                                  "convert them with tf.convert_to_tensor to reduce them densely")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError(f"prescale_factor and postscale_factor must be 1 for tf.IndexedSlices, got "
+                                  f"{prescale_factor} and {postscale_factor}; scale the values yourself")
 
 
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, device_dense: str = "",
@@ -104,6 +120,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, devic
     rop = as_op(op_from_average(op, average))
     ps = _ps(process_set)
     if any(isinstance(t, tf.IndexedSlices) for t in tensors):
+        _check_indexed_slices(rop, prescale_factor, postscale_factor)  # before any dense tensor is reduced
         return [allreduce(t, None, "", "", compression, rop, prescale_factor, postscale_factor,
                           None if name is None else f"{name}.{i}", process_set) for i, t in enumerate(tensors)]
     ts = [_tensor(t, "grouped_allreduce") for t in tensors]
@@ -125,7 +142,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, devic
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
     def differentiable(*xs: tf.Tensor) -> Any:
         def grad(*dys: tf.Tensor) -> list[tf.Tensor]:
-            return raw([tf.convert_to_tensor(d) for d in dys], None if name is None else f"{name}.grad")
+            return raw([tf.convert_to_tensor(d) for d in dys], _grad_name(name))
 
         return raw(list(xs), name), grad
 
@@ -160,9 +177,9 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
         out, start = _raw_allgather(x, name, ps)
 
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            total = _raw_allreduce(tf.convert_to_tensor(dy), ReduceOp.SUM, None if name is None else f"{name}.grad",
-                                   None, 1.0, 1.0, ps)
-            return total[start : start + tf.shape(x, out_type=tf.int64)[0]]
+            # Horovod's convention: the ranks' output gradients are averaged, then sliced.
+            mean = _raw_allreduce(tf.convert_to_tensor(dy), ReduceOp.AVERAGE, _grad_name(name), None, 1.0, 1.0, ps)
+            return mean[start : start + tf.shape(x, out_type=tf.int64)[0]]
 
         return out, grad
 
@@ -195,7 +212,7 @@ def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None, ignore_n
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
     def differentiable(x: tf.Tensor) -> Any:
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            g = _raw_allreduce(tf.convert_to_tensor(dy), ReduceOp.AVERAGE, None, None, 1.0, 1.0, ps)
+            g = _raw_allreduce(tf.convert_to_tensor(dy), ReduceOp.AVERAGE, _grad_name(name), None, 1.0, 1.0, ps)
             return g if ddl.rank() == root_rank else g * 0
 
         return raw(x), grad
@@ -205,12 +222,11 @@ def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None, ignore_n
 
 def broadcast_(variables: Any, root_rank: int = 0, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
-    """Overwrite each variable with ``root_rank``'s value in place; return their new values."""
-    from .tape import broadcast_variables
+    """Overwrite each variable with ``root_rank``'s value in place; return their new values
+    (in a TF 1 graph: tensors whose evaluation runs the broadcast and the assignments)."""
+    from .tape import broadcast_into
 
-    vs = list(tf.nest.flatten(variables))
-    broadcast_variables(vs, root_rank, process_set=process_set, name=name)
-    return [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v) for v in vs]
+    return broadcast_into(list(tf.nest.flatten(variables)), root_rank, process_set=process_set, name=name)
 
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_name_scope: bool = False,
@@ -241,7 +257,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
             out, received = raw(x, sp, name)
 
             def grad(dy: tf.Tensor, *_: Any) -> tf.Tensor:
-                return raw(tf.convert_to_tensor(dy), received, None if name is None else f"{name}.grad")[0]
+                return raw(tf.convert_to_tensor(dy), received, _grad_name(name))[0]
 
             return (out, received), grad
 
@@ -277,9 +293,11 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = None, 
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
     def differentiable(x: tf.Tensor) -> Any:
         def grad(dy: tf.Tensor) -> tf.Tensor:
-            full = _raw_allgather(tf.convert_to_tensor(dy), None if name is None else f"{name}.grad", ps)[0]
-            scale = prescale_factor * postscale_factor / (_size(ps) if rop is ReduceOp.AVERAGE else 1)
-            return full * tf.cast(scale, full.dtype)
+            # Horovod's convention: the gathered gradient times the scale factors, times the
+            # number of ranks for a Sum (and not divided by it for an Average).
+            full = _raw_allgather(tf.convert_to_tensor(dy), _grad_name(name), ps)[0]
+            scale = prescale_factor * postscale_factor * (_size(ps) if rop is ReduceOp.SUM else 1)
+            return full if scale == 1.0 else full * tf.cast(scale, full.dtype)
 
         return _raw_reducescatter(x, rop, name, ps, prescale_factor, postscale_factor), grad
 

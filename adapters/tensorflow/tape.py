@@ -70,8 +70,23 @@ class DistributedGradientTape:
         size = ddl.size() if self._process_set is None else int(self._process_set.size() or 1)
         for i in local:  # Horovod's scale_local_gradients: local layers' gradients / size
             if reduced[i] is not None and self._scale_local and self._op is ReduceOp.AVERAGE:
-                reduced[i] = reduced[i] / size
+                reduced[i] = _divided(reduced[i], size)
         return tf.nest.pack_sequence_as(grads, reduced)
+
+    def register_local_source(self, source: Any) -> None:
+        """Keep ``source``'s gradient on this rank (a model-parallel part that only this rank
+        has): not reduced, and divided by the number of ranks when ``scale_local_gradients``
+        and the op is Average, so it matches the averaged loss of the others."""
+        self._local.add(_ref(source))
+
+    def get_local_and_global_gradients(self, target: Any, sources: Any, output_gradients: Any = None,
+                                       use_generic_names: bool = False) -> tuple[list[Any], list[Any]]:
+        """:meth:`gradient`, split into (local source, gradient) and (reduced source, gradient) pairs."""
+        flat_sources = list(tf.nest.flatten(sources))
+        grads = tf.nest.flatten(self.gradient(target, flat_sources, output_gradients=output_gradients))
+        local = [(s, g) for s, g in zip(flat_sources, grads, strict=True) if _ref(s) in self._local]
+        shared = [(s, g) for s, g in zip(flat_sources, grads, strict=True) if _ref(s) not in self._local]
+        return local, shared
 
     def __enter__(self) -> DistributedGradientTape:
         self._tape.__enter__()
@@ -102,22 +117,39 @@ def _ref(v: Any) -> Any:
     return v.ref() if hasattr(v, "ref") else id(v)
 
 
+def _divided(grad: Any, size: int) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
+
+
 def broadcast_variables(variables: Any, root_rank: int = 0, process_set: Any = None, inplace: bool = False, *,
-                        name: str | None = None) -> None:
+                        name: str | None = None) -> Any:
     """Overwrite every variable with ``root_rank``'s value, in one broadcast of their bytes.
 
     Works on ``tf.Variable`` and Keras 3 variables of any dtype, eagerly or in a
-    ``tf.function``.
+    ``tf.function``. In a TF 1 graph (run by a Session) it returns the op to run, as
+    Horovod's does; eagerly it returns None.
 
     Example:
         >>> ddl.tensorflow.broadcast_variables(model.variables, root_rank=0)  # doctest: +SKIP
     """
-    vs = list(tf.nest.flatten(variables))
-    if not isinstance(root_rank, int) or not 0 <= root_rank < ddl.size():
-        raise ValueError(f"root_rank must be a rank in 0..{ddl.size() - 1}, got {root_rank!r}")
+    assigned = broadcast_into(list(tf.nest.flatten(variables)), root_rank, process_set=process_set, name=name)
+    return None if tf.executing_eagerly() else tf.group(*assigned)
+
+
+def broadcast_into(vs: list[Any], root_rank: int, *, process_set: Any = None, name: str | None = None) -> list[Any]:
+    """Assign ``root_rank``'s values to ``vs``; return the new values (in a graph: tensors that
+    run the assignments when evaluated)."""
+    if not vs:
+        return []
     ps = None if process_set is None or process_set.process_set_id == 0 else process_set
-    if not vs or ddl.size() == 1 or (ps is not None and ps.size() == 1):
-        return
+    eager = tf.executing_eagerly()
+    # A graph may be built before ddl.init(): the core checks root_rank when the op runs.
+    if eager and (not isinstance(root_rank, int) or not 0 <= root_rank < ddl.size()):
+        raise ValueError(f"root_rank must be a rank in 0..{ddl.size() - 1}, got {root_rank!r}")
+    if eager and (ddl.size() == 1 or (ps is not None and ps.size() == 1)):
+        return [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v) for v in vs]
     name = name or name_for(vs, "ddl.broadcast_variables")
     values = [tf.convert_to_tensor(v) for v in vs]
 
@@ -132,5 +164,12 @@ def broadcast_variables(variables: Any, root_rank: int = 0, process_set: Any = N
         return outs
 
     outs = host_call(fn, values, [t.dtype for t in values], [t.shape for t in values], what="broadcast_variables")
-    for v, o in zip(vs, outs, strict=True):
-        v.assign(o)
+    if eager:
+        for v, o in zip(vs, outs, strict=True):
+            v.assign(o)
+        return [v.read_value() if hasattr(v, "read_value") else tf.convert_to_tensor(v) for v in vs]
+    # In a graph an assignment happens only when something that needs it runs. Each value
+    # returned needs all of them, as with Horovod's one in-place op for all the variables.
+    assigned = [v.assign(o) for v, o in zip(vs, outs, strict=True)]
+    with tf.control_dependencies(assigned):
+        return [tf.identity(a) for a in assigned]

@@ -1,10 +1,13 @@
 """Tier 2: Horovod's API under a real mpiexec — SyncBatchNorm and join equal one process,
-process sets, Adasum, torch.compile, Keras callbacks on a model built at its first batch."""
+process sets, Adasum, torch.compile, Keras callbacks on a model built at its first batch,
+Horovod 0.28.1's TF graph-mode error classes, gradient conventions, local gradient sources and
+the Keras optimizer's compute_gradients."""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +44,10 @@ def test_horovod_tensorflow_keras_api_at_2_ranks() -> None:
     assert len(re.findall(r"PASS horovod tensorflow rank \d/2", out)) == 2, out
     assert len(re.findall(r"EQUIV syncbatchnormalization ranks=2", out)) == 2, out
     assert len(re.findall(r"PASS keras unbuilt model with callbacks", out)) == 2, out
+    assert len(re.findall(r"PASS horovod gradient conventions rank \d", out)) == 2, out
+    # Where a C++ compiler is present the status op must be built (the compilers that
+    # ddl.tensorflow.status_op looks for; not imported here: it would import TensorFlow).
+    status = str(any(shutil.which(c) for c in ("c++", "g++", "clang++")))
+    assert len(re.findall(rf"PASS session graph errors and broadcast_ rank \d status_op={status}", out)) == 2, out
+    for what in ("local gradient sources", "keras compute_gradients"):
+        assert len(re.findall(rf"PASS {what} rank \d", out)) == 2, out

@@ -15,6 +15,13 @@ from ddl.engine.naming import manifest_name
 from ..gradients import check_gradient_op, name_for, reduce_gradients
 
 
+def _context_key(tvs: list[Any]) -> tuple[Any, ...]:
+    # The variables and the graph being traced (None eagerly): gradients that compute_gradients
+    # reduced are applied as they are by an apply for the same variables in the same context.
+    graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    return (None if graph is None else id(graph), *(id(v) for v in tvs))
+
+
 @keras.saving.register_keras_serializable(package="ddl")
 class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
     """Wraps any Keras 3 optimizer so ``model.fit`` trains on every rank's data.
@@ -78,6 +85,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self._compression = as_compressor(compression)
         self._process_set = None if process_set is None or process_set.process_set_id == 0 else process_set
         self._prefix = ""  # from the variables, at build
+        self._computed_for: tuple[Any, ...] | None = None  # what compute_gradients last reduced
 
     @tracking.no_automatic_dependency_tracking  # type: ignore[misc,untyped-decorator]
     def build(self, var_list: list[Any]) -> None:
@@ -95,7 +103,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         return self._variables[:] + self.inner_optimizer.variables  # type: ignore[no-any-return]
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> None:
-        """Reduce ``grads`` over all ranks (one call) and apply them with the wrapped optimizer."""
+        """Reduce ``grads`` over all ranks (one call) and apply them with the wrapped optimizer.
+
+        Gradients that :meth:`compute_gradients` returned for these variables, in this
+        function or eager context, are reduced already: they are applied as they are.
+        """
         grads = list(grads)
         if not grads:
             return
@@ -110,10 +122,41 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
                 self.build(tvs)
         if len(grads) != len(tvs):
             raise ValueError(f"got {len(grads)} gradients for {len(tvs)} variables")
+        computed, self._computed_for = self._computed_for == _context_key(tvs), None
         if self.backward_passes_per_step == 1:
-            self.inner_optimizer.apply(self._reduce(grads, tvs), tvs)
+            self.inner_optimizer.apply(grads if computed else self._reduce(grads, tvs), tvs)
             return
-        self._accumulate(grads, tvs)
+        if not computed:
+            grads = self._accumulated(grads, tvs)
+        tf.cond(self._step_due(), lambda: self._inner_apply(grads, tvs), lambda: tf.constant(False))
+
+    def compute_gradients(self, loss: Any, var_list: Any, tape: tf.GradientTape | None = None) -> list[Any]:
+        """Horovod's: ``[(gradient, variable)]`` of ``loss`` (a tensor recorded on ``tape``, or a
+        callable), reduced over all ranks; pass them to :meth:`apply_gradients`.
+
+        With ``backward_passes_per_step=k`` the gradients are accumulated on this rank: every
+        k-th call returns the reduced sum (divided by k with ``average_aggregated_gradients``)
+        and the next ``apply_gradients`` applies it; the other calls return the local sum so
+        far, and ``apply_gradients`` leaves the variables alone.
+        """
+        return self._compute_gradients(loss, var_list, tape=tape)
+
+    def _compute_gradients(self, loss: Any, var_list: Any, grad_loss: Any = None,
+                           tape: tf.GradientTape | None = None) -> list[Any]:
+        tvs = list(var_list() if callable(var_list) else var_list)
+        tape = tf.GradientTape() if tape is None else tape
+        if callable(loss):
+            with tape:
+                loss = loss()
+        grads = list(tape.gradient(loss, tvs, output_gradients=grad_loss))
+        if not self.built:
+            self.build(tvs)
+        if self.backward_passes_per_step == 1:
+            grads = self._reduce(grads, tvs)
+        else:
+            grads = self._accumulated(grads, tvs)
+        self._computed_for = _context_key(tvs)
+        return list(zip(grads, tvs, strict=True))
 
     def _reduce(self, grads: list[Any], tvs: list[Any]) -> list[Any]:
         out: list[Any] = reduce_gradients(grads, name=name_for(tvs, self._prefix), op=self._op,
@@ -121,7 +164,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
                                           process_set=self._process_set)
         return out
 
-    def _accumulate(self, grads: list[Any], tvs: list[Any]) -> None:
+    def _step_due(self) -> tf.Tensor:
+        assert self._passes is not None
+        return tf.equal(self._passes % self.backward_passes_per_step, 0)
+
+    def _accumulated(self, grads: list[Any], tvs: list[Any]) -> list[tf.Tensor]:
+        """Add ``grads`` to this rank's sums. On every k-th pass return the sums reduced over
+        all ranks (/k with ``average_aggregated_gradients``) and start new sums; on the others
+        return the local sums so far."""
         k = self.backward_passes_per_step
         accs = [self._accumulators[self._get_variable_index(v)] for v in tvs]
         for g, acc in zip(grads, accs, strict=True):
@@ -130,15 +180,24 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         assert self._passes is not None
         self._passes.assign_add(1)
 
-        def update() -> tf.Tensor:
+        def reduce_sums() -> list[tf.Tensor]:
             scale = 1.0 / k if self.average_aggregated_gradients else 1.0
             summed = [tf.convert_to_tensor(a) * tf.cast(scale, a.dtype) for a in accs]
-            self.inner_optimizer.apply(self._reduce(summed, tvs), tvs)
-            for a in accs:
-                a.assign(tf.zeros(a.shape, a.dtype))
-            return tf.constant(True)
+            reduced = [tf.convert_to_tensor(g) for g in self._reduce(summed, tvs)]
+            with tf.control_dependencies(reduced):
+                for a in accs:  # zeroed, not decremented: an inf or NaN sum must not outlive its step
+                    a.assign(tf.zeros(a.shape, a.dtype))
+                return [tf.identity(g) for g in reduced]
 
-        tf.cond(tf.equal(self._passes % k, 0), update, lambda: tf.constant(False))
+        def local_sums() -> list[tf.Tensor]:
+            return [tf.convert_to_tensor(a) for a in accs]
+
+        out: list[tf.Tensor] = tf.cond(self._step_due(), reduce_sums, local_sums)
+        return out
+
+    def _inner_apply(self, grads: list[Any], tvs: list[Any]) -> tf.Tensor:
+        self.inner_optimizer.apply(grads, tvs)
+        return tf.constant(True)
 
     # -- the wrapped optimizer's settings, passed through ----------------------------
     @property

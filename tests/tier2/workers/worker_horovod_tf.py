@@ -1,5 +1,7 @@
 """Horovod's TensorFlow/Keras API under mpiexec (run at 2 ranks): SyncBatchNormalization equals
-one process, a model built at its first batch trains with every callback, TF collectives."""
+one process, a model built at its first batch trains with every callback, TF collectives, and
+Horovod 0.28.1's conventions in TF 1 graphs: error classes, gradient scaling, in-place
+broadcasts, local gradient sources, the Keras optimizer's compute_gradients."""
 
 from __future__ import annotations
 
@@ -111,7 +113,97 @@ def check_collectives() -> None:
     print(f"PASS tf collectives rank {R}", flush=True)
 
 
-for check in (check_sync_batch_normalization, check_unbuilt_model_with_every_callback, check_collectives):
+def check_session_graph_errors_and_broadcast_in_place() -> None:
+    """In a TF 1 graph run by a Session: a mismatch is FailedPreconditionError on every rank (the
+    status op; ddl_status_op_built says whether this machine could build it), and broadcast_
+    changes the variables."""
+    from ddl.tensorflow import status_op
+
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        wrong = hvd.allreduce(tf.ones([3 + R]), op=hvd.Sum)
+        expected = tf.errors.FailedPreconditionError if status_op.load() is not None else tf.errors.UnknownError
+        try:
+            sess.run(wrong)
+            raise AssertionError("ranks with different shapes did not fail")
+        except expected as exc:
+            assert "(3,)" in exc.message and "(4,)" in exc.message, exc.message
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        v = tf.compat.v1.Variable(tf.fill([4], float(R + 10)), use_resource=True)
+        sess.run(tf.compat.v1.global_variables_initializer())
+        (new,) = hvd.broadcast_([v], root_rank=1)
+        assert sess.run(new).tolist() == [11.0] * 4 and sess.run(v).tolist() == [11.0] * 4
+        again = hvd.allreduce(tf.ones([2]), op=hvd.Sum)  # the runtime is still usable
+        assert sess.run(again).tolist() == [2.0, 2.0]
+    print(f"PASS session graph errors and broadcast_ rank {R} status_op={status_op.load() is not None}",
+          flush=True)
+
+
+def check_horovod_gradient_conventions() -> None:
+    """Horovod 0.28.1's gradients, traced into a Session graph and eagerly: allgather averages the
+    ranks' output gradients before slicing, broadcast gives the root the average, reducescatter
+    gives the gathered gradient times size for Sum and times the scale factors."""
+    rows = [3, 2][R]
+    mean = [[1.5] * 2] * 3 if R == 0 else [[15.0] * 2] * 2  # not a sum (3, 30), not this rank's own
+
+    def grads(graph_mode: bool) -> list[np.ndarray]:
+        if graph_mode:
+            with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+                x, y = tf.ones([rows, 2]), tf.ones([4, 2])
+                dy_all = tf.concat([tf.fill([3, 2], R + 1.0), tf.fill([2, 2], R * 10.0 + 10)], 0)  # per rank
+                outs = [tf.gradients(hvd.allgather(x), x, dy_all)[0],
+                        tf.gradients(hvd.broadcast(y, root_rank=1), y, tf.fill([4, 2], float(R + 1)))[0],
+                        tf.gradients(hvd.reducescatter(y, op=hvd.Sum), y, tf.ones([2, 2]))[0],
+                        tf.gradients(hvd.reducescatter(y, op=hvd.Average, postscale_factor=0.5), y,
+                                     tf.ones([2, 2]))[0]]
+                return [np.asarray(o) for o in sess.run(outs)]
+        x, y = tf.ones([rows, 2]), tf.ones([4, 2])
+        dy_all = tf.concat([tf.fill([3, 2], R + 1.0), tf.fill([2, 2], R * 10.0 + 10)], 0)
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([x, y])
+            g, b = hvd.allgather(x), hvd.broadcast(y, root_rank=1)
+            s, a = hvd.reducescatter(y, op=hvd.Sum), hvd.reducescatter(y, op=hvd.Average, postscale_factor=0.5)
+        return [tape.gradient(g, x, dy_all).numpy(), tape.gradient(b, y, tf.fill([4, 2], float(R + 1))).numpy(),
+                tape.gradient(s, y, tf.ones([2, 2])).numpy(), tape.gradient(a, y, tf.ones([2, 2])).numpy()]
+
+    for graph_mode in (True, False):
+        gather, bcast, rs_sum, rs_avg = grads(graph_mode)
+        assert gather.tolist() == mean, (graph_mode, gather)
+        assert bcast.tolist() == ([[1.5] * 2] * 4 if R == 1 else [[0.0] * 2] * 4), (graph_mode, bcast)
+        assert rs_sum.tolist() == [[2.0] * 2] * 4 and rs_avg.tolist() == [[0.5] * 2] * 4, (graph_mode, rs_sum, rs_avg)
+    print(f"PASS horovod gradient conventions rank {R}", flush=True)
+
+
+def check_local_gradient_sources() -> None:
+    """A model-parallel part (a different shape on each rank) stays local, divided by size."""
+    local, shared = tf.Variable(tf.ones([3 + R])), tf.Variable([1.0, 1.0])
+
+    @tf.function
+    def step() -> list[tf.Tensor]:
+        with tf.GradientTape() as plain:
+            loss = tf.reduce_sum(local) * 4.0 + tf.reduce_sum(shared) * float(R + 1)
+        tape = hvd.DistributedGradientTape(plain)
+        tape.register_local_source(local)
+        return tape.gradient(loss, [local, shared])
+
+    g_local, g_shared = step()
+    assert g_local.numpy().tolist() == [2.0] * (3 + R) and g_shared.numpy().tolist() == [1.5, 1.5]
+    print(f"PASS local gradient sources rank {R}", flush=True)
+
+
+def check_keras_compute_gradients() -> None:
+    """The Keras optimizer's compute_gradients returns reduced gradients, which apply once."""
+    x = tf.Variable([0.0])
+    opt = hvdk.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    pairs = opt.compute_gradients(lambda: tf.reduce_sum(x) * float(R + 1), [x])
+    assert pairs[0][0].numpy().tolist() == [1.5]
+    opt.apply_gradients(pairs)
+    assert x.numpy().tolist() == [-1.5]
+    print(f"PASS keras compute_gradients rank {R}", flush=True)
+
+
+for check in (check_sync_batch_normalization, check_unbuilt_model_with_every_callback, check_collectives,
+              check_session_graph_errors_and_broadcast_in_place, check_horovod_gradient_conventions,
+              check_local_gradient_sources, check_keras_compute_gradients):
     check()
 hvd.shutdown()
 print(f"PASS horovod tensorflow rank {R}/{P}", flush=True)
