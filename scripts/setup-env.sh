@@ -23,3 +23,9 @@ if [ "$(cat .venv/.ddl-install 2>/dev/null)" != "$stamp" ]; then
   .venv/bin/python -c "import ddl, mpi4py" || { echo "setup-env: ddl did not install into .venv" >&2; exit 1; }
   echo "$stamp" > .venv/.ddl-install
 fi
+# ddl.tensorflow's optional status op (Horovod's error classes in TF graphs) is built on
+# request only; the suite tests it, so build it here where a C++ compiler exists.
+if [[ ",$extras," == *",tensorflow,"* ]] && command -v c++ >/dev/null 2>&1; then
+  TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -W ignore -m ddl.tensorflow.status_op >/dev/null 2>&1 \
+    || echo "setup-env: ddl.tensorflow's status op did not build; graph-mode errors stay UnknownError" >&2
+fi

@@ -5,12 +5,12 @@ TensorFlow's ``PyFunc`` kernel reports a Python ``ValueError``/``TypeError`` as
 exception carries, so ranks that disagree cannot raise ``FailedPreconditionError`` (as
 Horovod's ops do) from inside ``tf.numpy_function``. ``status_op.cc`` defines
 ``DdlCheckStatus``, which passes its tensors through or fails with a status code the host
-call returned. It is compiled on first use, once per TensorFlow version, into
-``~/.cache/ddl/tensorflow``, when a C++ compiler and TensorFlow's headers are present
-(``pip install`` stays pure Python); without it graph-mode mismatches arrive as
+call returned. It is built on request, never behind a user's back (a compiler run in the
+first ``model.fit`` would be a surprise): ``python -m ddl.tensorflow.status_op`` compiles
+it once per TensorFlow version into ``~/.cache/ddl/tensorflow`` where a C++ compiler and
+TensorFlow's headers are present (``pip install`` stays pure Python; the repository's
+``scripts/setup-env.sh`` runs it). Where it is not built, graph-mode mismatches arrive as
 ``UnknownError`` with the same message. Eager calls never need it.
-
-Prebuild it (say, in a container image) with ``python -m ddl.tensorflow.status_op``.
 """
 
 from __future__ import annotations
@@ -71,6 +71,13 @@ def _file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def library_path(cache_dir: Path | None = None) -> Path:
+    """Where the library for the installed TensorFlow is (or would be) kept."""
+    flags = [*tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
+    folder = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
+    return folder / library_name(SOURCE.read_bytes(), tf.__version__, flags)
+
+
 def build(cache_dir: Path | None = None, *, compiler: str | None = None, quiet: bool = False) -> Path:
     """Compile the op for the installed TensorFlow (unless cached) and return the library's path.
 
@@ -93,8 +100,8 @@ def build(cache_dir: Path | None = None, *, compiler: str | None = None, quiet: 
     cxx = compiler or find_compiler()
     if cxx is None:
         raise BuildError(f"no C++ compiler on PATH (looked for {', '.join(COMPILERS)})")
-    folder = Path(cache_dir) if cache_dir is not None else DEFAULT_CACHE
-    target = folder / library_name(SOURCE.read_bytes(), tf.__version__, [*compile_flags, *link_flags])
+    target = library_path(cache_dir)
+    folder = target.parent
     if target.is_file():
         return target
     try:
@@ -131,24 +138,20 @@ _why_not = ""
 
 @tf.autograph.experimental.do_not_convert  # type: ignore[misc,untyped-decorator]
 def load() -> CheckStatus | None:
-    """``ddl_check_status`` from the built library, or None where it cannot be built or loaded.
-
-    The first call builds or finds the library (a failure is reported once on stderr,
-    except where there is simply no compiler); later calls return the same answer.
-    """
+    """``ddl_check_status`` from the built library, or None where it is not built (or TensorFlow
+    refuses to load it: reported once on stderr). Never compiles; see :func:`build`."""
     global _why_not
     with _lock:
         if _loaded:
             return _loaded[0]
+        path = library_path()
+        if not path.is_file():
+            _why_not = f"not built for TensorFlow {tf.__version__} (run: python -m ddl.tensorflow.status_op)"
+            return None  # looked for again next time: it may be built meanwhile
         fn: CheckStatus | None = None
         try:
-            fn = tf.load_op_library(str(build())).ddl_check_status
-        except BuildError as exc:
-            _why_not = str(exc)
-            if not _why_not.startswith("no C++ compiler"):
-                print(f"ddl.tensorflow: warning: its status op is not available ({_why_not}); collective "
-                      "errors in TF graphs arrive as tf.errors.UnknownError", file=sys.stderr, flush=True)
-        except Exception as exc:  # a library TensorFlow refuses to load: same fallback
+            fn = tf.load_op_library(str(path)).ddl_check_status
+        except Exception as exc:  # a library TensorFlow refuses to load: the same fallback
             _why_not = f"{type(exc).__name__}: {exc}"
             print(f"ddl.tensorflow: warning: could not load its status op ({_why_not}); collective errors "
                   "in TF graphs arrive as tf.errors.UnknownError", file=sys.stderr, flush=True)

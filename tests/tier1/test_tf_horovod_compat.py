@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -124,6 +125,7 @@ def test_graph_errors_keep_horovods_classes_through_the_status_op() -> None:
     # TF's PyFunc would report a mismatch as UnknownError; Horovod's tests expect FailedPrecondition.
     if status_op.find_compiler() is None:
         pytest.skip("no C++ compiler: the fallback test covers this machine")
+    status_op.build(quiet=True)  # as scripts/setup-env.sh does (load() never compiles)
     assert status_op.load() is not None, status_op.why_not()
     with pytest.raises(tf.errors.FailedPreconditionError, match=r"rank 1: allreduce\(\(4,\)"):
         _run_in_session(_refuse)
@@ -145,6 +147,7 @@ def test_graph_errors_keep_horovods_classes_through_the_status_op() -> None:
 def test_the_status_op_passes_tensors_or_fails_with_the_code() -> None:
     if status_op.find_compiler() is None:
         pytest.skip("no C++ compiler")
+    status_op.build(quiet=True)
     check = status_op.load()
     assert check is not None, status_op.why_not()
     a, b = tf.constant([1.5, 2.5]), tf.constant([[1, 2]], tf.int64)
@@ -166,6 +169,16 @@ def test_without_the_status_op_graph_errors_are_unknown_with_the_message(monkeyp
     with tf.Graph().as_default() as graph:
         host_call(lambda a: [a], [tf.ones([1])], [tf.float32], [[1]], what="t")
         assert "DdlCheckStatus" not in [op.type for op in graph.get_operations()]
+
+
+def test_loading_the_status_op_never_compiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiler run inside a user's first model.fit would be a surprise: where the library is
+    not built, load() falls back and says how to build it."""
+    monkeypatch.setattr(status_op, "DEFAULT_CACHE", tmp_path)
+    monkeypatch.setattr(status_op, "_loaded", [])
+    assert status_op.load() is None
+    assert "python -m ddl.tensorflow.status_op" in status_op.why_not()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_status_op_build_says_why_not(tmp_path: object) -> None:
