@@ -17,8 +17,9 @@ without Horovod's negotiation). Per contender: the step (slowest rank), the comp
 step measured in it (the last gradient's landing), scaling efficiency = compute-only /
 step, the bucket allreduces back to back without compute (the communication alone), and
 ``ddl plan``'s prediction of each from the cost model ``auto`` uses. One table, JSON
-and a plot. Run it under ``ddlrun`` (or ``-np N``); emulated hosts:
-``python -m emulation.rehearsal`` from a checkout (``--emulate`` here forwards to it).
+and a plot. Run it under ``ddlrun`` (or ``-np N``). On emulated hosts, run
+``python -m emulation.rehearsal`` from a checkout: the emulation is a repository harness,
+not part of the package, so this shipped command never imports it.
 """
 
 from __future__ import annotations
@@ -262,15 +263,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results", help="folder for the JSON and the plot")
     p.add_argument("--tag", default="", help="name stem of the output files (default: rehearsal-<dims>)")
     p.add_argument("-np", dest="np", type=int, help="re-launch on N ranks of this host under ddlrun")
-    p.add_argument("--emulate", action="store_true",
-                   help="forward to python -m emulation.rehearsal (emulated hosts; root, a checkout)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if "--emulate" in args_list:  # the emulation's own options (--hosts ...) are not this parser's
-        return _emulate([a for a in args_list if a != "--emulate"])
     args = parser().parse_args(args_list)
     if args.np:
         from ddl.launcher.relaunch import relaunch
@@ -283,18 +280,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddl bench rehearsal: {exc}", file=sys.stderr)
         return 2
     return _worker(args, sizes, source)
-
-
-def _emulate(argv: list[str]) -> int:
-    try:
-        from emulation.rehearsal import main as emulated  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        print("ddl bench rehearsal --emulate drives emulated hosts from a ddl checkout: run it from the "
-              "repository root (where emulation/ is), as root, or run python -m emulation.rehearsal there",
-              file=sys.stderr)
-        return 2
-    result: int = emulated(argv)
-    return result
 
 
 def _worker(args: argparse.Namespace, sizes: list[int], source: str) -> int:
