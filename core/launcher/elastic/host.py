@@ -20,6 +20,24 @@ import enum
 
 from ddl.launcher.elastic.timing import MISSED_BEATS, Timing
 
+#: Every transition of :func:`step`, as the tests name them.
+TRANSITIONS: dict[str, str] = {
+    "H1": "a starting agent said hello: IMPORTING",
+    "H2": "a second hello for a connected host: the new connection is dropped",
+    "H3": "a hello from an agent of a lost host: dropped",
+    "H4": "any message: the host was heard (at the time it arrived)",
+    "H5": "the agent finished importing: READY (logged)",
+    "H6": "a warm report when not importing: ignored",
+    "H7": "the connection of a connected host closed (or sent what ddlrun cannot read): LOST",
+    "H8": "a close before any connection: ignored",
+    "H9": "the agent's mpiexec ended before it connected: LOST",
+    "H10": "the agent's mpiexec ended after it connected: ignored (the connection decides)",
+    "H11": "a ready host missed its heartbeats: LOST",
+    "H12": "a host still starting or importing after --start-timeout: LOST",
+    "H13": "time passes within the limits: nothing",
+    "H14": "anything but a hello for a lost host: ignored",
+}
+
 
 class HostPhase(str, enum.Enum):
     STARTING = "starting"    # its agent's mpiexec -n 1 runs; no connection yet
@@ -127,40 +145,40 @@ HostAction = DropConnection | DeclareLost | Note
 
 
 def step(state: HostState, event: HostEvent, timing: Timing) -> tuple[HostState, list[HostAction]]:
-    """The host after ``event``, and what the supervisor must do (see the module docstring)."""
+    """The host after ``event``, and what the supervisor must do (see :data:`TRANSITIONS`)."""
     phase = state.phase
     if isinstance(event, Connected):
-        if phase is HostPhase.STARTING:
+        if phase is HostPhase.STARTING:  # H1
             return dataclasses.replace(state, phase=HostPhase.IMPORTING, connection=event.connection,
                                        folder=event.folder, last_heard=max(state.last_heard, event.at)), []
-        return state, [DropConnection(event.connection)]  # lost already, or a second agent for this host
-    if phase is HostPhase.LOST:
+        return state, [DropConnection(event.connection)]  # H2, H3: a second agent for this host, or lost already
+    if phase is HostPhase.LOST:  # H14
         return state, []
-    if isinstance(event, Heard):
+    if isinstance(event, Heard):  # H4
         return dataclasses.replace(state, last_heard=max(state.last_heard, event.at)), []
     if isinstance(event, Warmed):
-        if phase is not HostPhase.IMPORTING:
+        if phase is not HostPhase.IMPORTING:  # H6
             return state, []
         extra = f"; could not preload {', '.join(sorted(event.failed))}" if event.failed else ""
-        return (dataclasses.replace(state, phase=HostPhase.READY, warm_seconds=event.seconds,
+        return (dataclasses.replace(state, phase=HostPhase.READY, warm_seconds=event.seconds,  # H5
                                     last_heard=max(state.last_heard, event.at)),
                 [Note(f"agent on {state.name} ready (preloaded in {event.seconds:.1f} s){extra}")])
-    if isinstance(event, Closed):
+    if isinstance(event, Closed):  # H7, H8
         return _lost(state, event.why) if phase is not HostPhase.STARTING else (state, [])
     if isinstance(event, ProcessEnded):
-        if phase is HostPhase.STARTING:  # once connected, the connection says whether the agent lives
+        if phase is HostPhase.STARTING:  # H9
             return _lost(state, f"its agent's mpiexec ended with status {event.code}")
-        return state, []
+        return state, []  # H10: once connected, the connection says whether the agent lives
     silent = event.now - state.last_heard
     if phase is HostPhase.READY:
-        if silent > timing.lost_after:
+        if silent > timing.lost_after:  # H11
             return _lost(state, f"its agent missed {MISSED_BEATS} heartbeats (silent for {silent:.2f} s, a beat "
                                 f"every {timing.beat:g} s)")
-        return state, []
-    if silent > timing.start_timeout:
+        return state, []  # H13
+    if silent > timing.start_timeout:  # H12
         what = "did not connect" if phase is HostPhase.STARTING else "was silent while importing"
         return _lost(state, f"its agent {what} for {timing.start_timeout:g} s (--start-timeout)")
-    return state, []
+    return state, []  # H13
 
 
 def _lost(state: HostState, why: str) -> tuple[HostState, list[HostAction]]:

@@ -86,8 +86,9 @@ class Timing:
 
     @property
     def restop(self) -> float:
-        """Ranks asked to leave at a commit that have not after this long are stopped (again)."""
-        return 2 * self.elastic_timeout
+        """Ranks of a world whose others left at a commit, still there after this long, are stopped
+        (they all leave at the same commit, agreed by every rank: one still there is stuck)."""
+        return self.elastic_timeout
 
     @property
     def lost_grace(self) -> float:
