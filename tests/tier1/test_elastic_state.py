@@ -4,6 +4,7 @@ a rank for a stub and reporting how it ended."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -217,12 +218,12 @@ def test_keras_state_and_callbacks_keep_the_data_position(store: Path) -> None:
 # -- the host agent, without MPI --------------------------------------------------------------
 
 
-def _agent_and_supervisor(tmp_path: Path, command: list[str]) -> tuple[subprocess.Popen[bytes], socket.socket,
-                                                                        socket.socket]:
+def _agent_and_supervisor(tmp_path: Path, command: list[str], *, host: str = "h1",
+                          ) -> tuple[subprocess.Popen[bytes], socket.socket, socket.socket]:
     server = socket.create_server(("127.0.0.1", 0))
     agent = subprocess.Popen([sys.executable, "-m", "ddl.launcher.elastic.agent", "--connect",
                               f"127.0.0.1:{server.getsockname()[1]}", "--job", "t", "--root", str(tmp_path),
-                              "--host", "h1", "--timeout", "20", "--", *command])
+                              "--host", host, "--timeout", "20", "--", *command])
     server.settimeout(30)
     conn, _ = server.accept()
     conn.settimeout(30)
@@ -298,3 +299,59 @@ def test_an_agent_that_hears_nothing_from_ddlrun_ends_itself(tmp_path: Path) -> 
         server.close()
     assert agent.returncode == 0 and "nothing from ddlrun for 1 s" in err
     assert time.monotonic() - start < 15
+
+
+def test_two_list_entries_on_one_machine_get_an_agent_each(tmp_path: Path) -> None:
+    """Agents are addressed by their name in ddlrun's host list, not the machine's host name:
+    two entries naming this machine get two folders and two sockets, and each stub finds the
+    agent of its rank's entry (the old agents shared one socket, and the second unlinked the first's)."""
+    code = "import os, sys; print(os.environ['DDL_ELASTIC_STORE'].rsplit('/', 1)[1], flush=True)"
+    agents = [_agent_and_supervisor(tmp_path, [sys.executable, "-c", code], host=h) for h in ("here", "also-here")]
+    try:
+        for _, _, conn in agents:
+            Messages(conn).until(AgentWarm)
+        assert sorted(p.name for p in (tmp_path / "ddl-elastic-t").iterdir()) == ["also-here", "here"]
+        for rank, expected in ((0, "here"), (1, "also-here")):
+            env = {**os.environ, "PMI_RANK": str(rank), "PMI_SIZE": "2", "DDL_ELASTIC_WORLD": "1"}
+            stub = subprocess.run([sys.executable, "-m", "ddl.launcher.elastic.stub", "--root", str(tmp_path),
+                                   "--job", "t", "--hosts", "here,also-here", "--", sys.executable, "-c", code],
+                                  env=env, capture_output=True, text=True, timeout=60)
+            assert (stub.returncode, stub.stdout.strip()) == (0, expected), stub.stderr
+    finally:
+        for agent, server, conn in agents:
+            with contextlib.suppress(OSError):
+                conn.sendall(encode(Quit()))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.wait(timeout=30)
+            if agent.poll() is None:
+                agent.kill()
+            conn.close()
+            server.close()
+
+
+def test_the_agent_reaps_only_its_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module the agent preloaded may start children of its own; the agent waits for its ranks'
+    pids only (never ``waitpid(-1)``), so those children's statuses stay theirs to collect."""
+    from ddl.launcher.elastic import agent as agent_module
+    from ddl.launcher.elastic.agent_machine import AgentState, RankEntry
+    from ddl.launcher.elastic.timing import Timing
+
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        agent = agent_module.Agent(address=("127.0.0.1", server.getsockname()[1]), job="t", root=str(tmp_path),
+                                   host="h1", timing=Timing(), command=[sys.executable, "-c", "pass"])
+        rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        theirs = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"])  # a preloaded module's child
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{theirs.pid}/stat").read_text().split()[2] != "Z":  # exited, not yet waited for
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        agent.state = AgentState(host="h1", last_heard=time.monotonic(),
+                                 ranks={rank.pid: RankEntry(pid=rank.pid, world=1, rank=0)})
+        assert agent._reaped() == []  # its rank runs; the other child is not its to reap
+        assert theirs.wait(timeout=5) == 5  # still there for its owner
+        rank.kill()
+        rank.wait()
+        agent.supervisor.close()
+    finally:
+        server.close()
