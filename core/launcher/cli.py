@@ -18,7 +18,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from ddl.base.config import job_from_env, search_path
+from ddl.base.config import environment, job_from_env, search_path
 from ddl.base.cpus import available_cpus
 from ddl.launcher.command import (
     FLAGGED,
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         options,
         mpi=mpi,
         cpu_count=available_cpus(),
-        base_env=os.environ,
+        base_env=environment(),
         python_executable=sys.executable,
         is_root=_is_root(),
     )
@@ -174,7 +174,7 @@ def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
     mpi = _detect_mpi()
     if isinstance(mpi, int):
         return mpi
-    supervisor = Supervisor(options, mpi=mpi, base_env=os.environ, python_executable=sys.executable,
+    supervisor = Supervisor(options, mpi=mpi, base_env=environment(), python_executable=sys.executable,
                                     cpu_count=available_cpus(), is_root=_is_root())
     return supervisor.run()
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddl import __version__
-from ddl.base.config import Config, JobEnv, job_from_env, settings_differences
+from ddl.base.config import BY_FIELD, Config, JobEnv, job_from_env, settings_differences
 from ddl.base.cpus import available_cpus
 from ddl.base.errors import SettingsMismatchError
 from ddl.base.topology import build_topology
@@ -101,7 +101,7 @@ def _check_world(comm: Any, config: Config, job: JobEnv) -> None:
 def _init(topology: str | None, algorithm: str | None) -> Context:
     with _lock:
         config = Config.from_env()
-        source = "topology argument" if topology else "DDL_TOPOLOGY"
+        source = "topology argument" if topology else BY_FIELD["topology"].env
         spec = topology or config.topology
         if algorithm:
             config = dataclasses.replace(config, algorithm=algorithm)
