@@ -2,9 +2,9 @@
 
 Every rank replays one step of a real model's gradients (``--model``: the built-in
 ``resnet50``, an ONNX file or a torch factory, as ``ddl plan`` takes them): the buckets
-``ddl.torch`` would fill (:func:`ddl.reduction.buckets.plan_buckets`, one presence flag
-per gradient as its buffers carry), each gradient landing when backward would produce
-it (:func:`ddl.tools.plan.landing_times`) and each bucket's allreduce starting the
+``ddl.torch`` would fill (:func:`ddl.reduction.buckets.gradient_buckets`, with the presence
+flags its buffers carry), each gradient landing when backward would produce
+it (:func:`ddl.reduction.step_plan.landing_times`) and each bucket's allreduce starting the
 moment its last gradient lands, as ``ddl.torch``'s hooks start it. The compute itself
 is a wait, so the cores stay free for communication, and it lasts ``--compute-ms``, or
 is scaled so that compute : link time matches a real cluster (``--like ddl-p100``:
@@ -36,7 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB, plan_buckets
+from ddl.reduction.buckets import (
+    BUCKET_BYTES,
+    FIRST_BUCKET_BYTES,
+    FLAGS_PER_TENSOR,
+    MiB,
+    gradient_buckets,
+)
+from ddl.reduction.step_plan import landing_times
 from ddl.tools import plan
 from ddl.tools.plan_models import ModelSpecError, gradient_sizes
 
@@ -91,8 +98,9 @@ class Stream:
     def build(cls, sizes: list[int], itemsize: int, *, compute: float, backward_fraction: float,
               first_cap: int, cap: int) -> Stream:
         nbytes = [n * itemsize for n in sizes]
-        return cls(sizes, plan_buckets(nbytes, [itemsize] * len(sizes), first_cap=first_cap, cap=cap),
-                   plan.landing_times(nbytes, step=compute, backward_fraction=backward_fraction), compute)
+        buckets = gradient_buckets(sizes, [itemsize] * len(sizes), first_cap=first_cap, cap=cap)
+        return cls(sizes, [list(b.members) for b in buckets],
+                   landing_times(nbytes, step=compute, backward_fraction=backward_fraction), compute)
 
     def events(self) -> list[tuple[float, int, int, bool]]:
         """(time, gradient, bucket, whether it completes its bucket), in landing order."""
@@ -107,7 +115,7 @@ class Stream:
 
 
 class Buckets:
-    """Each bucket's flat buffer (gradients, then one presence flag each, as ``ddl.torch``'s)."""
+    """Each bucket's flat buffer (gradients, then the presence flags, as ``ddl.torch``'s)."""
 
     def __init__(self, stream: Stream, dtype: np.dtype) -> None:
         self.buffers: list[np.ndarray] = []
@@ -117,8 +125,8 @@ class Buckets:
             for i in members:
                 self.slices[i] = (len(self.buffers), offset, offset + stream.sizes[i])
                 offset += stream.sizes[i]
-            self.buffers.append(np.zeros(offset + len(members), dtype))
-        self.flags = [len(b) - len(m) for b, m in zip(self.buffers, stream.buckets, strict=True)]
+            self.buffers.append(np.zeros(offset + FLAGS_PER_TENSOR * len(members), dtype))
+        self.flags = [len(b) - FLAGS_PER_TENSOR * len(m) for b, m in zip(self.buffers, stream.buckets, strict=True)]
 
     def land(self, gradient: int, value: float) -> None:
         """Write one gradient into its bucket (backward writing ``.grad`` in place)."""
