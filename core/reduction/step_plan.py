@@ -3,7 +3,8 @@
 :func:`plan_step` puts together what a real step does, each part by the function the
 runtime itself uses: ``ddl.torch``'s buckets (:func:`~ddl.reduction.buckets.gradient_buckets`:
 its caps, its presence flags, its re-planning in the observed order), the engine's
-fusion of what a cycle finds ready (:func:`~ddl.reduction.buckets.fuse`), and ``auto``'s
+fusion of what a cycle finds ready (:func:`~ddl.reduction.buckets.fuse`; a cycle's batch
+small enough to ride in the negotiation record is reduced from it, ``inline``), and ``auto``'s
 choice per fused buffer (:func:`~ddl.reduction.cost.choose`) on the model the runtime
 prices with (:func:`~ddl.reduction.calibration.fixed_model` under ``DDL_CALIBRATION=off``,
 a measured one otherwise). The timing is a model: gradients land in backward order (the
@@ -83,7 +84,7 @@ def price(algorithm: str, topology: Topology, count: int, itemsize: int, model: 
 def plan_step(numels: list[int], itemsize: int, topology: Topology, model: cost.CostModel, *, step: float,
               backward_fraction: float, first_cap: int, cap: int, order: list[int] | None = None,
               flags_per_tensor: int = FLAGS_PER_TENSOR, fusion_threshold: int = DEFAULT_FUSION_BYTES,
-              algorithm: str = "auto") -> StepPlan:
+              algorithm: str = "auto", inline_bytes: int = 0) -> StepPlan:
     """The step ``ddl.torch`` and the engine would run for gradients of ``numels`` elements.
 
     Args:
@@ -92,6 +93,9 @@ def plan_step(numels: list[int], itemsize: int, topology: Topology, model: cost.
         flags_per_tensor: presence flags per gradient (``ddl.torch``'s two; 0 for bare buckets).
         fusion_threshold: ``DDL_FUSION_THRESHOLD``.
         algorithm: ``auto`` (the model's choice per fused buffer, as the engine makes it), or one for all.
+        inline_bytes: the engine's record payload (``ddl.engine.codec.INLINE_BYTES``; 0 where the
+            exchange is compact, from 17 ranks): a cycle's ``auto`` batch that fits rides in it,
+            priced as MPI's allreduce of that many bytes.
     """
     buckets = gradient_buckets(numels, [itemsize] * len(numels), first_cap=first_cap, cap=cap, order=order,
                                flags_per_tensor=flags_per_tensor)
@@ -104,6 +108,12 @@ def plan_step(numels: list[int], itemsize: int, topology: Topology, model: cost.
         start = max(free, ready[waiting[0]])
         cycle = [k for k in waiting if ready[k] <= start]  # what the engine finds ready when it runs
         waiting = [k for k in waiting if ready[k] > start]
+        if algorithm == "auto" and sum(buckets[k].nbytes for k in cycle) <= inline_bytes:
+            count = sum(buckets[k].count for k in cycle)
+            end = start + price("mpi", topology, max(1, inline_bytes // itemsize), itemsize, model)
+            reductions.append(Reduction(tuple(cycle), count, "inline", start, end))
+            free = end
+            continue
         items = [FusionItem(itemsize, buckets[k].nbytes, True) for k in cycle]  # in place, contiguous: solo if large
         for group in fuse(items, fusion_threshold):
             members = tuple(cycle[i] for i in group)

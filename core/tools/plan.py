@@ -29,6 +29,7 @@ from typing import Any
 from ddl.base.config import DEFAULT_FUSION_BYTES, DEFAULT_SEGMENT_BYTES
 from ddl.base.errors import TopologyError
 from ddl.base.topology import Topology, build_topology, parse_spec
+from ddl.engine.codec import INLINE_BYTES, compact
 from ddl.reduction import calibration, cost
 from ddl.reduction.algorithms import SCHEDULED
 from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB
@@ -137,8 +138,13 @@ def step_schedule(sizes: list[int], itemsize: int, topology: Topology, model: co
     """Each bucket of :func:`~ddl.reduction.step_plan.plan_step`'s plan, in the order the buckets fill."""
     planned = plan_step(sizes, itemsize, topology, model, step=step, backward_fraction=backward_fraction,
                         first_cap=first_cap, cap=cap, order=order, fusion_threshold=fusion_threshold,
-                        algorithm=algorithm)
+                        algorithm=algorithm, inline_bytes=engine_inline_bytes(topology))
     return bucket_runs(planned)
+
+
+def engine_inline_bytes(topology: Topology) -> int:
+    """What a cycle's record carries inline at this job size (nothing in the compact exchange)."""
+    return 0 if compact(topology.size) else INLINE_BYTES
 
 
 def bucket_runs(planned: StepPlan) -> list[BucketRun]:
@@ -282,7 +288,7 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
         order = read_order(args.order, len(sizes)) if args.order else None
         planned = plan_step(sizes, args.itemsize, topology, model, step=step, backward_fraction=args.backward_fraction,
                             first_cap=int(args.first_bucket_mb * 2**20), cap=int(args.bucket_mb * 2**20), order=order,
-                            fusion_threshold=args.fusion_threshold)
+                            fusion_threshold=args.fusion_threshold, inline_bytes=engine_inline_bytes(topology))
         runs = bucket_runs(planned)
         where = "in the given order" if order is not None else "reverse parameter order"
         lines.append(f"buckets ({where}, first {args.first_bucket_mb:g} MiB then {args.bucket_mb:g} MiB, 2 presence "
