@@ -208,11 +208,13 @@ class Round:
 
 @dataclasses.dataclass(frozen=True)
 class Traffic:
-    """What a hook sends for one bucket: its allreduces, one after the other, and the
-    floating-point work it does around them on this rank."""
+    """What a hook sends for one bucket: its allreduces, one after the other, and the work
+    it does around them on this rank: multiply-adds (``flops``) and the bytes its
+    element-wise passes read and write (``memory_bytes``, bound by memory, not arithmetic)."""
 
     rounds: tuple[Round, ...]
     flops: float = 0.0
+    memory_bytes: float = 0.0
 
     @property
     def nbytes(self) -> int:

@@ -300,7 +300,9 @@ class PowerSGD:
     # -- what it sends ------------------------------------------------------------------
     def traffic(self, shapes: Sequence[tuple[int, ...]], itemsize: int, *, out_axis: int = 0) -> Traffic:
         """The two allreduces of a bucket of ``shapes`` in steady state (one, plain, where nothing
-        is compressed), and the multiply-adds around them (M Q, Mᵀ P, P Qᵀ, the QR, the error)."""
+        is compressed), the multiply-adds around them (M Q, Mᵀ P, P Qᵀ, the QR) and the
+        element-wise passes (the error added and taken off, P Qᵀ made and written back; the
+        uncompressed tensors copied out and back)."""
         parts = _layout(self, shapes, out_axis)
         compressed = [p for p in parts if p.rank]
         wire = max(itemsize, 4)  # half types are multiplied and sent in float32
@@ -308,6 +310,6 @@ class PowerSGD:
             return Traffic((Round(sum(p.size for p in parts), wire),))
         first = sum(p.rows * p.rank for p in compressed) + sum(p.size for p in parts if not p.rank)
         second = sum(p.cols * p.rank for p in compressed)
-        flops = sum(6.0 * p.rows * p.cols * p.rank + 4.0 * p.rows * p.rank * p.rank + 3.0 * p.rows * p.cols
-                    for p in compressed)
-        return Traffic((Round(first, wire), Round(second, wire)), flops)
+        flops = sum(6.0 * p.rows * p.cols * p.rank + 4.0 * p.rows * p.rank * p.rank for p in compressed)
+        passes = sum(9.0 * p.rows * p.cols for p in compressed) + sum(4.0 * p.size for p in parts if not p.rank)
+        return Traffic((Round(first, wire), Round(second, wire)), flops, passes * wire)

@@ -9,10 +9,10 @@ from keras.src.utils import tracking  # the decorator Keras's own LossScaleOptim
 
 import tensorflow as tf
 from ddl.base.ops import ReduceOp
-from ddl.engine.compression import as_compressor
 from ddl.engine.naming import manifest_name
 
 from ..gradients import check_gradient_op, name_for, reduce_gradients
+from ..hooked import HookedReducer, as_reduction, hook_config, hook_from_config
 
 
 def _context_key(tvs: list[Any]) -> tuple[Any, ...]:
@@ -48,7 +48,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
             fused host call; a predivide factor changes nothing in exact arithmetic).
         process_set: reduce over this ``ddl.ProcessSet`` only.
         op: ``ddl.Average`` (default) or ``ddl.Sum`` over ranks.
-        compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16`` on the wire.
+        compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16`` on the wire, or
+            a stateful communication hook such as ``ddl.PowerSGD(rank=4)`` (its state:
+            :attr:`hook_state`; kernels are seen as (everything else) x output dimension).
         sparse_as_dense: reduce ``tf.IndexedSlices`` (Embedding) as dense tensors instead
             of allgathering their rows.
 
@@ -82,7 +84,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
         self.sparse_as_dense = bool(sparse_as_dense)
         self._op = check_gradient_op(op)
-        self._compression = as_compressor(compression)
+        self._compression = as_reduction(compression)
         self._process_set = None if process_set is None or process_set.process_set_id == 0 else process_set
         self._prefix = ""  # from the variables, at build
         self._computed_for: tuple[Any, ...] | None = None  # what compute_gradients last reduced
@@ -97,6 +99,23 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
                                          name="ddl_passes") if k > 1 else None
         self.inner_optimizer.build(var_list)
         super().build(var_list)
+
+    @property
+    def hook_state(self) -> Any:
+        """The stateful hook's state (PowerSGD's), None with a plain compressor."""
+        return self._compression.state if isinstance(self._compression, HookedReducer) else None
+
+    def compression_stats(self) -> dict[str, float]:
+        """The hook's statistics (PowerSGD's: elements before and after compression, their ratio).
+
+        Raises:
+            RuntimeError: no stateful hook.
+        """
+        stats = getattr(self.hook_state, "compression_stats", None)
+        if stats is None:
+            raise RuntimeError("compression_stats(): this optimizer has no stateful hook; pass "
+                               "compression=ddl.PowerSGD(...)")
+        return stats()  # type: ignore[no-any-return]
 
     @property
     def variables(self) -> list[Any]:
@@ -225,7 +244,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
             "backward_passes_per_step": self.backward_passes_per_step,
             "average_aggregated_gradients": self.average_aggregated_gradients,
             "op": self._op.value,
-            "compression": self._compression.name,
+            "compression": hook_config(self._compression),
             "sparse_as_dense": self.sparse_as_dense,
         }
 
@@ -233,4 +252,5 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
+        config["compression"] = hook_from_config(config.get("compression"))
         return cls(inner, **config)
