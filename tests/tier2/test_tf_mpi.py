@@ -19,6 +19,11 @@ CASES = ["fit-sgd-momentum-broadcast-from-different-inits", "fit-adam-broadcast-
          "embedding-fit-sgd-indexedslices", "fit-adamw-resumed-on-root-only", "tape-sgd-momentum", "tape-embedding-adam-indexedslices",
          "tape-embedding-adam-sparse_as_dense"]
 
+#: PowerSGD, LocalSGD and DiLoCo (worker_tf.py's last checks, with the others at 2 ranks).
+SLOW_CASES = ["keras-localsgd-period-1", "keras-diloco-period-1-outer-sgd-lr-1",
+              "keras-powersgd-full-rank-no-error-feedback", "keras-powersgd-rank-1",
+              "keras-diloco-period-3-overlap-2-powersgd"]
+
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -38,3 +43,5 @@ def test_tf_ranks_train_like_one_process(np_: int, references: Path) -> None:
     assert ("PASS tensorflow all checks" in proc.stdout) == (np_ == 2), proc.stdout
     seen = re.findall(rf"EQUIV (\S+) ranks={np_} max_abs_diff=\S+ .*? identical=yes", proc.stdout)
     assert seen == CASES, proc.stdout
+    slow = re.findall(rf"SLOWLINKS (\S+) ranks={np_} max_abs_diff=\S+ identical=yes", proc.stdout)
+    assert slow == (SLOW_CASES if np_ == 2 else []), proc.stdout
