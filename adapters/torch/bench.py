@@ -2,7 +2,8 @@
 
 Two models, an MLP of about 5 M parameters and a CNN whose single-process step computes
 for about ``--cnn-step-ms``, are trained on synthetic batches at each world size in
-``--ranks`` (default 1 and 2), one thread per process. Contenders run in interleaved
+``--ranks`` (default 1 and 2), one thread per process. ``--hook fp16,powersgd:4`` adds
+ddl.torch with those communication hooks (``ddl.torch+HOOK``). Contenders run in interleaved
 rounds so machine noise hits them alike; a round's time is the slowest rank's. Prints a
 table with the step-time ratio ddl/DDP, the scaling efficiency (throughput at p ranks
 over p times the throughput of one undistributed process) and ddl.torch against its
@@ -68,6 +69,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where models train (cuda: every rank on GPU local_rank %% GPUs; ddl stages through "
                              "pinned host memory, DDP-gloo through host memory too)")
+    parser.add_argument("--hook", default="", metavar="LIST",
+                        help="also time ddl.torch with these communication hooks, e.g. fp16,powersgd:4 (PowerSGD "
+                             "from its first step; contenders ddl.torch+HOOK)")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -82,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.models.split(",")) - set(MODELS)
     if unknown:
         parser.error(f"unknown model(s) {sorted(unknown)}; choose from {sorted(MODELS)}")
+    try:
+        _hooks(args.hook)
+    except ValueError as exc:
+        parser.error(str(exc))
     runs: list[dict[str, Any]] = []
     batch = args.cnn_batch
     for p in ranks:
@@ -89,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(tmp) / "result.json"
             proc = relaunch(p, ["-m", "ddl.torch.bench", "--worker", str(out), "--models", args.models, "--mlp-batch", str(args.mlp_batch),
                              "--cnn-batch", str(batch), "--cnn-step-ms", str(args.cnn_step_ms),
-                                "--rounds", str(args.rounds), "--steps", str(args.steps), "--device", args.device])
+                                "--rounds", str(args.rounds), "--steps", str(args.steps), "--device", args.device,
+                                *(["--hook", args.hook] if args.hook else [])])
             if proc.returncode != 0 or not out.exists():
                 print(f"ddl bench torch: the {p}-rank run failed (exit {proc.returncode})", file=sys.stderr)
                 return 1
@@ -117,7 +126,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         p = run["size"]
         for model, per in run["step_s"].items():
             batch = run["batch"][model]
-            for c in CONTENDERS:
+            for c in per:
                 t = per[c]
                 rows.append({
                     "model": model, "params": run["params"][model], "ranks": p, "contender": c,
@@ -125,19 +134,20 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     "scaling_efficiency": base[model] / t if model in base else None,
                     "vs_ddp": t / per["DDP-gloo"],
                     "vs_floor": t / (per["none"] + run["allreduce_s"][model]) if c == "ddl.torch" and p > 1 else None,
+                    "vs_ddl": t / per["ddl.torch"],
                 })
     return {"rows": rows, "threads_per_process": 1, "date": time.strftime("%Y-%m-%d"),
             "torch": torch.__version__}
 
 
 def format_table(report: dict[str, Any]) -> str:
-    head = (f"{'model':6} {'params':>8} {'ranks':>5} {'contender':10} {'batch':>5} {'step ms':>9} "
+    head = (f"{'model':6} {'params':>8} {'ranks':>5} {'contender':22} {'batch':>5} {'step ms':>9} "
             f"{'samples/s':>10} {'efficiency':>10} {'vs DDP':>7} {'vs floor':>8}")
     lines = [f"training step, one thread per process (torch {report['torch']})", head]
     for r in report["rows"]:
         eff = "" if r["scaling_efficiency"] is None else f"{r['scaling_efficiency']:.3f}"
         floor = "" if r.get("vs_floor") is None else f"{r['vs_floor']:.3f}"
-        lines.append(f"{r['model']:6} {r['params'] / 1e6:7.2f}M {r['ranks']:5d} {r['contender']:10} "
+        lines.append(f"{r['model']:6} {r['params'] / 1e6:7.2f}M {r['ranks']:5d} {r['contender']:22} "
                      f"{r['batch_per_rank']:5d} {r['step_ms']:9.2f} {r['samples_per_s']:10.1f} {eff:>10} "
                      f"{r['vs_ddp']:7.3f} {floor:>8}")
     lines.append("efficiency: throughput at p ranks / (p x one undistributed process); "
@@ -175,12 +185,14 @@ def _worker(args: argparse.Namespace) -> int:
         x = torch.randn(batch, *shape, generator=gen).to(device)
         y = torch.randint(0, 10, (batch,), generator=gen).to(device)
         steppers: dict[str, Callable[[], None]] = {}
-        for c in CONTENDERS:
+        hooks = _hooks(args.hook)
+        for c in [*CONTENDERS, *hooks]:
             torch.manual_seed(0)
             model = build().to(device)
             opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            if c == "ddl.torch":
-                opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+            if c == "ddl.torch" or c in hooks:
+                opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                              compression=hooks.get(c))
             elif c == "DDP-gloo":
                 model = DistributedDataParallel(model)
             steppers[c] = _stepper(model, opt, x, y)
@@ -195,8 +207,8 @@ def _worker(args: argparse.Namespace) -> int:
         for c in steppers:
             steppers[c]()  # warm-up: first-touch allocations, bucket rebuilds
         for r in range(args.rounds):
-            order = [*CONTENDERS, "allreduce"]
-            for c in order[r % 4 :] + order[: r % 4]:  # rotate: no contender always goes first
+            order = [*CONTENDERS, *hooks, "allreduce"]
+            for c in order[r % len(order) :] + order[: r % len(order)]:  # rotate: no contender always goes first
                 comm.Barrier()
                 t0 = time.perf_counter()
                 for _ in range(args.steps):
@@ -213,6 +225,17 @@ def _worker(args: argparse.Namespace) -> int:
         Path(args.worker).write_text(json.dumps(result))
     dt.shutdown()
     return 0
+
+
+def _hooks(text: str) -> dict[str, Any]:
+    """``--hook``'s contenders, ``ddl.torch+HOOK`` -> the hook.
+
+    Raises:
+        ValueError: an unknown hook.
+    """
+    from ddl.tools.plan_hooks import parse_hook
+
+    return {f"ddl.torch+{word}": parse_hook(word, "--hook") for word in text.split(",") if word}
 
 
 def _stepper(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:

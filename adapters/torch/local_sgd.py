@@ -277,7 +277,7 @@ class DiLoCo(_Periodic):
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
                  outer_optimizer: torch.optim.Optimizer | None = None, *, period: int, compression: Any = None,
                  overlap: int = 0, process_set: Any = None) -> None:
-        params = [p for p in model.parameters() if p.requires_grad]
+        params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
         if outer_optimizer is None:
             outer_optimizer = torch.optim.SGD(params, lr=0.7, momentum=0.9, nesterov=True)
         if not isinstance(outer_optimizer, torch.optim.Optimizer):

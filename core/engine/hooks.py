@@ -185,7 +185,8 @@ class CommHook(Protocol):
     bucket in steady state, for ``ddl plan``. The result must be identical on every rank.
     """
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def new_state(self) -> Any: ...
 

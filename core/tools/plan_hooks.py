@@ -44,7 +44,7 @@ from ddl.reduction.buckets import (
 )
 from ddl.reduction.step_plan import landing_times, plan_step, price
 
-__all__ = ["DEFAULT_FLOP_RATE", "DEFAULT_MEMORY_RATE", "Mode", "ModeError", "ModePlan", "mode_lines", "parse_mode", "plan_mode", "predict_mode"]
+__all__ = ["DEFAULT_FLOP_RATE", "DEFAULT_MEMORY_RATE", "Mode", "ModeError", "ModePlan", "mode_lines", "parse_hook", "parse_mode", "plan_mode", "predict_mode"]
 
 #: Multiply-adds per second a rank's core gives PowerSGD's products when none is measured.
 DEFAULT_FLOP_RATE = 10e9
@@ -68,7 +68,17 @@ class Mode:
     overlap: int = 0
 
 
-def _hook(text: str, where: str) -> Compressor | CommHook:
+def parse_hook(text: str, where: str = "hook") -> Compressor | CommHook:
+    """``none``, ``fp16``, ``bf16``, ``powersgd:R`` (or ``powersgd-R``) as a hook; PowerSGD
+    from its first step (``start_iter=0``: the steady state is what is priced and timed).
+
+    Raises:
+        ModeError: anything else.
+
+    Example:
+        >>> parse_hook("powersgd:4")
+        ddl.PowerSGD(rank=4, start_iter=0, min_compression_rate=2, error_feedback=True, warm_start=True)
+    """
     name, _, arg = text.replace("-", ":").partition(":")
     if name in ("none", "sync"):
         return Compression.none
@@ -100,7 +110,7 @@ def parse_mode(text: str) -> Mode:
     if name in ("sync", "fp16", "bf16", "powersgd"):
         if plus:
             raise ModeError(f"mode {text!r}: +overlap is for localsgd and diloco")
-        return Mode(text, "step", _hook(body, f"mode {text!r}"))
+        return Mode(text, "step", parse_hook(body, f"mode {text!r}"))
     if name in ("localsgd", "diloco"):
         period_text, _, hook_text = rest.partition(":")
         try:
@@ -109,7 +119,7 @@ def parse_mode(text: str) -> Mode:
             period = 0
         if period < 1:
             raise ModeError(f"mode {text!r}: give the period, e.g. {name}:20 or {name}:20:fp16")
-        return Mode(text, name, _hook(hook_text or "none", f"mode {text!r}"), period, period if plus else 0)
+        return Mode(text, name, parse_hook(hook_text or "none", f"mode {text!r}"), period, period if plus else 0)
     raise ModeError(f"unknown mode {text!r}; use sync, fp16, bf16, powersgd:R, localsgd:H[:HOOK][+overlap] or "
                     "diloco:H[:HOOK][+overlap]")
 
@@ -153,7 +163,7 @@ def plan_mode(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topo
         planned = plan_step(numels, wire, topology, model, step=step, backward_fraction=backward_fraction,
                             first_cap=first_cap, cap=cap, fusion_threshold=fusion_threshold)
         comm = sum(r.end - r.start for r in planned.reductions)
-        sent = sum(r.count for r in planned.reductions) * wire
+        sent = float(sum(r.count for r in planned.reductions) * wire)
         return ModePlan(mode.label, max(step, planned.end), comm, 0.0, share * sent, float(sent))
     if mode.kind == "step":
         return _hooked_step(mode, shapes, itemsize, topology, model, step=step, backward_fraction=backward_fraction,
@@ -161,7 +171,7 @@ def plan_mode(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topo
     # Local SGD / DiLoCo: one round of pseudo-gradients per period, in HookedBuckets' buckets.
     buckets = plan_buckets([n * itemsize for n in numels], [itemsize] * len(numels), first_cap=BUCKET_BYTES,
                            cap=BUCKET_BYTES, order=list(range(len(numels))))
-    comm = hook_s = sent = 0.0
+    comm, hook_s, sent = 0.0, 0.0, 0.0
     # A round's own passes over the weights: the deltas, the copy at its start, the outer
     # update (DiLoCo's optimizer reads and writes more), the weights put back.
     passes = (20.0 if mode.kind == "diloco" else 12.0) * itemsize
