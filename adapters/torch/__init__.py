@@ -65,6 +65,7 @@ from .movement import (  # type: ignore[assignment]
     reducescatter_async,
 )
 from .optimizer import DistributedOptimizer
+from .sharded_optimizer import ZeroRedundancyOptimizer
 from .sync_batch_norm import SyncBatchNorm
 
 
@@ -85,4 +86,5 @@ __all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll",
     "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
+    "ZeroRedundancyOptimizer",  # ddl's: torch.distributed.optim's, sharding over ddl's ranks
 ]

@@ -95,6 +95,11 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     _check_manifest(groups, "broadcast_optimizer_state (parameters per group)")
     if ddl.size() == 1:
         return
+    from .sharded_optimizer import ShardedOptimizer  # here: it imports this module
+
+    if isinstance(optimizer, ShardedOptimizer):
+        optimizer.broadcast_state(root_rank)  # each rank takes its part of the root's state
+        return
     state = _to_cpu(optimizer.state_dict()) if ddl.rank() == root_rank else None
     state = ddl.broadcast_object(state, root_rank, name="ddl.torch.broadcast_optimizer_state")
     if ddl.rank() != root_rank:
