@@ -21,6 +21,7 @@ from ddl.base.errors import HorovodInternalError
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
 
+from . import checkpoint as checkpoint  # ddl.torch.checkpoint.save / load: sharded, any world size
 from .broadcast import (  # type: ignore[assignment]
     allgather_object as allgather_object,  # replaces the core's: tensors go to CPU first
 )

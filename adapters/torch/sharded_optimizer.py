@@ -199,6 +199,15 @@ class ShardedOptimizer(DistributedOptimizer):
         self.optimizer.load_state_dict({"state": mine, "param_groups": state_dict["param_groups"]})
         self._pending = state_dict
 
+    def load_shard(self, state_dict: dict[str, Any]) -> None:
+        """Load a ``state_dict`` that holds (at least) this rank's part, as every rank does from a
+        checkpoint: the state is then whole across the ranks, and ``broadcast_optimizer_state``
+        sends hyperparameters only."""
+        params = _all_params(self.optimizer)
+        mine = {i: s for i, s in state_dict["state"].items() if self.owns(params[int(i)])}
+        self.optimizer.load_state_dict({"state": mine, "param_groups": state_dict["param_groups"]})
+        self._pending = None
+
     def broadcast_state(self, root_rank: int) -> None:
         """``broadcast_optimizer_state`` for a sharded optimizer (see the class docstring)."""
         if ddl.rank() == root_rank:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -24,6 +26,7 @@ torch.set_num_threads(1)
 dt.init()
 R, P = dt.rank(), dt.size()
 B, STEPS = 24, 12
+SAVED_AT = 5  # the step a checkpoint is taken after
 TOLERANCE = 1e-6
 
 
@@ -127,7 +130,45 @@ def pair(kind: str, **kw: object) -> tuple[Net, torch.optim.Optimizer, Net, torc
     return ref, ref_opt, model, opt
 
 
+def checkpoint_cases(folder: Path, phase: str) -> None:
+    """Save at 1 rank (plain Adam) and at 4 (sharded); load either at this world size and
+    continue over the same global batches: equal to one uninterrupted process."""
+    ref = Net()
+    ref_opt = torch.optim.Adam(groups(ref), lr=0.01)
+    start = copy.deepcopy(ref)
+    train(ref, ref_opt, range(STEPS), sharded=False)
+    if phase == "save" or P == 4:  # one process saves unsharded, four ranks save sharded
+        model = copy.deepcopy(start)
+        opt: torch.optim.Optimizer = torch.optim.Adam(groups(model), lr=0.01)
+        if P > 1:
+            opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters(), shard_optimizer_state=True)
+        train(model, opt, range(SAVED_AT), sharded=P > 1)
+        name = "sharded4" if P > 1 else "unsharded1"
+        dt.checkpoint.save(folder / name, model=model, optimizer=opt, extra={"step": SAVED_AT, "by": P})
+        if phase == "save":
+            return
+    for name, saved_by in (("sharded4", 4), ("unsharded1", 1)):
+        for sharded in ((False, True) if P == 1 else (True,)):
+            model = Net()  # another init: everything must come from the checkpoint
+            opt = torch.optim.Adam(groups(model), lr=0.01)
+            if sharded:
+                opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                              shard_optimizer_state=True)
+            extra = dt.checkpoint.load(folder / name, model=model, optimizer=opt)
+            assert extra == {"step": SAVED_AT, "by": saved_by}, extra
+            train(model, opt, range(SAVED_AT, STEPS), sharded=P > 1)
+            mode = "sharded" if sharded else "plain"
+            report(f"checkpoint-saved={saved_by}-loaded={P}-{mode}", model, ref)
+
+
 torch.manual_seed(0)
+folder = Path(sys.argv[sys.argv.index("--checkpoint") + 1]) if "--checkpoint" in sys.argv else None
+if folder is not None:
+    checkpoint_cases(folder, "save" if "--save" in sys.argv else "load")
+if P == 1:
+    print(f"PASS zero rank {R}/{P}", flush=True)
+    dt.shutdown()
+    raise SystemExit(0)
 for kind in OPTIMIZERS:
     ref, ref_opt, model, opt = pair(kind, bucket_cap_mb=0.002, first_bucket_mb=0.001)
     train(ref, ref_opt, range(STEPS), sharded=False)
