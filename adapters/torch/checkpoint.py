@@ -160,11 +160,11 @@ def _read(path: str | Path, model: torch.nn.Module,
         raise CheckpointError(f"{where}: field meta.optimizer.param_groups has groups of "
                               f"{[len(g['params']) for g in groups]} parameters, the optimizer "
                               f"{[len(g['params']) for g in inner.param_groups]}")
-    wanted = (lambda p: optimizer.owns(p)) if isinstance(optimizer, ShardedOptimizer) else (lambda p: True)
+    sharded = isinstance(optimizer, ShardedOptimizer)
     state_of: dict[int, dict[str, Any]] = {}
     for i, (p, name) in enumerate(zip(params, names, strict=True)):
-        if not wanted(p):
-            continue
+        if sharded and not optimizer.owns(p):
+            continue  # another rank's part in this world
         prefix = f"optimizer/state/{name}/"
         slots = {}
         for key in m.keys(prefix):

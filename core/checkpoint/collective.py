@@ -85,7 +85,8 @@ def save(folder: str | Path, tensors: Mapping[str, Tensor], values: Mapping[str,
     path = Path(folder)
     for key, value in values.items():
         encode_value(value, key)  # refuse what JSON cannot hold before anything is written
-    user = encode_value(dict(extra or {}), "extra")
+    user = dict(extra or {})
+    encode_value(user, "extra")
     save_id = api.broadcast_object(new_save_id() if rank == 0 else None, 0,
                                    name="ddl.checkpoint.save.id") if size > 1 else new_save_id()
     sections: dict[str, dict[str, Tensor]] = {}

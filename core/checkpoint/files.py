@@ -48,8 +48,9 @@ class Tensor:
             >>> Tensor.of(np.zeros((2, 3), np.float32)).dtype
             'float32'
         """
+        shape = tuple(int(n) for n in np.shape(array))  # before ascontiguousarray, which makes 0-d arrays 1-d
         array = np.ascontiguousarray(array)
-        return cls(array, array.dtype.name, tuple(array.shape))
+        return cls(array, array.dtype.name, shape)
 
 
 def data_file_name(section: str, rank: int, save_id: str) -> str:
@@ -82,9 +83,9 @@ def write_data_file(folder: Path, name: str, rank: int,
                 f.write(bytes(pad))
                 digest.update(bytes(pad))
                 offset += pad
-            raw = memoryview(np.ascontiguousarray(t.data).reshape(-1).view(np.uint8))
-            f.write(raw)
-            digest.update(raw)
+            raw = np.ascontiguousarray(t.data).reshape(-1).view(np.uint8)
+            f.write(raw.data)
+            digest.update(raw.data)
             entries[key] = Entry(dtype=t.dtype, shape=tuple(int(n) for n in t.shape), file=name, offset=offset,
                                  nbytes=raw.nbytes)
             offset += raw.nbytes

@@ -90,7 +90,7 @@ class Manifest:
                 "save_id": self.save_id,
                 "files": [dataclasses.asdict(f) for f in self.files.values()],
                 "entries": {k: e.to_json() for k, e in self.entries.items()},
-                "meta": self.meta, "extra": self.extra}
+                "meta": self.meta, "extra": encode_value(self.extra, "extra")}
 
     def write_text(self) -> str:
         return json.dumps(self.to_json(), indent=1, allow_nan=False)
@@ -150,7 +150,7 @@ def parse_manifest(raw: Any, path: Path | str = MANIFEST) -> Manifest:
         field = "framework"
         framework, world = str(raw["framework"]), int(raw["world_size"])
         field = "meta"
-        meta, extra = dict(raw["meta"]), dict(raw.get("extra") or {})
+        meta, extra = dict(raw["meta"]), dict(decode_value(raw.get("extra") or {}))
         return Manifest(framework, world, str(raw["save_id"]), files, entries, meta, extra)
     except CheckpointError:
         raise
