@@ -110,8 +110,8 @@ def format_table(report: dict[str, Any]) -> str:
              f"{'ranks':>5} {'mode':10} {'state MiB':>10} {'bound MiB':>10} {'peak RSS MiB':>13} "
              f"{'state saved':>12} {'RSS saved':>10} {'RSS/state saved':>16}"]
     for r in report["rows"]:
-        def cell(key: str, scale: float = mib, fmt: str = ".1f") -> str:
-            value = r.get(key)
+        def cell(key: str, scale: float = mib, fmt: str = ".1f", row: dict[str, Any] = r) -> str:
+            value = row.get(key)
             return "" if value is None else format(value / scale, fmt)
 
         lines.append(f"{r['ranks']:5d} {r['mode']:10} {cell('state_bytes_per_rank'):>10} {cell('bound_bytes'):>10} "
@@ -137,7 +137,7 @@ def _worker(args: argparse.Namespace) -> int:
                                   shard_optimizer_state=args.mode == "sharded")
     for _ in range(args.steps):
         opt.zero_grad()
-        nn.functional.mse_loss(model(x), y).backward()
+        nn.functional.mse_loss(model(x), y).backward()  # type: ignore[no-untyped-call]
         opt.step()
     state = sum(t.numel() * t.element_size() for s in opt.optimizer.state.values() for t in s.values()
                 if isinstance(t, torch.Tensor))
