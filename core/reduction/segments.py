@@ -88,11 +88,27 @@ def sole_owner(bounds: Sequence[int]) -> int | None:
 
 def exchange_time(topology: Topology, bounds: tuple[int, ...], itemsize: int, model: cost.CostModel, *,
                   reduce: bool) -> float:
-    """Predicted seconds of the segment reduce-scatter (``reduce``) or allgather over ``bounds``."""
+    """Predicted seconds of the segment reduce-scatter (``reduce``) or allgather over ``bounds``.
+
+    One host: the group step's price (:func:`ddl.reduction.cost.group_step_time`). A ring:
+    each of its p-1 steps moves every segment one hop at once, so a step lasts as long as
+    the largest segment takes over the ring's slowest link (the host boundary), in
+    messages of the model's segment size, plus its reduction.
+    """
     if topology.size == 1 or bounds[-1] == 0:
         return 0.0
-    schedules = [segment_schedule(topology, r, bounds, reduce=reduce) for r in range(topology.size)]
-    return cost.schedule_time(schedules, topology, itemsize, model)
+    schedule = segment_schedule(topology, topology.order[0], bounds, reduce=reduce)
+    if shares_memory(topology):
+        step = schedule.steps[0]
+        assert isinstance(step, GroupStep)
+        return cost.group_step_time(step, itemsize, model)
+    order, p = topology.order, topology.size
+    slowest = max(topology.link_dim(order[i], order[(i + 1) % p]) for i in range(p))
+    link = model.link(slowest)
+    longest = max(bounds[r + 1] - bounds[r] for r in range(p)) * itemsize
+    pieces = max(1, -(-longest // model.segment_bytes)) if model.segment_bytes > 0 else 1
+    step_s = pieces * (link.alpha + model.step_overhead) + longest * link.beta + (longest * model.gamma if reduce else 0)
+    return (p - 1) * step_s
 
 
 def choose_gradient_exchange(topology: Topology, bounds: tuple[int, ...], itemsize: int,

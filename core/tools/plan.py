@@ -1,4 +1,9 @@
-"""``ddl plan``: predicted allreduce, bucket schedule, step time and scaling for any cluster.
+"""``ddl plan``: predicted allreduce, bucket schedule, step time, scaling and memory for any cluster.
+
+With ``--model`` it also prices memory per rank (parameters, gradient buckets, the
+optimizer state of ``--optimizer`` with and without ``shard_optimizer_state``), and with
+``--step-ms`` the sharded step beside the unsharded one (``--update-ms``: the update's
+share of the step, which sharding divides among the ranks).
 
 It prices the same schedules with the same cost model that ``auto`` uses
 (:mod:`ddl.reduction.cost`), on a topology given as a spec (``4x64``: 4 ranks per host x 64
@@ -30,6 +35,8 @@ from ddl.base.topology import Topology, build_topology, parse_spec
 from ddl.reduction import calibration, cost
 from ddl.reduction.algorithms import SCHEDULED
 from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB, plan_buckets
+from ddl.reduction.partition import partition_by_bytes, segment_bounds
+from ddl.reduction.segments import ALLREDUCE, choose_gradient_exchange, exchange_time
 from ddl.tools.plan_models import ModelSpecError, gradient_sizes
 
 ALGORITHMS = ("mpi", *SCHEDULED)
@@ -159,6 +166,65 @@ def step_schedule(sizes: list[int], itemsize: int, topology: Topology, model: co
     return runs
 
 
+#: Bytes of optimizer state per byte of parameters, by optimizer (``--optimizer``).
+STATE_PER_PARAMETER = {"sgd": 0, "momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedBucketRun:
+    """A bucket of a sharded optimizer's step: its gradient exchange and parameter gather."""
+
+    tensors: int
+    nbytes: int
+    ready: float
+    exchange: str
+    start: float
+    end: float
+    gather_s: float
+
+
+def sharded_step_schedule(sizes: list[int], itemsize: int, topology: Topology, model: cost.CostModel, *,
+                          step: float, backward_fraction: float, first_cap: int,
+                          cap: int) -> tuple[list[ShardedBucketRun], tuple[int, ...]]:
+    """The buckets of a step with ``shard_optimizer_state=True``: each bucket's gradients go
+    to their owners by a segment reduce-scatter or an allreduce (the cheaper by the model,
+    as ddl.torch chooses) while backward runs; after the update each bucket's parameters
+    come back by an allgather. Returns the buckets and the bytes each rank owns."""
+    nbytes = [n * itemsize for n in sizes]
+    owners = partition_by_bytes(nbytes, topology.size).owners
+    ready_at = landing_times(nbytes, step=step, backward_fraction=backward_fraction)
+    runs, free = [], 0.0
+    for members in plan_buckets(nbytes, [itemsize] * len(nbytes), first_cap=first_cap, cap=cap):
+        counts = [0] * topology.size
+        for i in members:
+            counts[owners[i]] += sizes[i]
+        bounds = segment_bounds(counts)
+        exchange = choose_gradient_exchange(topology, bounds, itemsize, model)
+        seconds = (price("auto", topology, bounds[-1], itemsize, model) if exchange == ALLREDUCE
+                   else exchange_time(topology, bounds, itemsize, model, reduce=True))
+        ready = max(ready_at[i] for i in members)
+        start = max(ready, free)
+        free = start + seconds
+        runs.append(ShardedBucketRun(len(members), bounds[-1] * itemsize, ready, exchange, start, free,
+                                     exchange_time(topology, bounds, itemsize, model, reduce=False)))
+    return runs, partition_by_bytes(nbytes, topology.size).loads
+
+
+def memory_lines(sizes: list[int], itemsize: int, topology: Topology, optimizer: str) -> tuple[list[str], dict[str, Any]]:
+    """Per-rank bytes of parameters, gradient buckets and optimizer state, sharded and not."""
+    factor = STATE_PER_PARAMETER[optimizer]
+    params = sum(sizes) * itemsize
+    largest = partition_by_bytes([n * itemsize for n in sizes], topology.size).largest_load
+    unsharded, sharded = factor * params, factor * largest
+    lines = [f"memory per rank ({optimizer}: {factor} byte(s) of state per parameter byte): parameters "
+             f"{human(params)}, gradient buckets {human(params)}, optimizer state {human(unsharded)} unsharded, "
+             f"{human(sharded)} sharded (the largest rank's part: {largest / max(1, params):.1%} of the parameters) "
+             f"-> {human(2 * params + unsharded)} vs {human(2 * params + sharded)}"]
+    return lines, {"optimizer": optimizer, "parameter_bytes": params, "gradient_bucket_bytes": params,
+                   "state_bytes_unsharded": unsharded, "state_bytes_sharded": sharded,
+                   "largest_owned_parameter_bytes": largest}
+
+
 def human(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024:
@@ -214,6 +280,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
     p.add_argument("--reduce-rate", metavar="BW", help="local reduction speed, e.g. 50GB/s (default: model's)")
     p.add_argument("--step-overhead-us", type=float, help="per-message software cost beyond alpha")
+    p.add_argument("--optimizer", default="adam", choices=sorted(STATE_PER_PARAMETER),
+                   help="prices its state per rank, sharded (shard_optimizer_state=True) and not (default adam)")
+    p.add_argument("--update-ms", type=float, default=0.0,
+                   help="of --step-ms, the optimizer update's part (one rank, unsharded): sharding divides it")
     p.add_argument("--bytes", help="also price single allreduces of these sizes, e.g. 8192,1048576")
     p.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
     return p
@@ -232,6 +302,8 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
         total = sum(sizes) * args.itemsize
         lines.append(f"model: {source}: {len(sizes)} tensors, {sum(sizes) / 1e6:.2f} M parameters, {human(total)}")
         per_size.append(total)
+        more, record["memory"] = memory_lines(sizes, args.itemsize, topology, args.optimizer)
+        lines += more
     record["allreduce"] = []
     for nbytes in per_size:
         count = max(1, nbytes // args.itemsize)
@@ -261,9 +333,36 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
         record["step"] = {"compute_s": step, "allreduce_s": comm, "step_s": predicted, "efficiency": step / predicted,
                           "efficiency_no_overlap": step / (step + comm),
                           "buckets": [dataclasses.asdict(r) for r in runs]}
+        more, record["sharded_step"] = sharded_lines(sizes, args, topology, model, step, runs)
+        lines += more
     elif args.step_ms and not sizes:
         raise PlanError("--step-ms needs --model (the gradients to reduce)")
     return lines, record
+
+
+def sharded_lines(sizes: list[int], args: argparse.Namespace, topology: Topology, model: cost.CostModel, step: float,
+                  runs: list[BucketRun]) -> tuple[list[str], dict[str, Any]]:
+    """The sharded step beside the unsharded one: the update divided, the gather added."""
+    update = args.update_ms / 1e3
+    if not 0 <= update <= step:
+        raise PlanError(f"--update-ms {args.update_ms} must lie between 0 and --step-ms {args.step_ms}")
+    sharded, loads = sharded_step_schedule(sizes, args.itemsize, topology, model, step=step,
+                                           backward_fraction=args.backward_fraction,
+                                           first_cap=int(args.first_bucket_mb * 2**20), cap=int(args.bucket_mb * 2**20))
+    share = max(loads) / max(1, sum(loads))
+    gather = sum(r.gather_s for r in sharded)
+    exchange = sum(r.end - r.start for r in sharded)
+    unsharded_s = max(step - update, runs[-1].end) + update
+    sharded_s = max(step - update, sharded[-1].end) + update * share + gather
+    scattered = sum(1 for r in sharded if r.exchange != ALLREDUCE)
+    lines = [f"sharded optimizer state (shard_optimizer_state=True): gradients to their owners in {exchange * 1e3:.1f} ms "
+             f"({scattered} of {len(sharded)} buckets by reduce-scatter, the rest by allreduce), update "
+             f"{update * share * 1e3:.1f} ms (the largest rank's {share:.1%}), parameters gathered in "
+             f"{gather * 1e3:.1f} ms -> step {sharded_s * 1e3:.1f} ms vs {unsharded_s * 1e3:.1f} ms unsharded "
+             f"({sharded_s / unsharded_s:.3f}x)"]
+    return lines, {"exchange_s": exchange, "update_s": update * share, "gather_s": gather, "step_s": sharded_s,
+                   "unsharded_step_s": unsharded_s, "ratio": sharded_s / unsharded_s,
+                   "buckets": [dataclasses.asdict(r) for r in sharded]}
 
 
 def main(argv: list[str] | None = None) -> int:
