@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from ddl.base.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl.runtime.elastic import ObjectState, State, run, updates_pending, world_number
-from ddl.runtime.elastic_shards import deal, epoch_order
+from ddl.runtime.elastic.position import DataPosition
 from ddl.runtime.process import rank, size
 
 
@@ -36,7 +36,7 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
     epoch (:meth:`record_batch`), so that after a reset (tracked by a :class:`TorchState`)
     the remaining samples are dealt over the new world: none is repeated or skipped. The
     one exception is the epoch's last step when fewer samples remain than it takes to give
-    every rank as many batches (see :func:`ddl.runtime.elastic_shards.deal`): pass
+    every rank as many batches (see :func:`ddl.runtime.elastic.position.deal`): pass
     ``batch_size`` so that happens only when it must.
 
     Args:
@@ -48,37 +48,42 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
 
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0, *, batch_size: int | None = None) -> None:
         self.dataset, self.shuffle, self.seed, self.batch_size = dataset, shuffle, seed, batch_size
-        self.epoch = 0
-        self.processed_num = 0
+        self.position = DataPosition(seed=seed)
         self.num_replicas, self.rank = 1, 0
         self.indices: list[int] = []
         self.reset()
 
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    @property
+    def processed_num(self) -> int:
+        """Samples of this epoch the whole world has processed."""
+        return self.position.processed
+
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` (call it at the *end* of the previous one, so a reset does not repeat it)."""
-        self.epoch = epoch
-        self.processed_num = 0
+        self.position.start_epoch(epoch)
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
         """Count one processed batch of ``batch_size`` per rank (the whole world's)."""
-        self.processed_num = min(len(self.dataset), self.processed_num + batch_size * self.num_replicas)
+        self.position.advance(per_rank=batch_size, size=self.num_replicas, limit=len(self.dataset))
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "processed_num": self.processed_num}
+        return self.position.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self.epoch = int(state_dict["epoch"])
-        self.processed_num = int(state_dict["processed_num"])
+        self.position.load_state_dict(state_dict)
         self.reset()
 
     def reset(self) -> None:
         """Deal the epoch's remaining samples over the current world (rank and size now)."""
         self.num_replicas, self.rank = size(), rank()
-        order = epoch_order(len(self.dataset), epoch=self.epoch, seed=self.seed, shuffle=self.shuffle)
-        remaining = order[self.processed_num:]
-        self.indices = [int(i) for i in deal(remaining, rank=self.rank, size=self.num_replicas,
-                                             batch_size=self.batch_size)]
+        share = self.position.share(len(self.dataset), rank=self.rank, size=self.num_replicas,
+                                    batch_size=self.batch_size, shuffle=self.shuffle)
+        self.indices = [int(i) for i in share]
 
     def __iter__(self) -> Iterator[int]:
         return iter(list(self.indices))

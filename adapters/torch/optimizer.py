@@ -12,6 +12,7 @@ import torch
 from ddl.base.ops import ReduceOp, as_op
 from ddl.engine.compression import as_compressor
 from ddl.engine.naming import call_site_name, manifest_name
+from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB
 from ddl.runtime import api
 
 from .reducer import Options, Reducer, late_buckets
@@ -45,8 +46,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         op: ``ddl.Average`` (default) or ``ddl.Sum`` over ranks.
         gradient_predivide_factor: with Average, divide by this before the sum and by
             size/factor after it (keeps fp16 sums in range on large jobs).
-        bucket_cap_mb: the size cap of every bucket but the first.
-        first_bucket_mb: the size cap of the first bucket.
+        bucket_cap_mb: the size cap of every bucket but the first (default: the planner's,
+            :data:`ddl.reduction.buckets.BUCKET_BYTES`: 25 MiB, DDP's).
+        first_bucket_mb: the size cap of the first bucket (default 1 MiB, the planner's
+            :data:`~ddl.reduction.buckets.FIRST_BUCKET_BYTES`).
         num_groups, groups: Horovod's manual grouping of gradients into fused allreduces;
             accepted, and left to ddl's bucket planner (which groups by arrival order).
         sparse_as_dense: reduce sparse gradients (``Embedding(sparse=True)``) as dense
@@ -87,8 +90,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
         compression: Any = None, backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
-        sparse_as_dense: bool = False, process_set: Any = None, *, bucket_cap_mb: float = 25.0,
-        first_bucket_mb: float = 1.0, shard_optimizer_state: bool = False,
+        sparse_as_dense: bool = False, process_set: Any = None, *, bucket_cap_mb: float = BUCKET_BYTES / MiB,
+        first_bucket_mb: float = FIRST_BUCKET_BYTES / MiB, shard_optimizer_state: bool = False,
     ) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a ddl.torch.DistributedOptimizer; wrap it once")
@@ -230,6 +233,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._names.setdefault(p, f"param_groups[{g}].params[{i}]")
 
     # -- the public optimizer interface ------------------------------------------------
+    def gradient_order(self) -> list[int] | None:
+        """The order of the gradients (indices of the trainable parameters, in parameter
+        order) the ranks agreed on after the first step, which the buckets follow since;
+        None before. ``ddl plan --order`` takes it to price exactly these buckets.
+
+        Example:
+            >>> json.dump(opt.gradient_order(), open("order.json", "w"))   # doctest: +SKIP
+            >>> # ddl plan ... --model pkg.mod:factory --order order.json
+        """
+        return None if self._reducer.agreed is None else list(self._reducer.agreed)
+
     def synchronize(self) -> None:
         """Finish every bucket's allreduce and write the averaged gradients into ``.grad``.
 

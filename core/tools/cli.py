@@ -21,7 +21,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "allreduce"): ("ddl.tools.bench.allreduce",
                              "ddl bench allreduce [-np N] [--max-bytes B] [--fused N] [--out DIR] ..."),
     ("bench", "rehearsal"): ("ddl.tools.bench.rehearsal",
-                             "ddl bench rehearsal [-np N | --emulate --hosts 8 --ranks-per-host 2] --model resnet50 "
+                             "ddl bench rehearsal [-np N] --model resnet50 "
                              "--link 1gbit ..."),
     ("bench", "startup"): ("ddl.tools.bench.startup", "ddl bench startup [-np N] [--rounds R] [--out DIR]"),
     ("plan",): ("ddl.tools.plan",

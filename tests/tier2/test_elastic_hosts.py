@@ -13,8 +13,10 @@ Skipped with the reason where namespaces are not permitted (not root, no ``ip``)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -225,6 +227,71 @@ def test_a_new_host_joins_then_its_link_goes_down(cluster: Cluster) -> None:
     assert internal, "no survivor's collective raised HorovodInternalError: " + run.text[-3000:]
     assert f"world {joined}: lost host h3" in run.text
     assert all(size == 2 for _, w, size, _ in run.steps() if w >= after), "h3 failed: it must not return while listed"
+    check_nothing_left(cluster)
+
+
+@contextlib.contextmanager
+def load_average_at_least(target: float, *, spinners: int = 16, within: float = 150.0) -> Iterator[list[float]]:
+    """Busy loops (at normal priority, like any job sharing the machine) until the 1-minute load
+    average reaches ``target``; they run on inside the block. Yields a list the caller appends
+    load averages to; the loops end on leaving."""
+    loops = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(spinners)]
+    try:
+        deadline = time.monotonic() + within
+        while os.getloadavg()[0] < target:
+            assert time.monotonic() < deadline, f"load average {os.getloadavg()[0]:.1f} < {target} after {within:g} s"
+            time.sleep(1)
+        yield [os.getloadavg()[0]]
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+_STARTED = re.compile(r"ddlrun: elastic \[\s*([\d.]+) s\] job \w+ started at unix time ([\d.]+)")
+_LOG_AT = r"ddlrun: elastic \[\s*([\d.]+) s\] "
+
+
+def logged_at(run: Run, text: str) -> float:
+    """The unix time at which ddlrun logged the first line containing ``text`` (ddlrun's own clock)."""
+    started = _STARTED.search(run.text)
+    found = re.search(_LOG_AT + ".*" + re.escape(text), run.text)
+    assert started and found, f"no ddlrun line with {text!r}:\n" + run.text[-3000:]
+    return float(started[2]) + float(found[1]) - float(started[1])
+
+
+def test_a_silent_host_is_lost_within_2_s_and_the_job_recovers_within_10_s_at_load_8(cluster: Cluster) -> None:
+    """Default --elastic-timeout, 1-minute load average >= 8 on this 2-core machine: h3's link goes
+    down at step 20 (it runs on, unreachable). Its missed heartbeats declare it lost within 2 s;
+    the others resume within 10 s of the cut; no other host is ever declared lost (no false alarm
+    over the 20 steps before the cut nor after it); the weights are exact."""
+
+    def react(line: str, run: Run, listing: Path) -> None:
+        m = _STEP.search(line)
+        if m and m[2] == "1" and m[1] == "20" and "cut" not in run.marks:
+            run.marks["cut"] = time.time()
+            run.marks["load at cut"] = os.getloadavg()[0]
+            set_link(cluster, "h3", up=False)
+
+    try:
+        with load_average_at_least(8.0) as loads:
+            run = elastic_job(cluster, ["h1", "h2", "h3"], "-np", "3", "--min-np", "2", "--max-np", "3",
+                              react=react, worker=["--steps", "30", "--step-seconds", "0.2"], timeout=240)
+            loads.append(os.getloadavg()[0])
+    finally:
+        set_link(cluster, "h3", up=True)
+    check_exact(run, steps=30, ranks=2)
+    assert "cut" in run.marks, run.text[-3000:]
+    detected = logged_at(run, "lost host h3") - run.marks["cut"]
+    step, recovered = first_step_after(run, "cut", world=2)
+    print(f"load average {loads[0]:.1f} at the start, {run.marks['load at cut']:.1f} at the cut, {loads[-1]:.1f} at "
+          f"the end: h3 declared lost {detected:.2f} s after its link went down, world 2 ran step {step} "
+          f"{recovered:.2f} s after it")
+    assert min(loads[0], run.marks["load at cut"]) >= 8.0, (loads, run.marks)
+    assert re.findall(r"lost host (h\d)", run.text) == ["h3"], "a false alarm: " + run.text[-3000:]
+    assert "missed 6 heartbeats" in run.text
+    assert not any(w == 2 for _, w, _, t in run.steps() if t < run.marks["cut"]), "world 1 ended before the cut"
+    assert detected <= 2.0 and recovered <= 10.0, (detected, recovered)
     check_nothing_left(cluster)
 
 
