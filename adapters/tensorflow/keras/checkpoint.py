@@ -28,10 +28,9 @@ from ddl.checkpoint import save as save_shards
 from ddl.reduction.partition import partition_by_bytes
 
 from .optimizer import DistributedOptimizer
+from .slots import local_index, slots
 
 FRAMEWORK = "keras"
-#: Optimizer attributes that are lists of variables but not slots.
-_NOT_SLOTS = {"_variables", "_trainable_variables", "_model_variables_moving_average"}
 
 
 def save(path: str | Path, *, model: keras.Model, optimizer: Any = None,
@@ -67,14 +66,14 @@ def save(path: str | Path, *, model: keras.Model, optimizer: Any = None,
     if optimizer is not None:
         inner, tvs, owned = _optimizer_parts(optimizer, model)
         writes = owned if _sharded(optimizer) else partition_by_bytes([_nbytes(v) for v in tvs], size).owned_by(rank)
-        for slot, variables in _slots(inner).items():
+        for slot, variables in slots(inner).items():
             for i in writes:
-                tensors[f"optimizer/state/{i:05d}/{slot}"] = Tensor.of(np.asarray(variables[_local(inner, tvs[i])]))
+                tensors[f"optimizer/state/{i:05d}/{slot}"] = Tensor.of(np.asarray(variables[local_index(inner, tvs[i])]))
         if rank == 0:
             values["optimizer/iterations"] = int(np.asarray(inner._iterations))
         meta["optimizer"] = {"class": _class_name(inner), "params": [v.path for v in tvs],
                              "shapes": [list(v.shape) for v in tvs], "sharded": _sharded(optimizer),
-                             "slots": sorted(_slots(inner))}
+                             "slots": sorted(slots(inner))}
     return save_shards(path, tensors, values, framework=FRAMEWORK, meta=meta, extra=extra)
 
 
@@ -132,13 +131,13 @@ def _read(path: str | Path, model: keras.Model, optimizer: Any) -> tuple[Checkpo
     if [list(s) for s in info["shapes"]] != [list(v.shape) for v in tvs]:
         raise CheckpointError(f"{where}: field meta.optimizer.shapes differs from the optimizer's variables "
                               f"({len(info['shapes'])} saved, {len(tvs)} now)")
-    slots = _slots(inner)
-    if slots and info["slots"] and sorted(slots) != list(info["slots"]):  # a rank with no variables has no slots
+    found = slots(inner)
+    if found and info["slots"] and sorted(found) != list(info["slots"]):  # a rank with no variables has no slots
         raise CheckpointError(f"{where}: field meta.optimizer.slots is {info['slots']}, the optimizer has "
-                              f"{sorted(slots)} (other options, e.g. amsgrad or momentum?)")
-    for slot, variables in slots.items():
+                              f"{sorted(found)} (other options, e.g. amsgrad or momentum?)")
+    for slot, variables in found.items():
         for i in owned:
-            out.append((variables[_local(inner, tvs[i])], ckpt.reader.array(f"optimizer/state/{i:05d}/{slot}")))
+            out.append((variables[local_index(inner, tvs[i])], ckpt.reader.array(f"optimizer/state/{i:05d}/{slot}")))
     return ckpt, out, int(m.entries["optimizer/iterations"].value)
 
 
@@ -206,26 +205,6 @@ def _optimizer_parts(optimizer: Any, model: keras.Model) -> tuple[Any, list[Any]
         mine = {id(v) for v in optimizer.owned_variables()}
         return optimizer.inner_optimizer, tvs, [i for i, v in enumerate(tvs) if id(v) in mine]
     return _inner(optimizer), tvs, list(range(len(tvs)))
-
-
-def _slots(inner: Any) -> dict[str, list[Any]]:
-    """The optimizer's per-variable slot lists, by attribute name (``_momentums``, ...)."""
-    n = len(inner._trainable_variables)
-    if n == 0:
-        return {}
-    found = {}
-    for name, value in vars(inner).items():
-        if name in _NOT_SLOTS or not isinstance(value, (list, tuple)) or len(value) != n:
-            continue
-        if all(isinstance(x, keras.Variable) for x in value):
-            found[name.lstrip("_")] = list(value)
-    return found
-
-
-def _local(inner: Any, variable: Any) -> int:
-    """``variable``'s place among the variables ``inner`` was built with."""
-    index: int = inner._get_variable_index(variable)
-    return index
 
 
 def _class_name(optimizer: Any) -> str:
