@@ -19,7 +19,7 @@ CASES = ["fit-sgd-momentum-broadcast-from-different-inits", "fit-adam-broadcast-
          "embedding-fit-sgd-indexedslices", "fit-adamw-resumed-on-root-only", "tape-sgd-momentum", "tape-embedding-adam-indexedslices",
          "tape-embedding-adam-sparse_as_dense"]
 SHARDED = ["sharded-fit-sgd-momentum-wd", "sharded-fit-adam", "sharded-fit-adamw", "sharded-fit-adagrad",
-           "sharded-tape-adam", "sharded-checkpoint-saved=4-resumed"]
+           "sharded-tape-adam", "sharded-checkpoint-saved=4-resumed", "sharded-elastic-committed=4-synced"]
 
 
 @pytest.fixture(scope="module")

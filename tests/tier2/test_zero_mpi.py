@@ -36,11 +36,13 @@ def _cases(out: str, np_: int) -> list[str]:
 
 def test_sharded_torch_trains_like_one_process_and_its_checkpoints_load_at_any_world_size(tmp_path: Path) -> None:
     """One process saves unsharded; 4 ranks save sharded and load both; 3 and 2 ranks and
-    one process load both. Every continuation equals one uninterrupted process (<= 1e-6),
-    and the equivalence cases pass at 4, 3 and 2 ranks, on every rank alike."""
+    one process load both. 4 ranks also commit an elastic TorchState (one store, one writer),
+    which every world size syncs from. Every continuation equals one uninterrupted process
+    (<= 1e-6), and the equivalence cases pass at 4, 3 and 2 ranks, on every rank alike."""
     assert _cases(_run(1, "--checkpoint", str(tmp_path), "--save"), 1) == []
     for np_ in (4, 3, 2):
         loads = [f"checkpoint-saved={s}-loaded={np_}-sharded" for s in (4, 1)]
-        assert _cases(_run(np_, "--checkpoint", str(tmp_path)), np_) == loads + CASES
+        synced = [f"elastic-committed=4-synced-at={np_}"]
+        assert _cases(_run(np_, "--checkpoint", str(tmp_path)), np_) == loads + synced + CASES
     loads = [f"checkpoint-saved={s}-loaded=1-{m}" for s in (4, 1) for m in ("plain", "sharded")]
-    assert _cases(_run(1, "--checkpoint", str(tmp_path)), 1) == loads
+    assert _cases(_run(1, "--checkpoint", str(tmp_path)), 1) == [*loads, "elastic-committed=4-synced-at=1"]

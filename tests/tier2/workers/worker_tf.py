@@ -28,6 +28,10 @@ import ddl  # noqa: E402
 import ddl.tensorflow as dtf  # noqa: E402
 import ddl.tensorflow.keras as dk  # noqa: E402
 
+if len(sys.argv) > 1 and not sys.argv[1].startswith("--"):
+    # A store for elastic commits without ddlrun --elastic: KerasState keeps its commits there
+    # across this worker's runs at 4, 2, 3 and 1 ranks (one host: one writer).
+    os.environ.setdefault("DDL_ELASTIC_STORE", os.path.join(sys.argv[1], "keras-elastic-store"))
 dtf.init()
 R, P = dtf.rank(), dtf.size()
 ALL_CHECKS = "--all-checks" in sys.argv
@@ -264,6 +268,30 @@ def resumed(make_model, make_opt, *, distributed: bool, seed: int = 0):
     return model
 
 
+def elastic_synced(make_model, make_opt, *, distributed: bool, seed: int = 0):
+    """KerasState over a sharded optimizer: the 4-rank run commits at SAVED_AT (every rank's slots
+    reach the host's store, one whole copy); a fresh state in this world syncs from that commit,
+    re-split for this world's ranks, and trains on."""
+    if not distributed:
+        return train_fit(make_model, make_opt, distributed=False)
+    first = slice(0, SAVED_AT * B)
+    if P == 4:
+        model = build(make_model, 0)
+        model.compile(optimizer=dk.DistributedOptimizer(make_opt(), shard_optimizer_state=True), loss=LOSS)
+        model.fit(shard(X[first], B), shard(Y[first], B), batch_size=B // P, shuffle=False, verbose=0)
+        state = dk.elastic.KerasState(model, step=SAVED_AT)
+        state.commit()
+    model = build(make_model, 70 + R)  # another start: everything must come from the commit
+    opt = dk.DistributedOptimizer(make_opt(), shard_optimizer_state=True)
+    model.compile(optimizer=opt, loss=LOSS)
+    state = dk.elastic.KerasState(model, step=0)
+    state.sync()
+    assert state.step == SAVED_AT and int(opt.iterations.numpy()) == SAVED_AT, (state.step, opt.iterations)
+    rest = slice(SAVED_AT * B, STEPS * B)
+    model.fit(shard(X[rest], B), shard(Y[rest], B), batch_size=B // P, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
 def sharded_cases() -> None:
     check_sharded("sharded-fit-sgd-momentum-wd", sharded_fit, deep_mlp, sgd_wd)
     check_sharded("sharded-fit-adam", sharded_fit, deep_mlp, adam)
@@ -277,6 +305,7 @@ def sharded_cases() -> None:
         model.fit(shard(X[first], B), shard(Y[first], B), batch_size=B // P, shuffle=False, verbose=0)
         dk.checkpoint.save(CHECKPOINT, model=model, optimizer=model.optimizer, extra={"step": SAVED_AT})
     check_sharded("sharded-checkpoint-saved=4-resumed", resumed, deep_mlp, adam)
+    check_sharded("sharded-elastic-committed=4-synced", elastic_synced, deep_mlp, adam)
 
 
 CHECKPOINT = os.path.join(FOLDER or tempfile.gettempdir(), "keras-sharded-checkpoint")

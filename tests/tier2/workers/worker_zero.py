@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +24,10 @@ from torch import nn
 import ddl.torch as dt
 
 torch.set_num_threads(1)
+if "--checkpoint" in sys.argv:
+    # Elastic commits without ddlrun --elastic: TorchState keeps them in this store across the
+    # runs at 4, 3, 2 and 1 ranks (one host: one writer, one whole copy).
+    os.environ.setdefault("DDL_ELASTIC_STORE", os.path.join(sys.argv[sys.argv.index("--checkpoint") + 1], "store"))
 dt.init()
 R, P = dt.rank(), dt.size()
 B, STEPS = 24, 12
@@ -122,6 +127,7 @@ def report(case: str, model: nn.Module, ref: nn.Module) -> None:
 
 
 def pair(kind: str, **kw: object) -> tuple[Net, torch.optim.Optimizer, Net, torch.optim.Optimizer]:
+    torch.manual_seed(0)  # each case from the same start, whatever ran before it
     ref = Net()
     model = copy.deepcopy(ref)
     ref_opt = OPTIMIZERS[kind](groups(ref))
@@ -133,6 +139,7 @@ def pair(kind: str, **kw: object) -> tuple[Net, torch.optim.Optimizer, Net, torc
 def checkpoint_cases(folder: Path, phase: str) -> None:
     """Save at 1 rank (plain Adam) and at 4 (sharded); load either at this world size and
     continue over the same global batches: equal to one uninterrupted process."""
+    torch.manual_seed(0)
     ref = Net()
     ref_opt = torch.optim.Adam(groups(ref), lr=0.01)
     start = copy.deepcopy(ref)
@@ -161,10 +168,39 @@ def checkpoint_cases(folder: Path, phase: str) -> None:
             report(f"checkpoint-saved={saved_by}-loaded={P}-{mode}", model, ref)
 
 
+def elastic_cases() -> None:
+    """TorchState over a sharded Adam: 4 ranks commit after SAVED_AT steps; a fresh state in
+    this world syncs from that commit (re-split for its ranks) and trains on."""
+    torch.manual_seed(0)
+    ref = Net()
+    ref_opt = torch.optim.Adam(groups(ref), lr=0.01)
+    start = copy.deepcopy(ref)
+    train(ref, ref_opt, range(STEPS), sharded=False)
+
+    def sharded_pair(model: Net) -> torch.optim.Optimizer:
+        return dt.DistributedOptimizer(torch.optim.Adam(groups(model), lr=0.01),
+                                       named_parameters=model.named_parameters(), shard_optimizer_state=True)
+
+    if P == 4:
+        model = copy.deepcopy(start)
+        opt = sharded_pair(model)
+        train(model, opt, range(SAVED_AT), sharded=True)
+        dt.elastic.TorchState(model=model, optimizer=opt, step=SAVED_AT).commit()
+    model = Net()  # another init: everything must come from the commit
+    opt = sharded_pair(model)
+    state = dt.elastic.TorchState(model=model, optimizer=opt, step=0)
+    state.sync()
+    assert state.step == SAVED_AT, state.step
+    train(model, opt, range(SAVED_AT, STEPS), sharded=P > 1)
+    report(f"elastic-committed=4-synced-at={P}", model, ref)
+
+
 torch.manual_seed(0)
 folder = Path(sys.argv[sys.argv.index("--checkpoint") + 1]) if "--checkpoint" in sys.argv else None
 if folder is not None:
     checkpoint_cases(folder, "save" if "--save" in sys.argv else "load")
+    if "--save" not in sys.argv:
+        elastic_cases()
 if P == 1:
     print(f"PASS zero rank {R}/{P}", flush=True)
     dt.shutdown()
@@ -178,6 +214,7 @@ for kind in OPTIMIZERS:
     assert len(opt.state) == owned, f"{kind}: rank {R} keeps state of {len(opt.state)} tensors, owns {owned}"
 
 # The drop-in ZeroRedundancyOptimizer: torch's signature, on ddl's ranks.
+torch.manual_seed(0)
 ref = Net()
 model = copy.deepcopy(ref)
 ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01)
@@ -215,6 +252,7 @@ train(model, opt, range(STEPS), sharded=True, passes=2)
 report("adam-backward_passes_per_step=2", model, ref)
 
 # A group joins at step 4: the partition is derived again and state moves to new owners.
+torch.manual_seed(0)
 ref = Net()
 model = copy.deepcopy(ref)
 ref_opt = torch.optim.Adam(groups(ref, extra=False), lr=0.01)
@@ -233,6 +271,7 @@ report("adam-add_param_group", model, ref)
 
 # Horovod's recipe: only the root resumed a checkpoint; the others start fresh or stale.
 RESUME = 5
+torch.manual_seed(0)
 saved_model = Net()
 saved_ref_opt = torch.optim.AdamW(saved_model.parameters(), lr=0.01, weight_decay=0.05)
 train(saved_model, saved_ref_opt, range(RESUME), sharded=False)
