@@ -79,11 +79,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
             return DistributedAdasumOptimizer(optimizer, *args, **kwargs)
         if kwargs.get("shard_optimizer_state") and cls is DistributedOptimizer:
-            # ZeRO stage 1: the same wrapper, with each rank keeping and updating its part.
-            from .sharded_optimizer import ShardedOptimizer
-
-            return super().__new__(ShardedOptimizer)
+            # ZeRO stage 1: the same wrapper, with each rank keeping and updating its part
+            # (the subclass that registered itself below; ddl.torch imports it).
+            sharded = DistributedOptimizer._sharded_class
+            if sharded is None:
+                raise RuntimeError("shard_optimizer_state=True needs ddl.torch.sharded_optimizer; import ddl.torch")
+            return super().__new__(sharded)
         return super().__new__(cls)
+
+    #: The sharded wrapper (ZeRO-1), which registers itself by subclassing with ``shards=True``.
+    _sharded_class: type[DistributedOptimizer] | None = None
+
+    def __init_subclass__(cls, *, shards: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if shards:
+            DistributedOptimizer._sharded_class = cls
 
     def __init__(
         self, optimizer: torch.optim.Optimizer,

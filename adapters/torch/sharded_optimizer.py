@@ -24,17 +24,17 @@ import torch
 from ddl.reduction.partition import Partition, partition_by_bytes
 from ddl.runtime import api
 
-from .broadcast import _to_cpu
 from .optimizer import DistributedOptimizer, _all_params
 from .reducer import Reducer
 from .sharded_reducer import ShardedReducer
+from .tensors import to_cpu
 
 _NOT_CONSOLIDATED = ("the optimizer state of a sharded optimizer is spread over the ranks: call "
                      "optimizer.consolidate_state_dict(to=R) on every rank, then state_dict() on rank R; or save "
                      "with ddl.torch.checkpoint.save(path, model=..., optimizer=...), which writes each rank's part")
 
 
-class ShardedOptimizer(DistributedOptimizer):
+class ShardedOptimizer(DistributedOptimizer, shards=True):
     """``DistributedOptimizer(..., shard_optimizer_state=True)``: ZeRO stage 1 (see the module docstring).
 
     Differences from the unsharded wrapper, each for a reason:
@@ -85,7 +85,7 @@ class ShardedOptimizer(DistributedOptimizer):
                     prefix: str) -> None:
         """Hand the state of parameters whose owner changed to their new owner (a collective)."""
         me, state = ddl.rank(), self.optimizer.state
-        leaving = {i: _to_cpu(state[p]) for i, p in enumerate(params)
+        leaving = {i: to_cpu(state[p]) for i, p in enumerate(params)
                    if old.get(p) == me and new.get(p) != me and p in state}
         arriving: dict[int, Any] = {}
         for theirs in api.allgather_object(leaving, name=f"{prefix}.reshard"):
@@ -165,7 +165,7 @@ class ShardedOptimizer(DistributedOptimizer):
         mine = self.shard_state_dict()
         parts = [mine["state"]]
         if size > 1:
-            data = np.frombuffer(pickle.dumps(_to_cpu(mine["state"]), protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+            data = np.frombuffer(pickle.dumps(to_cpu(mine["state"]), protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
             splits = [0] * size
             splits[to] = data.size
             got, counts = api.alltoall(data, splits, name=f"{self._prefix}.consolidate")
@@ -212,7 +212,7 @@ class ShardedOptimizer(DistributedOptimizer):
         """``broadcast_optimizer_state`` for a sharded optimizer (see the class docstring)."""
         if ddl.rank() == root_rank:
             pending = self.__dict__.get("_pending")
-            sent = _to_cpu(pending) if pending is not None else {
+            sent = to_cpu(pending) if pending is not None else {
                 "state": None, "param_groups": self.optimizer.state_dict()["param_groups"]}
         else:
             sent = None
