@@ -54,4 +54,4 @@ def test_tf_sharded_at_3_ranks_and_checkpoints_loaded_at_3_and_1(np_: int, refer
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     seen = re.findall(rf"EQUIV (\S+) ranks={np_} max_abs_diff=\S+ .*? identical=yes", proc.stdout)
-    assert seen == SHARDED, proc.stdout
+    assert seen == (SHARDED if np_ > 1 else SHARDED[-2:]), proc.stdout
