@@ -22,6 +22,7 @@ from ddl.engine.powersgd import PowerSGD
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
 
+from . import checkpoint as checkpoint  # ddl.torch.checkpoint.save / load: sharded, any world size
 from .broadcast import (  # type: ignore[assignment]
     allgather_object as allgather_object,  # replaces the core's: tensors go to CPU first
 )
@@ -67,6 +68,7 @@ from .movement import (  # type: ignore[assignment]
     reducescatter_async,
 )
 from .optimizer import DistributedOptimizer
+from .sharded_optimizer import ZeroRedundancyOptimizer
 from .sync_batch_norm import SyncBatchNorm
 
 
@@ -87,6 +89,7 @@ __all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll",
     "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
+    "ZeroRedundancyOptimizer",  # ddl's: torch.distributed.optim's, sharding over ddl's ranks
     # ddl's own: training over slow links
     "DiLoCo", "LocalSGD", "PowerSGD",
 ]

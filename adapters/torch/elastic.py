@@ -28,6 +28,7 @@ from ddl.runtime.elastic.position import DataPosition
 from ddl.runtime.process import rank, size
 
 from .optimizer import DistributedOptimizer
+from .sharded_optimizer import ShardedOptimizer
 
 
 class ElasticSampler(torch.utils.data.Sampler[int]):
@@ -108,6 +109,49 @@ class _Handler:
     def restore(self) -> None:
         self.value.load_state_dict(copy.deepcopy(self.saved))
 
+    def replicated(self) -> Any:
+        """What every rank holds alike (all of it, here)."""
+        return self.saved
+
+    def load_replicated(self, saved: Any) -> None:
+        self.saved = saved
+
+
+class _ShardedOptimizerHandler(_Handler):
+    """A sharded optimizer: the saved copy is this rank's part (its parameters' state), and
+    the hyperparameters, which every rank holds alike. The parts travel as entries keyed by
+    the parameter's place in ``param_groups``, to their owner in each world."""
+
+    value: ShardedOptimizer
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.shard_state_dict())
+
+    def restore(self) -> None:
+        self.value.load_shard(copy.deepcopy(self.saved))
+
+    def replicated(self) -> Any:
+        return {"param_groups": self.saved["param_groups"], "state": {}}
+
+    def load_replicated(self, saved: Any) -> None:
+        self.saved = {"param_groups": saved["param_groups"], "state": self.saved["state"]}
+
+    def entries(self, name: str) -> dict[str, bytes]:
+        out = {}
+        for index, slots in self.saved["state"].items():
+            buffer = io.BytesIO()
+            torch.save({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in slots.items()}, buffer)
+            out[f"{name}/{index}"] = buffer.getvalue()
+        return out
+
+    def owner(self, index: int) -> int:
+        rank_of = self.value.partition.owners[index]
+        return rank_of if rank_of >= 0 else 0
+
+    def load_entries(self, entries: dict[int, bytes]) -> None:
+        self.saved["state"] = {i: torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+                               for i, blob in entries.items()}
+
 
 class _HookedOptimizerHandler(_Handler):
     """A DistributedOptimizer with a stateful hook: the hook's shared state (PowerSGD's call
@@ -123,6 +167,8 @@ class _HookedOptimizerHandler(_Handler):
 
 
 def _handler_for(value: Any) -> _Handler | None:
+    if isinstance(value, ShardedOptimizer):
+        return _ShardedOptimizerHandler(value)
     kinds = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, ElasticSampler)
     if isinstance(value, DistributedOptimizer) and callable(getattr(value.hook_state, "state_dict", None)):
         return _HookedOptimizerHandler(value)
@@ -139,6 +185,10 @@ class TorchState(ObjectState):
     tracks the new one. A ``DistributedOptimizer``'s stateful hook (PowerSGD) is kept with
     it: what the ranks share (call counts, Q) comes from the commit, and each rank's error
     feedback starts again at zero.
+
+    A sharded optimizer (``shard_optimizer_state=True``) is kept as its parts: each rank's
+    saved copy holds its own parameters' state, each host's commit every rank's (one
+    whole copy per host), and the next world re-splits it by its own partition.
 
     Example:
         >>> state = TorchState(model=model, optimizer=opt, epoch=0, step=0)   # doctest: +SKIP
@@ -173,7 +223,7 @@ class TorchState(ObjectState):
 
     def saved_bytes(self) -> bytes:
         buffer = io.BytesIO()
-        torch.save({"objects": {name: h.saved for name, h in self._handlers.items()},
+        torch.save({"objects": {name: h.replicated() for name, h in self._handlers.items()},
                     "values": self._saved_state}, buffer)
         return buffer.getvalue()
 
@@ -181,8 +231,30 @@ class TorchState(ObjectState):
         data = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
         for name, saved in data["objects"].items():
             if name in self._handlers:
-                self._handlers[name].saved = saved
+                self._handlers[name].load_replicated(saved)
         self._saved_state = data["values"]
+
+    # A sharded optimizer's state: this rank's part in memory, one whole copy per host's commit.
+    def _sharded(self) -> dict[str, _ShardedOptimizerHandler]:
+        return {n: h for n, h in self._handlers.items() if isinstance(h, _ShardedOptimizerHandler)}
+
+    def sharded_entries(self) -> dict[str, bytes] | None:
+        sharded = self._sharded()
+        if not sharded:
+            return None
+        out: dict[str, bytes] = {}
+        for name, handler in sharded.items():
+            out.update(handler.entries(name))
+        return out
+
+    def sharded_owner(self, key: str) -> int:
+        name, index = key.rsplit("/", 1)
+        return self._sharded()[name].owner(int(index))
+
+    def load_sharded_entries(self, entries: dict[str, bytes]) -> None:
+        for name, handler in self._sharded().items():
+            handler.load_entries({int(k.rsplit("/", 1)[1]): blob for k, blob in entries.items()
+                                  if k.rsplit("/", 1)[0] == name})
 
 
 def preload() -> None:

@@ -31,6 +31,7 @@ from ddl.runtime import api
 from ddl.runtime.process_sets import global_process_set
 
 from .collectives import grouped_allreduce_
+from .optimizer import DistributedOptimizer
 from .tensors import from_numpy, numpy_dtype
 
 __all__ = ["DiLoCo", "LocalSGD"]
@@ -45,6 +46,9 @@ class _Periodic(torch.optim.Optimizer):
                  overlap: int, process_set: Any) -> None:
         if not isinstance(inner, torch.optim.Optimizer):
             raise TypeError(f"{type(self).__name__} wraps a torch.optim.Optimizer, got {type(inner).__name__}")
+        if isinstance(inner, DistributedOptimizer):
+            raise TypeError(f"{type(self).__name__} wraps a plain optimizer (each rank steps alone between rounds), "
+                            "not a DistributedOptimizer (sharded or not): pass the optimizer it wraps")
         if not isinstance(period, int) or isinstance(period, bool) or period < 1:
             raise ValueError(f"{type(self).__name__}: period must be an integer >= 1 (inner steps per outer step), "
                              f"got {period!r}")

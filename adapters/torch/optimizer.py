@@ -64,6 +64,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             gradients, as Horovod's does (with a warning at construction).
         op=ddl.Adasum: returns Horovod's Adasum optimizer instead (each rank steps locally
             and the parameter changes are combined by Adasum).
+        shard_optimizer_state: ZeRO stage 1: each rank keeps the optimizer state of about
+            1/N of the parameters and updates only those; gradients reach their owners by
+            a reduce-scatter and the updated parameters every rank by an allgather (see
+            :class:`~ddl.torch.sharded_optimizer.ShardedOptimizer` and the sharding guide).
 
     Example:
         >>> opt = ddl.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -80,7 +84,22 @@ class DistributedOptimizer(torch.optim.Optimizer):
             from .adasum_optimizer import DistributedAdasumOptimizer
 
             return DistributedAdasumOptimizer(optimizer, *args, **kwargs)
+        if kwargs.get("shard_optimizer_state") and cls is DistributedOptimizer:
+            # ZeRO stage 1: the same wrapper, with each rank keeping and updating its part
+            # (the subclass that registered itself below; ddl.torch imports it).
+            sharded = DistributedOptimizer._sharded_class
+            if sharded is None:
+                raise RuntimeError("shard_optimizer_state=True needs ddl.torch.sharded_optimizer; import ddl.torch")
+            return super().__new__(sharded)
         return super().__new__(cls)
+
+    #: The sharded wrapper (ZeRO-1), which registers itself by subclassing with ``shards=True``.
+    _sharded_class: type[DistributedOptimizer] | None = None
+
+    def __init_subclass__(cls, *, shards: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if shards:
+            DistributedOptimizer._sharded_class = cls
 
     def __init__(
         self, optimizer: torch.optim.Optimizer,
@@ -88,7 +107,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         compression: Any = None, backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
         sparse_as_dense: bool = False, process_set: Any = None, *, bucket_cap_mb: float = BUCKET_BYTES / MiB,
-        first_bucket_mb: float = FIRST_BUCKET_BYTES / MiB,
+        first_bucket_mb: float = FIRST_BUCKET_BYTES / MiB, shard_optimizer_state: bool = False,
     ) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a ddl.torch.DistributedOptimizer; wrap it once")
@@ -106,6 +125,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not bucket_cap_mb > 0 or not first_bucket_mb > 0:
             raise ValueError(f"bucket sizes must be > 0 MiB, got bucket_cap_mb={bucket_cap_mb} "
                              f"and first_bucket_mb={first_bucket_mb}")
+        if shard_optimizer_state:
+            _check_shardable(optimizer, compression, process_set)
         self.__dict__["optimizer"] = optimizer
         hook = as_hook(compression)
         self.__dict__["hook_state"] = None if isinstance(hook, Compressor) else hook.new_state()
@@ -113,7 +134,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             compression=hook, backward_passes_per_step=backward_passes_per_step,
             op=reduce_op, gradient_predivide_factor=float(gradient_predivide_factor),
             bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
-            sparse_as_dense=bool(sparse_as_dense),
+            sparse_as_dense=bool(sparse_as_dense or shard_optimizer_state),  # sharded: owners re-sparsify
             process_set=None if process_set is None or process_set.process_set_id == 0 else process_set,
         )
         self._names = _names_of(optimizer, named_parameters)
@@ -209,12 +230,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             prefix = self._base
         self._prefix = prefix
         self._known = params
-        outside = self.__dict__.get("_outside", False)
-        self._reducer = Reducer([] if outside else params, self._names, self._options, prefix, order=order,
-                                no_sync=self.__dict__.get("_no_sync", False), hook_state=self.hook_state)
-        self._skip = False
-        if check and not outside:
+        if check and not self.__dict__.get("_outside", False):
             _check_same_model(_manifest(params, self._names), self._options.process_set)
+        self._reducer = self._new_reducer(params, prefix, order=order, check=check)
+        self._skip = False
+
+    def _new_reducer(self, params: list[torch.Tensor], prefix: str, *, order: list[int] | None,
+                     check: bool) -> Reducer:
+        """The reducer for ``params`` (``check``: a collective call is allowed, as at construction)."""
+        outside = self.__dict__.get("_outside", False)
+        return Reducer([] if outside else params, self._names, self._options, prefix, order=order,
+                       no_sync=self.__dict__.get("_no_sync", False), hook_state=self.hook_state)
 
     def _next_prefix(self) -> str:
         self._version += 1
@@ -402,6 +428,24 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer.add_param_group(param_group)
         self._name_new()
         self._attach(prefix=self._next_prefix())
+
+
+def _check_shardable(optimizer: torch.optim.Optimizer, compression: Any, process_set: Any) -> None:
+    """Refuse what a sharded optimizer cannot do, before any collective call."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("shard_optimizer_state=True cannot shard LBFGS: its step looks at every parameter at once "
+                         "(a flat view of all of them); use it unsharded")
+    hook = as_hook(compression)
+    if not isinstance(hook, Compressor):
+        raise ValueError(f"shard_optimizer_state=True cannot take a communication hook ({hook.name}): its "
+                         "gradients reach their owners by a reduce-scatter, which a hook such as PowerSGD does "
+                         "not produce; drop one of the two")
+    if hook.wire is not None:
+        raise ValueError("shard_optimizer_state=True reduces gradients in their own dtype; drop compression= "
+                         "(or train unsharded to compress them)")
+    if process_set is not None and process_set.process_set_id != 0:
+        raise ValueError("shard_optimizer_state=True shards over every rank; drop process_set= "
+                         "(or train unsharded within the process set)")
 
 
 def _all_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -103,10 +103,14 @@ class Reducer:
             where = params[0].device
             if where not in devices:
                 devices[where] = staging.device_for(params)
-            buckets.append(Bucket(k, f"{prefix}.b{k}", params, devices[where]))
+            buckets.append(self._bucket(k, f"{prefix}.b{k}", params, devices[where]))
         self.buckets = buckets
         self._slot = {p: b for b in self.buckets for p in b.params}
         self._landing: list[Bucket] = []  # launched, gradients still being copied to the host
+
+    def _bucket(self, index: int, name: str, params: list[torch.Tensor], device: staging.Device | None) -> Bucket:
+        """One bucket of the plan (a sharded reducer lays its buffer out by owner)."""
+        return Bucket(index, name, params, device)
 
     def _agree_order(self, observed: list[int]) -> None:
         """Re-plan the buckets in the order every rank agrees on (a collective call)."""

@@ -1,4 +1,9 @@
-"""``ddl plan``: predicted allreduce, bucket schedule, step time and scaling for any cluster.
+"""``ddl plan``: predicted allreduce, bucket schedule, step time, scaling and memory for any cluster.
+
+With ``--model`` it also prices memory per rank (parameters, gradient buckets, the
+optimizer state of ``--optimizer`` with and without ``shard_optimizer_state``), and with
+``--step-ms`` the sharded step beside the unsharded one (``--update-ms``: the update's
+share of the step, which sharding divides among the ranks).
 
 It builds the plan a step would run (:func:`ddl.reduction.step_plan.plan_step`: the
 function whose parts ``ddl.torch``, the engine and ``auto`` use themselves) and prices it
@@ -32,13 +37,22 @@ from ddl.base.topology import Topology, build_topology, parse_spec
 from ddl.engine.codec import INLINE_BYTES, compact
 from ddl.reduction import calibration, cost
 from ddl.reduction.algorithms import SCHEDULED
-from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB
-from ddl.reduction.step_plan import StepPlan, plan_step, price
+from ddl.reduction.buckets import (
+    BUCKET_BYTES,
+    FIRST_BUCKET_BYTES,
+    FLAGS_PER_TENSOR,
+    MiB,
+    gradient_buckets,
+)
+from ddl.reduction.partition import partition_by_bytes, segment_bounds
+from ddl.reduction.segments import ALLREDUCE, choose_gradient_exchange, exchange_time
+from ddl.reduction.step_plan import StepPlan, landing_times, plan_step, price
 from ddl.tools import plan_hooks
 from ddl.tools.plan_models import ModelSpecError, gradient_shapes, gradient_sizes
 
-__all__ = ["BucketRun", "PlanError", "StepPlan", "build_cost_model", "link_bound", "main", "make_plan", "parse_bandwidth",
-           "parse_latency", "parse_link", "plan_topology", "price", "read_order", "step_schedule"]
+__all__ = ["STATE_PER_PARAMETER", "BucketRun", "PlanError", "ShardedBucketRun", "StepPlan", "build_cost_model",
+           "link_bound", "main", "make_plan", "memory_lines", "parse_bandwidth", "parse_latency", "parse_link",
+           "plan_topology", "price", "read_order", "sharded_lines", "sharded_step_schedule", "step_schedule"]
 
 ALGORITHMS = ("mpi", *SCHEDULED)
 _BANDWIDTH = re.compile(r"^([0-9.eE+-]+)\s*([kKmMgGtT]?)(bit|Bit|bps|Bps|b|B)?(/s)?$")
@@ -157,6 +171,66 @@ def bucket_runs(planned: StepPlan) -> list[BucketRun]:
     return runs
 
 
+#: Bytes of optimizer state per byte of parameters, by optimizer (``--optimizer``).
+STATE_PER_PARAMETER = {"sgd": 0, "momentum": 1, "adagrad": 1, "rmsprop": 1, "adam": 2, "adamw": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedBucketRun:
+    """A bucket of a sharded optimizer's step: its gradient exchange and parameter gather."""
+
+    tensors: int
+    nbytes: int
+    ready: float
+    exchange: str
+    start: float
+    end: float
+    gather_s: float
+
+
+def sharded_step_schedule(sizes: list[int], itemsize: int, topology: Topology, model: cost.CostModel, *,
+                          step: float, backward_fraction: float, first_cap: int,
+                          cap: int) -> tuple[list[ShardedBucketRun], tuple[int, ...]]:
+    """The buckets of a step with ``shard_optimizer_state=True``: each bucket's gradients go
+    to their owners by a segment reduce-scatter or an allreduce (the cheaper by the model,
+    as ddl.torch chooses) while backward runs; after the update each bucket's parameters
+    come back by an allgather. Returns the buckets and the bytes each rank owns."""
+    nbytes = [n * itemsize for n in sizes]
+    owners = partition_by_bytes(nbytes, topology.size).owners
+    ready_at = landing_times(nbytes, step=step, backward_fraction=backward_fraction)
+    runs, free = [], 0.0
+    for bucket in gradient_buckets(sizes, [itemsize] * len(sizes), first_cap=first_cap, cap=cap):
+        members = bucket.members
+        counts = [0] * topology.size
+        for i in members:  # each owner's segment: its gradients and their presence flags
+            counts[owners[i]] += sizes[i] + FLAGS_PER_TENSOR
+        bounds = segment_bounds(counts)
+        exchange = choose_gradient_exchange(topology, bounds, itemsize, model)
+        seconds = (price("auto", topology, bounds[-1], itemsize, model) if exchange == ALLREDUCE
+                   else exchange_time(topology, bounds, itemsize, model, reduce=True))
+        ready = max(ready_at[i] for i in members)
+        start = max(ready, free)
+        free = start + seconds
+        runs.append(ShardedBucketRun(len(members), bounds[-1] * itemsize, ready, exchange, start, free,
+                                     exchange_time(topology, bounds, itemsize, model, reduce=False)))
+    return runs, partition_by_bytes(nbytes, topology.size).loads
+
+
+def memory_lines(sizes: list[int], itemsize: int, topology: Topology, optimizer: str) -> tuple[list[str], dict[str, Any]]:
+    """Per-rank bytes of parameters, gradient buckets and optimizer state, sharded and not."""
+    factor = STATE_PER_PARAMETER[optimizer]
+    params = sum(sizes) * itemsize
+    largest = partition_by_bytes([n * itemsize for n in sizes], topology.size).largest_load
+    unsharded, sharded = factor * params, factor * largest
+    lines = [f"memory per rank ({optimizer}: {factor} byte(s) of state per parameter byte): parameters "
+             f"{human(params)}, gradient buckets {human(params)}, optimizer state {human(unsharded)} unsharded, "
+             f"{human(sharded)} sharded (the largest rank's part: {largest / max(1, params):.1%} of the parameters) "
+             f"-> {human(2 * params + unsharded)} vs {human(2 * params + sharded)}"]
+    return lines, {"optimizer": optimizer, "parameter_bytes": params, "gradient_bucket_bytes": params,
+                   "state_bytes_unsharded": unsharded, "state_bytes_sharded": sharded,
+                   "largest_owned_parameter_bytes": largest}
+
+
 def read_order(text: str, count: int) -> list[int]:
     """``--order``: parameter indices (a JSON list, or a file holding one), as ``ddl.torch``'s
     ``DistributedOptimizer.gradient_order()`` gives them.
@@ -256,6 +330,10 @@ def parser() -> argparse.ArgumentParser:
                         "are planned in it from the second step on (default: the first step's, last parameter first)")
     p.add_argument("--reduce-rate", metavar="BW", help="local reduction speed, e.g. 50GB/s (default: model's)")
     p.add_argument("--step-overhead-us", type=float, help="per-message software cost beyond alpha")
+    p.add_argument("--optimizer", default="adam", choices=sorted(STATE_PER_PARAMETER),
+                   help="prices its state per rank, sharded (shard_optimizer_state=True) and not (default adam)")
+    p.add_argument("--update-ms", type=float, default=0.0,
+                   help="of --step-ms, the optimizer update's part (one rank, unsharded): sharding divides it")
     p.add_argument("--bytes", help="also price single allreduces of these sizes, e.g. 8192,1048576")
     p.add_argument("--modes", metavar="LIST",
                    help="with --model and --step-ms, also price training modes side by side: sync, fp16, bf16, "
@@ -281,6 +359,8 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
         total = sum(sizes) * args.itemsize
         lines.append(f"model: {source}: {len(sizes)} tensors, {sum(sizes) / 1e6:.2f} M parameters, {human(total)}")
         per_size.append(total)
+        more, record["memory"] = memory_lines(sizes, args.itemsize, topology, args.optimizer)
+        lines += more
     record["allreduce"] = []
     for nbytes in per_size:
         count = max(1, nbytes // args.itemsize)
@@ -318,6 +398,8 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
                           "efficiency_no_overlap": step / (step + comm),
                           "buckets": [dataclasses.asdict(r) for r in runs],
                           "reductions": [dataclasses.asdict(r) for r in planned.reductions]}
+        more, record["sharded_step"] = sharded_lines(sizes, args, topology, model, step, runs)
+        lines += more
     elif args.step_ms and not sizes:
         raise PlanError("--step-ms needs --model (the gradients to reduce)")
     if args.modes:
@@ -335,6 +417,31 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
         lines += more
         record["modes"] = rows
     return lines, record
+
+
+def sharded_lines(sizes: list[int], args: argparse.Namespace, topology: Topology, model: cost.CostModel, step: float,
+                  runs: list[BucketRun]) -> tuple[list[str], dict[str, Any]]:
+    """The sharded step beside the unsharded one: the update divided, the gather added."""
+    update = args.update_ms / 1e3
+    if not 0 <= update <= step:
+        raise PlanError(f"--update-ms {args.update_ms} must lie between 0 and --step-ms {args.step_ms}")
+    sharded, loads = sharded_step_schedule(sizes, args.itemsize, topology, model, step=step,
+                                           backward_fraction=args.backward_fraction,
+                                           first_cap=int(args.first_bucket_mb * 2**20), cap=int(args.bucket_mb * 2**20))
+    share = max(loads) / max(1, sum(loads))
+    gather = sum(r.gather_s for r in sharded)
+    exchange = sum(r.end - r.start for r in sharded)
+    unsharded_s = max(step - update, runs[-1].end) + update
+    sharded_s = max(step - update, sharded[-1].end) + update * share + gather
+    scattered = sum(1 for r in sharded if r.exchange != ALLREDUCE)
+    lines = [f"sharded optimizer state (shard_optimizer_state=True): gradients to their owners in {exchange * 1e3:.1f} ms "
+             f"({scattered} of {len(sharded)} buckets by reduce-scatter, the rest by allreduce), update "
+             f"{update * share * 1e3:.1f} ms (the largest rank's {share:.1%}), parameters gathered in "
+             f"{gather * 1e3:.1f} ms -> step {sharded_s * 1e3:.1f} ms vs {unsharded_s * 1e3:.1f} ms unsharded "
+             f"({sharded_s / unsharded_s:.3f}x)"]
+    return lines, {"exchange_s": exchange, "update_s": update * share, "gather_s": gather, "step_s": sharded_s,
+                   "unsharded_step_s": unsharded_s, "ratio": sharded_s / unsharded_s,
+                   "buckets": [dataclasses.asdict(r) for r in sharded]}
 
 
 def main(argv: list[str] | None = None) -> int:

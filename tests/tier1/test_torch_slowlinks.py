@@ -83,6 +83,10 @@ def test_bad_arguments_are_clear_errors() -> None:
         dt.LocalSGD(torch.optim.SGD([ints], lr=0.1), period=2)
     with pytest.raises(ValueError, match="unknown compression or communication hook"):
         dt.LocalSGD(plain(m), period=2, compression="topk")
+    with pytest.raises(TypeError, match="not a DistributedOptimizer"):
+        dt.LocalSGD(dt.DistributedOptimizer(plain(m), named_parameters=m.named_parameters()), period=2)
+    with pytest.raises(ValueError, match="cannot take a communication hook"):
+        dt.DistributedOptimizer(plain(m), compression=ddl.PowerSGD(rank=2), shard_optimizer_state=True)
 
 
 def test_diloco_state_dict_round_trips_mid_period() -> None:

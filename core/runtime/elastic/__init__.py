@@ -10,6 +10,7 @@ training across (see ``docs/guides/elastic.md``). The modules:
 - :mod:`~ddl.runtime.elastic.link`: this rank's connection to its host's agent;
 - :mod:`~ddl.runtime.elastic.state`: ``State`` and ``ObjectState`` (commit, restore, sync);
 - :mod:`~ddl.runtime.elastic.store`: a host's last commit on tmpfs;
+- :mod:`~ddl.runtime.elastic.shards`: sharded state (ZeRO-1) gathered to each host's commit, re-split at sync;
 - :mod:`~ddl.runtime.elastic.position`: ``DataPosition``, where the world stands in its data;
 - :mod:`~ddl.runtime.elastic.run_wrapper`: ``run``, and how a rank leaves its world.
 

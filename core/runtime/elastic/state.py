@@ -6,6 +6,9 @@ What carries the training across is the state object: ``state.commit()`` saves i
 memory (for ``restore()``) *and* writes it to this host's store on tmpfs (one writer per
 host); the next world's ``state.sync()`` finds the newest whole commit among its hosts,
 broadcasts it from a rank that holds it, and every rank continues from the same bytes.
+A state with a sharded part (a ZeRO-1 optimizer: :meth:`State.sharded_entries`) keeps
+only this rank's part in memory; each host's store receives every rank's part (one whole
+copy per host), and a sync re-splits it for the new world (:mod:`~ddl.runtime.elastic.shards`).
 ``commit()`` also agrees with every rank, through rank 0, on whether ``ddlrun`` announced
 a change of hosts; if so every rank raises :class:`HostsUpdatedInterrupt` at that same
 commit, and :func:`ddl.runtime.elastic.run` ends the process for the next world (exit status 75).
@@ -23,6 +26,7 @@ from typing import Any
 
 from ddl.base.errors import HostsUpdatedInterrupt
 from ddl.runtime.api import allgather_object, broadcast_object
+from ddl.runtime.elastic import shards
 from ddl.runtime.elastic.link import agent_link, updates_pending
 from ddl.runtime.elastic.protocol import Step
 from ddl.runtime.elastic.store import CommitStore
@@ -102,26 +106,48 @@ class State:
         offered = found[0] if found else 0
         serials = allgather_object(offered, name="ddl.elastic.serials")
         best = max(serials)
-        if best > self._commits:
+        me = context().topology.rank
+        sharded = self.sharded_entries() is not None
+        entries: dict[str, bytes] | None = None
+        from_store = best > self._commits
+        if from_store:
             root = serials.index(best)
-            if found is not None and context().topology.rank == root:
-                self.load_saved_bytes(found[1])
+            if found is not None and me == root:
+                replicated, entries = shards.unpack(found[1])
+                if sharded and entries is None:
+                    raise ValueError("the newest commit holds no sharded entries, but this state shards its optimizer: "
+                                     "every world of a job must shard alike")
+                self.load_saved_bytes(replicated)
             self._commits = best
         else:
             root = 0
             if self._commits == 0:
                 self.save()  # nothing committed yet: the state as it stands now
-        payload = broadcast_object(self.saved_bytes() if context().topology.rank == root else None, root,
-                                   name="ddl.elastic.sync")
-        if context().topology.rank != root:
+        payload = broadcast_object(self.saved_bytes() if me == root else None, root, name="ddl.elastic.sync")
+        if me != root:
             self.load_saved_bytes(payload)
+        if sharded and from_store:
+            # The commit's entries, re-split for this world: each rank receives what it owns here.
+            self.load_sharded_entries(shards.scatter_from(root, me, entries, self.sharded_owner,
+                                                          context().topology.size))
         self.restore()
         self._persist()
 
     def _persist(self) -> None:
+        """Write the commit to this host's store: the replicated state, and for a sharded state
+        every rank's entries (gathered to each host's writer: one whole copy per host)."""
+        ctx = context()
+        if ctx.config.elastic_store is None:
+            return
+        entries = self.sharded_entries()
+        if entries is not None and ctx.topology.size > 1:
+            topo = ctx.topology
+            writers = [r for r in range(topo.size) if topo.local_rank_of(r) == 0]
+            entries = shards.gather_to_writers(entries, writers, topo.size)
         store = _store()
         if store is not None:
-            store.write(self._commits, self.saved_bytes())
+            replicated = self.saved_bytes()
+            store.write(self._commits, replicated if entries is None else shards.pack(replicated, entries))
 
     # What a subclass provides -------------------------------------------------------
     def save(self) -> None:
@@ -138,6 +164,20 @@ class State:
 
     def load_saved_bytes(self, payload: bytes) -> None:
         """Make ``payload`` (from :meth:`saved_bytes`) the saved copy; :meth:`restore` applies it."""
+        raise NotImplementedError
+
+    # What a state with a sharded part (a ZeRO-1 optimizer) adds --------------------------
+    def sharded_entries(self) -> dict[str, bytes] | None:
+        """This rank's part of the saved copy's sharded state, by key (None: nothing is sharded,
+        the default). :meth:`saved_bytes` leaves these entries out."""
+        return None
+
+    def sharded_owner(self, key: str) -> int:
+        """The rank of this world that keeps entry ``key`` (by this world's partition)."""
+        raise NotImplementedError
+
+    def load_sharded_entries(self, entries: dict[str, bytes]) -> None:
+        """Make ``entries`` (exactly this rank's in this world) the saved copy's sharded part."""
         raise NotImplementedError
 
 
