@@ -12,12 +12,13 @@ pytest.importorskip("lmdb")
 h5py = pytest.importorskip("h5py")
 Image = pytest.importorskip("PIL.Image")
 
-from ddl.caffe import blobs, convert, schema, textio  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
+from ddl.caffe.data import convert  # noqa: E402
+from ddl.caffe.formats import blobs, protofile, schema  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
 
 
 def _net(text: str, phase: int = schema.TEST, rank: int = 0, size: int = 1) -> Net:
-    return Net(textio.parse_text(text, schema.NetParameter()), phase, rank=rank, size=size, quiet=True)
+    return Net(protofile.parse_text(text, schema.NetParameter()), phase, rank=rank, size=size, quiet=True)
 
 
 def test_encoded_image_list_decodes_to_bgr_and_crops_centre_in_test(tmp_path: Path) -> None:
@@ -33,7 +34,7 @@ def test_encoded_image_list_decodes_to_bgr_and_crops_centre_in_test(tmp_path: Pa
         assert convert.from_image_list(db, tmp_path / "list.txt", tmp_path, encoded=encoded) == 3
         mean = tmp_path / "mean.binaryproto"
         m = np.full((3, 6, 7), 10.0, np.float32)
-        textio.write_binary(mean, blobs.from_array(m[None]))
+        protofile.write_binary(mean, blobs.from_array(m[None]))
         net = _net(f'layer {{ name: "d" type: "Data" top: "x" top: "y" transform_param {{ crop_size: 4 mean_file: "{mean}" scale: 0.5 }} '
                    f'data_param {{ source: "{db}" batch_size: 3 backend: LMDB }} }}')
         _, out = net.forward()
@@ -80,22 +81,22 @@ def test_hdf5_and_dummy_data(tmp_path: Path) -> None:
 def test_mean_values_that_do_not_fit_the_channels_say_what_to_give(means: str, channels: int, words: str) -> None:
     import torch
 
-    from ddl.caffe.data import Transformer
-    tp = textio.parse_text(f"transform_param {{ {means} }}", schema.LayerParameter()).transform_param
+    from ddl.caffe.data.transform import Transformer
+    tp = protofile.parse_text(f"transform_param {{ {means} }}", schema.LayerParameter()).transform_param
     t = Transformer(tp, schema.TRAIN, torch.Generator(), where="layer 'data'")
-    with pytest.raises(textio.CaffeFormatError, match=words.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(protofile.CaffeFormatError, match=words.replace("(", r"\(").replace(")", r"\)")):
         t(np.zeros((channels, 4, 4), np.float32))
-    with pytest.raises(textio.CaffeFormatError, match="mean_value entries"):
+    with pytest.raises(protofile.CaffeFormatError, match="mean_value entries"):
         t.batch(np.zeros((2, channels, 4, 4), np.float32))
 
 
 def test_a_leveldb_source_is_named_as_such(tmp_path: Path) -> None:
-    from ddl.caffe.data import open_lmdb
+    from ddl.caffe.data.database import open_lmdb
     db = tmp_path / "cifar10_train_leveldb"                 # the files LevelDB leaves in its folder
     db.mkdir()
     for name in ("CURRENT", "LOCK", "LOG", "MANIFEST-000002", "000005.ldb"):
         (db / name).write_bytes(b"")
-    with pytest.raises(textio.CaffeFormatError, match="this is a LevelDB .*'ddl-caffe convert'"):
+    with pytest.raises(protofile.CaffeFormatError, match="this is a LevelDB .*'ddl-caffe convert'"):
         open_lmdb(db)
-    with pytest.raises(textio.CaffeFormatError, match="no LMDB here"):
+    with pytest.raises(protofile.CaffeFormatError, match="no LMDB here"):
         open_lmdb(tmp_path / "missing")

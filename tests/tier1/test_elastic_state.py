@@ -146,8 +146,8 @@ def test_the_sampler_deals_the_rest_of_the_epoch_over_a_new_world(monkeypatch: p
 
 def test_caffe_readers_continue_the_record_stream_over_a_new_world() -> None:
     pytest.importorskip("lmdb")
-    from ddl.caffe.data import LmdbReader
-    from ddl.caffe.elastic import reshard
+    from ddl.caffe.data.database import LmdbReader
+    from ddl.caffe.solver.elastic import reshard
 
     source = ROOT / "examples" / "caffe" / "data" / "digits_train_lmdb"
     every = LmdbReader(source)

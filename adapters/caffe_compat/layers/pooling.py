@@ -8,8 +8,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .. import schema
-from .base import Layer
+from ddl.caffe.formats import schema
+from ddl.caffe.layers.base import Layer
 
 MAX, AVE, STOCHASTIC = 0, 1, 2
 CEIL, FLOOR = 0, 1
