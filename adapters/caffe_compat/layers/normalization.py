@@ -37,7 +37,13 @@ class BatchNorm(Layer):
             f = float(self.blobs[2][0])
             scale = 0.0 if f == 0 else 1.0 / f
             return [F.batch_norm(x, self.blobs[0] * scale, self.blobs[1] * scale, training=False, eps=self.eps)]
-        y = F.batch_norm(x, None, None, training=True, eps=self.eps)
+        if x.numel() == x.shape[1]:
+            # One value per channel (batch 1, 1x1 maps: MobileNet-SSD's last feature maps under ``time``):
+            # Caffe computes the batch statistics of one value, so the top is 0 and so is every diff;
+            # PyTorch's batch_norm refuses such a batch.
+            y = x * 0.0
+        else:
+            y = F.batch_norm(x, None, None, training=True, eps=self.eps)
         if self.update_stats:
             with torch.no_grad():
                 dims = [d for d in range(x.dim()) if d != 1]
