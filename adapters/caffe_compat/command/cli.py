@@ -64,8 +64,10 @@ def _parser() -> argparse.ArgumentParser:
     sd.add_argument("weights", help=".caffemodel or .caffemodel.h5")
     sd.add_argument("output", help="output .pt file")
     _flag(sd, "model", default=None, help="net .prototxt (names BatchNorm statistics as running_mean/running_var)")
-    cv = sub.add_parser("convert", help="write an LMDB of Datum records from arrays or an image list")
-    cv.add_argument("output", help="LMDB directory to create")
+    cv = sub.add_parser("convert", help="write an LMDB or LevelDB of Datum records from arrays or an image list")
+    cv.add_argument("output", help="database folder to create")
+    _flag(cv, "backend", default="lmdb", choices=("lmdb", "leveldb"),
+          help="the database to write (Caffe's convert tools: lmdb by default; its Data layer reads leveldb by default)")
     src = cv.add_mutually_exclusive_group(required=True)
     src.add_argument("--npz", help=".npz with images and labels")
     src.add_argument("--image-list", help="text file of '<path> <label>' lines")
@@ -226,12 +228,15 @@ def _state_dict(a: argparse.Namespace) -> int:
 
 def _convert(a: argparse.Namespace) -> int:
     from ddl.caffe.data import convert
+    from ddl.caffe.data.database import LEVELDB, LMDB
     caffelog.setup(rank=0)
+    backend = LMDB if a.backend == "lmdb" else LEVELDB
     if a.npz:
-        n = convert.from_npz(a.output, a.npz, x_key=a.x_key, y_key=a.y_key, shuffle=a.shuffle, seed=a.seed)
+        n = convert.from_npz(a.output, a.npz, x_key=a.x_key, y_key=a.y_key, shuffle=a.shuffle, seed=a.seed, backend=backend)
     else:
         n = convert.from_image_list(a.output, a.image_list, a.root, encoded=a.encoded, gray=a.gray,
-                                    size=tuple(a.resize) if a.resize else None, shuffle=a.shuffle, seed=a.seed)
+                                    size=tuple(a.resize) if a.resize else None, shuffle=a.shuffle, seed=a.seed,
+                                    backend=backend)
     log.info("Processed %d files.", n)
     return 0
 

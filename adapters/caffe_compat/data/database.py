@@ -1,48 +1,69 @@
-"""LMDB of Datum records: opening, reading (sharded per rank, wrapping like Caffe) and writing."""
+"""Caffe's record databases (``data_param.backend``: LEVELDB, the default, or LMDB): which one a folder holds, the
+endless sharded reader the Data layer draws from, and writing one."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ddl.caffe.data.leveldb_store import LevelDbRecords, is_leveldb, write_leveldb
+from ddl.caffe.data.lmdb_store import LmdbRecords, is_lmdb, write_lmdb
 from ddl.caffe.formats import schema
 from ddl.caffe.formats.errors import CaffeFormatError
 
-_OPEN: dict[str, Any] = {}   # py-lmdb allows one environment per path and process: readers share it
+log = logging.getLogger("ddl.caffe")
+
+LEVELDB, LMDB = 0, 1                 # caffe.proto's DataParameter.DB
+NAMES = {LEVELDB: "LEVELDB", LMDB: "LMDB"}
 
 
-def open_lmdb(path: str | Path, *, write: bool = False, map_size: int = 1 << 36) -> Any:
-    """Open an LMDB directory (read-only, shared per path, unless ``write``)."""
-    import lmdb
-    p = Path(path)
-    if not write and not (p / "data.mdb").exists():
-        # Caffe's default backend is LevelDB: V1-era files (CIFAR-10's, the siamese example's) leave it unset.
-        if (p / "CURRENT").is_file() and any(p.glob("*.ldb")) or any(p.glob("*.sst")):
-            raise CaffeFormatError(f"{p}: this is a LevelDB (Caffe's default when data_param.backend is unset); ddl-caffe "
-                                   "reads LMDB only: write the records to an LMDB with 'ddl-caffe convert', or re-run "
-                                   "Caffe's convert tool with -backend lmdb, and point source at it")
-        raise CaffeFormatError(f"{p}: no LMDB here (expected {p / 'data.mdb'}); make one with 'ddl-caffe convert'")
-    if write:
-        p.mkdir(parents=True, exist_ok=True)
-        return lmdb.open(str(p), map_size=map_size, subdir=True, meminit=False)
-    key = str(p.resolve())
-    if key not in _OPEN:
-        _OPEN[key] = lmdb.open(key, readonly=True, lock=False, readahead=False, subdir=True)
-    return _OPEN[key]
+def backend_of(path: str | Path) -> int | None:
+    """LEVELDB or LMDB by the files of the folder ``path``; None when it holds neither."""
+    if is_lmdb(path):
+        return LMDB
+    if is_leveldb(path):
+        return LEVELDB
+    return None
 
 
-class LmdbReader:
-    """Endless records of one LMDB in key order; rank r of n keeps records whose running offset % n == r."""
+def choose_backend(path: str | Path, backend: int, *, given: bool, where: str) -> int:
+    """The store to read ``path`` with: ``backend`` as written (Caffe's default LEVELDB when ``given`` is False).
 
-    def __init__(self, path: str | Path, *, rank: int = 0, size: int = 1) -> None:
+    An unset backend over an LMDB reads the LMDB, with one warning (Caffe stops there: its default is LevelDB);
+    a backend set to the other kind of store is an error naming both.
+
+    Raises:
+        CaffeFormatError: the folder holds no database, or the other kind than the one asked for.
+    """
+    found = backend_of(path)
+    if found is None:
+        want = NAMES[backend] if given else "LEVELDB (Caffe's default, as data_param.backend is unset)"
+        raise CaffeFormatError(f"{where}: {path} holds no database (expected {want}); make one with 'ddl-caffe convert'")
+    if found == backend:
+        return found
+    if not given:
+        log.warning("%s: data_param.backend is unset, so Caffe would read %s as a LevelDB; it is an LMDB and is read as "
+                    "one (add backend: LMDB to run the net in Caffe too)", where, path)
+        return found
+    raise CaffeFormatError(f"{where}: data_param.backend is {NAMES[backend]} but {path} is a {NAMES[found]}; set "
+                           f"backend: {NAMES[found]}")
+
+
+class DatumReader:
+    """Endless records of one database in key order, wrapping like Caffe; rank r of n keeps the records whose
+    running offset % n == r. ``cursor`` (first/next/key/value), ``count`` and ``offset`` are what elastic training
+    repositions."""
+
+    def __init__(self, path: str | Path, *, backend: int = LMDB, rank: int = 0, size: int = 1) -> None:
         self.path, self.rank, self.size = str(path), rank, size
-        self.env = open_lmdb(path)
-        self.count = int(self.env.stat()["entries"])
+        records = LmdbRecords(path) if backend == LMDB else LevelDbRecords(path)
+        self.records = records
+        self.count = records.count
         if self.count == 0:
-            raise CaffeFormatError(f"{path}: the LMDB is empty")
-        self.txn = self.env.begin(buffers=False)
-        self.cursor = self.txn.cursor()
+            raise CaffeFormatError(f"{path}: the {NAMES[backend]} is empty")
+        self.cursor = records.cursor
         self.cursor.first()
         self.offset = 0
         self.restarts = 0
@@ -66,25 +87,9 @@ class LmdbReader:
         return schema.Datum.FromString(self.next_raw()[1])
 
     def peek(self) -> Any:
-        d = schema.Datum()
-        d.ParseFromString(self.cursor.value())
-        return d
+        return schema.Datum.FromString(self.cursor.value())
 
 
-def write_lmdb(path: str | Path, records: Iterator[tuple[str, Any]]) -> int:
-    """Write (key, Datum) records into a new LMDB; returns how many."""
-    old = _OPEN.pop(str(Path(path).resolve()), None)
-    if old is not None:
-        old.close()
-    env = open_lmdb(path, write=True)
-    n = 0
-    txn = env.begin(write=True)
-    for key, d in records:
-        txn.put(key.encode(), d.SerializeToString())
-        n += 1
-        if n % 1000 == 0:
-            txn.commit()
-            txn = env.begin(write=True)
-    txn.commit()
-    env.close()
-    return n
+def write_db(path: str | Path, records: Iterator[tuple[str, Any]], *, backend: int = LMDB) -> int:
+    """Write (key, Datum) records into a new database of ``backend`` at ``path``; returns how many."""
+    return write_lmdb(path, records) if backend == LMDB else write_leveldb(path, records)

@@ -5,20 +5,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ddl.caffe.data.database import LmdbReader
+from ddl.caffe.data.database import DatumReader, choose_backend
 from ddl.caffe.data.datum import datum_to_array
 from ddl.caffe.data.transform import Transformer
 from ddl.caffe.formats import schema
 from ddl.caffe.layers.inputs import DataLayer
 
-LEVELDB, LMDB = 0, 1
-
-
 CACHE_BYTES = 512 << 20          # decoded Data records kept per layer
 
 
 class Data(DataLayer):
-    """Batches of Datum records from an LMDB; in TRAIN each rank reads its own records."""
+    """Batches of Datum records from a LevelDB (Caffe's default backend) or an LMDB; in TRAIN each rank reads its own
+    records."""
 
     type = "Data"
     params = ("data_param", "transform_param")
@@ -26,8 +24,6 @@ class Data(DataLayer):
 
     def setup(self, shapes: list[tuple[int, ...]]) -> None:
         p = self.lp.data_param
-        if p.backend == LEVELDB and p.HasField("backend"):
-            raise self.error("backend LEVELDB is not supported; convert the data to LMDB with 'ddl-caffe convert'")
         if not p.source:
             raise self.error("data_param.source is required")
         if p.batch_size <= 0:
@@ -36,7 +32,8 @@ class Data(DataLayer):
         if p.HasField("scale") or p.HasField("mean_file") or p.HasField("crop_size") or p.HasField("mirror"):
             raise self.error("the deprecated data_param scale/mean_file/crop_size/mirror are not supported; move them to transform_param")
         shard = self.phase == schema.TRAIN and self.size > 1
-        self.reader = LmdbReader(p.source, rank=self.rank if shard else 0, size=self.size if shard else 1)
+        backend = choose_backend(p.source, p.backend, given=p.HasField("backend"), where=f"layer '{self.name}'")
+        self.reader = DatumReader(p.source, backend=backend, rank=self.rank if shard else 0, size=self.size if shard else 1)
         for _ in range(p.rand_skip):
             self.reader.next()
         self.batch = p.batch_size

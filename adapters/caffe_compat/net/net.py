@@ -191,6 +191,14 @@ class Net:
     def bottom_need_backward(self) -> list[list[bool]]:
         """Caffe's Net::Init analysis: per layer and bottom, whether backward computes that bottom's diff
         (blobs that need it, propagate_down, pruning of what does not reach a loss, force_backward)."""
+        return self.backward_needs()[1]
+
+    def layer_need_backward(self) -> list[bool]:
+        """Caffe's ``layer_need_backward_``: whether backward runs layer ``i`` at all (its parameter diffs included)."""
+        return self.backward_needs()[0]
+
+    def backward_needs(self) -> tuple[list[bool], list[list[bool]]]:
+        """(per layer, per layer and bottom): Caffe's ``layer_need_backward_`` and ``bottom_need_backward_``."""
         blob_need: dict[str, bool] = {}
         need: list[list[bool]] = []
         layer_need: list[bool] = []
@@ -212,7 +220,10 @@ class Net:
             contributes = any(la.loss_weight(j) or t in under_loss for j, t in enumerate(la.top))
             skip_down = all(t in skip for t in la.top) if la.top else True
             if layer_need[i] and skip_down:
+                layer_need[i] = False
                 need[i] = [False] * len(need[i])
+            if not contributes:
+                layer_need[i] = False
             for j, b in enumerate(la.bottom):
                 if contributes:
                     under_loss.add(b)
@@ -221,8 +232,9 @@ class Net:
                 if not need[i][j]:
                     skip.add(b)
         if self.force_backward:
+            layer_need = [True] * len(self.layers)
             need = [[n or la.allow_force_backward(j) for j, n in enumerate(flags)] for la, flags in zip(self.layers, need, strict=True)]
-        return need
+        return layer_need, need
 
     def _place(self, layer: Layer) -> None:
         if self.device.type != "cpu":
