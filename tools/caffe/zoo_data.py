@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ddl.caffe.data.database import write_lmdb
+from ddl.caffe.data.lmdb_store import write_lmdb
 from ddl.caffe.data.datum import array_datum
 from ddl.caffe.formats.blobs import from_array
 from ddl.caffe.formats.protofile import write_binary
