@@ -77,6 +77,27 @@ def test_force_backward_gives_input_diffs_and_lr_mult_zero_gives_none() -> None:
     assert plain.layer_by_name("a").blobs[0].grad is None     # type: ignore[union-attr]
 
 
+
+def test_backward_needs_follow_caffes_analysis_with_blobs_read_twice_and_in_place() -> None:
+    # Caffe splits a blob read by several layers and skips it only when every reader does: "ip" read by an
+    # Accuracy (no backward) and by the loss still needs its diff; an in-place ReLU's bottom is judged by the
+    # readers of its own version; what reaches no loss needs nothing; force_backward needs everything it can.
+    text = BRANCHY.replace("PD_A", "").replace(
+        'layer { name: "loss"', 'layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" }\n'
+        'layer { name: "relu" type: "ReLU" bottom: "c1" top: "c1" }\n'
+        'layer { name: "side" type: "InnerProduct" bottom: "c1" top: "side" inner_product_param { num_output: 2 } }\n'
+        'layer { name: "loss"')
+    for phase in (schema.TRAIN, schema.TEST):
+        net = _net(text, phase)
+        layer_need, bottom_need = net.backward_needs()
+        need = dict(zip([la.name for la in net.layers], zip(layer_need, bottom_need, strict=True), strict=True))
+        assert need["ip"] == (True, [True]) and need["acc"] == (False, [False, False]) and need["loss"] == (True, [True, False])
+        assert need["relu"] == (False, [False]) and need["side"] == (False, [False])     # nothing under a loss reads them
+        assert need["c1"] == (True, [False]) and need["in"] == (False, [])
+    forced = _net(text.replace('name: "branchy"', 'name: "branchy" force_backward: true'))
+    layer_need, bottom_need = forced.backward_needs()
+    assert all(layer_need) and bottom_need[[la.name for la in forced.layers].index("c1")] == [True]
+
 def test_net_state_stages_from_the_file_and_the_caller() -> None:
     text = ('name: "s" state { stage: "deploy" }\n'
             'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'

@@ -213,24 +213,34 @@ class Net:
                 blob_need[t] = any_need
             need.append(flags)
             layer_need.append(any_need)
+        # Going backward, per blob name (the version the layers still to visit produced): which are under a loss,
+        # which some visited layer reads, and which of those some visited layer needs the diff of. Caffe splits a
+        # blob read by several layers (InsertSplits) and skips a blob only when every reader skips it; a name is
+        # forgotten at its producer, so an in-place layer's bottom is judged by the readers of that version alone.
         under_loss: set[str] = set()
-        skip: set[str] = set()
+        read: set[str] = set()
+        needed: set[str] = set()
         for i in range(len(self.layers) - 1, -1, -1):
             la = self.layers[i]
             contributes = any(la.loss_weight(j) or t in under_loss for j, t in enumerate(la.top))
-            skip_down = all(t in skip for t in la.top) if la.top else True
+            skip_down = all(t in read and t not in needed for t in la.top)
             if layer_need[i] and skip_down:
                 layer_need[i] = False
                 need[i] = [False] * len(need[i])
             if not contributes:
                 layer_need[i] = False
+            for t in la.top:
+                under_loss.discard(t)
+                read.discard(t)
+                needed.discard(t)
             for j, b in enumerate(la.bottom):
                 if contributes:
                     under_loss.add(b)
                 else:
                     need[i][j] = False
-                if not need[i][j]:
-                    skip.add(b)
+                read.add(b)
+                if need[i][j]:
+                    needed.add(b)
         if self.force_backward:
             layer_need = [True] * len(self.layers)
             need = [[n or la.allow_force_backward(j) for j, n in enumerate(flags)] for la, flags in zip(self.layers, need, strict=True)]
