@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -138,16 +139,26 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.caffe.bench", description=__doc__)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--iters", type=int, default=0, help="iterations per round (default: 5 CIFAR, 200 LeNet)")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", default="1", help="thread counts, e.g. 1,2 (with --peer: each; else the first)")
+    ap.add_argument("--peer", default="", help="a BVLC Caffe build (build-caffe.sh SRC DEST: DEST): time and train against it")
+    ap.add_argument("--dir", default="", help="with --peer: a zoo folder with the nets' and solvers' published files")
+    ap.add_argument("--solvers", default="cifar10_full,googlenet_quick", help="with --peer: solvers to train ('' for none)")
+    ap.add_argument("--train-iterations", type=int, default=10, help="with --peer: timed solver iterations")
+    ap.add_argument("--warmup", type=int, default=2, help="with --peer: solver iterations before the timed ones")
+    ap.add_argument("--timeout", type=float, default=1800, help="with --peer: seconds per process")
     ap.add_argument("--json", default="caffe_bench.json")
     ap.add_argument("--examples", default="examples/caffe")
-    ap.add_argument("--nets", default="alexnet,googlenet,squeezenet1.1,resnet50,mobilenet_v1",
-                    help="zoo nets to measure ('' for none)")
+    ap.add_argument("--nets", default="",
+                    help="zoo nets to measure ('' for the default: five against PyTorch, eight against --peer)")
     ap.add_argument("--batches", default="1,4", help="batch sizes for the zoo nets")
     ap.add_argument("--zoo-only", action="store_true", help="skip CIFAR-10 quick and LeNet")
     ap.add_argument("--caffemodel", default="", help="only time writing and reading this zoo net's .caffemodel (e.g. vgg16)")
     ap.add_argument("--protobuf", action="store_true", help="with --caffemodel: also time the same file written by protobuf")
     a = ap.parse_args(argv)
+    if a.peer:
+        return against_caffe(a)
+    a.nets = a.nets or "alexnet,googlenet,squeezenet1.1,resnet50,mobilenet_v1"
+    a.threads = int(a.threads.split(",")[0])
     reuse_freed_memory()               # as ddl-caffe's commands do; the peer runs in this process too
     if a.caffemodel:
         from tools.caffe.bench_files import measure as measure_files
@@ -191,6 +202,39 @@ def main(argv: list[str] | None = None) -> int:
             if z:
                 print(f"  {name:<14} step {z['step_ms'] / (caffe_ms * factor):.2f}  time {z['time_ms'] / (caffe_ms * factor):.2f}")
     Path(a.json).write_text(json.dumps({"threads": a.threads, "machine_factor": factor, **res, "zoo": zoo}, indent=2))
+    return 0
+
+
+def against_caffe(a: argparse.Namespace) -> int:
+    """``--peer``: forward+backward and solver throughput against real Caffe (see ``tools.caffe.bench_caffe``)."""
+    import platform
+    import subprocess
+
+    from tools.caffe import bench_caffe
+    from tools.caffe.peer import Peer, PeerError
+    peer = Peer(Path(a.peer))
+    try:
+        peer.check(pycaffe=False)
+    except PeerError as e:
+        print(f"tools.caffe.bench: {e}")
+        return 2
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    nets = [n for n in (a.nets or ",".join(bench_caffe.NET_FILES)).split(",") if n]
+    threads = [int(t) for t in a.threads.split(",") if t]
+    print(f"peer: {peer.version()}; {platform.node()}; {os.cpu_count()} CPUs; before: {uptime}", flush=True)
+    time_rows, train_rows = bench_caffe.run(
+        peer, folder=Path(a.dir) if a.dir else None, nets=nets, solvers=[s for s in a.solvers.split(",") if s],
+        threads=threads, rounds=a.rounds, iterations=a.iters or 5, train_iterations=a.train_iterations, warmup=a.warmup,
+        timeout=a.timeout, report=lambda line: print(line, flush=True))
+    after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print()
+    print(bench_caffe.tables(time_rows, train_rows))
+    print(f"load: before {uptime}; after {after}")
+    out = Path(a.json if a.json != "caffe_bench.json" else "bench-results/caffe_vs_bvlc.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(bench_caffe.as_json(time_rows, train_rows, {
+        "peer": peer.version(), "threads": threads, "rounds": a.rounds, "uptime_before": uptime, "uptime_after": after}), indent=2))
+    print(f"wrote {out}")
     return 0
 
 

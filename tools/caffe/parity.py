@@ -38,7 +38,14 @@ from ddl.caffe.layers.base import LayerError
 from ddl.caffe.net.net import Net
 from ddl.caffe.net.weights import load_weights
 from tools.caffe import zoo_nets
-from tools.caffe.parity_nets import calm_logits, comparable, has_loss, phases_of, prototxt, randomize
+from tools.caffe.parity_nets import (
+    calm_logits,
+    comparable,
+    has_loss,
+    phases_of,
+    prototxt,
+    randomize,
+)
 from tools.caffe.peer import Peer, PeerError
 
 PHASES = {schema.TRAIN: "TRAIN", schema.TEST: "TEST"}

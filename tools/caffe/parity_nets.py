@@ -88,10 +88,7 @@ def comparable(param: Any, phase: int, *, batch: int) -> tuple[Any, list[str]]:
             continue
         new = out.layer.add()
         new.CopyFrom(lp)
-        if new.pooling_param.HasField("ceil_mode"):
-            # A fork's ceil_mode (DenseNet-Caffe's files) is BVLC's round_mode: the same rule, a field BVLC reads.
-            new.pooling_param.round_mode = 0 if new.pooling_param.ceil_mode else 1      # CEIL, FLOOR
-            new.pooling_param.ClearField("ceil_mode")
+        if bvlc_fields(new):
             note = "a fork's pooling ceil_mode written as BVLC's round_mode"
             if note not in notes:
                 notes.append(note)
@@ -104,6 +101,16 @@ def comparable(param: Any, phase: int, *, batch: int) -> tuple[Any, list[str]]:
     if phase == schema.TRAIN and any(lp.type == "Dropout" for lp in param.layer):
         notes.append("TRAIN: dropout_ratio 0 on both sides (Caffe's and ddl's random masks differ)")
     return out, notes
+
+
+def bvlc_fields(lp: Any) -> bool:
+    """Write a fork's field that BVLC Caffe has under another name in BVLC's form, in place: pooling's ``ceil_mode``
+    (DenseNet-Caffe's files) is ``round_mode``, the same rule. Returns whether anything changed."""
+    if not lp.pooling_param.HasField("ceil_mode"):
+        return False
+    lp.pooling_param.round_mode = 0 if lp.pooling_param.ceil_mode else 1      # CEIL, FLOOR
+    lp.pooling_param.ClearField("ceil_mode")
+    return True
 
 
 def prototxt(param: Any) -> str:

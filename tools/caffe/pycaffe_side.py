@@ -60,7 +60,7 @@ def layer_by_layer(net, inputs, folder: str, seed: int) -> None:  # noqa: ANN001
             net._forward(i, i)
             tops = [net.blobs[t].data.copy() for t in net.top_names[names[i]]]
             top_diffs = [rng.standard_normal(t.shape).astype(np.float32) for t in tops]
-            for t, d in zip(net.top_names[names[i]], top_diffs):
+            for t, d in zip(net.top_names[names[i]], top_diffs, strict=True):
                 net.blobs[t].diff[...] = d
             for b in layer.blobs:
                 b.diff[...] = 0
@@ -72,7 +72,7 @@ def layer_by_layer(net, inputs, folder: str, seed: int) -> None:  # noqa: ANN001
             for j, x in enumerate(bottoms):
                 saved[f"bottom/{j}"] = x
                 saved[f"bottom_diff/{j}"] = net.blobs[net.bottom_names[names[i]][j]].diff.copy()
-            for j, (y, g) in enumerate(zip(tops, top_diffs)):
+            for j, (y, g) in enumerate(zip(tops, top_diffs, strict=True)):
                 saved[f"top/{j}"] = y
                 saved[f"top_diff/{j}"] = g
             for j, b in enumerate(layer.blobs):

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ddl.caffe.data.lmdb_store import write_lmdb
+from ddl.caffe.data.database import LEVELDB, write_db
 from ddl.caffe.data.datum import array_datum
 from ddl.caffe.formats.blobs import from_array
 from ddl.caffe.formats.protofile import write_binary
@@ -69,12 +69,17 @@ def _mean(folder: Path, shape: tuple[int, int, int]) -> str:
     return str(path)
 
 
-def _lmdb(folder: Path, shape: tuple[int, int, int], classes: int, rng: np.random.Generator) -> str:
-    path = folder / f"lmdb_{'x'.join(map(str, shape))}_{classes}"
-    if not (path / "data.mdb").exists():
+def _database(folder: Path, shape: tuple[int, int, int], classes: int, rng: np.random.Generator, *, backend: int,
+              records: int, tag: str) -> str:
+    """A database of ``records`` random images of ``shape`` (LevelDB or LMDB, as the layer reads), written by the
+    function behind ``ddl-caffe convert``; ``tag`` keeps a TRAIN and a TEST layer apart (Caffe opens a LevelDB once
+    per process)."""
+    kind = "leveldb" if backend == LEVELDB else "lmdb"
+    path = folder / f"{kind}_{'x'.join(map(str, shape))}_{classes}_{records}{tag}"
+    if not path.exists():
         recs = ((f"{i:08d}", array_datum(rng.integers(0, 256, shape, dtype=np.uint8), int(rng.integers(0, classes))))
-                for i in range(RECORDS))
-        write_lmdb(path, recs)
+                for i in range(records))
+        write_db(path, recs, backend=backend)
     return str(path)
 
 
@@ -124,8 +129,11 @@ def classes_of(net: Any) -> int:
     return max(2, min(outs)) if outs else 2
 
 
-def point_at_synthetic_data(net: Any, folder: str | Path, *, seed: int = 0) -> list[str]:
-    """Rewrite the sources (and mean files) of ``net``'s data layers, in place, to synthetic files in ``folder``.
+def point_at_synthetic_data(net: Any, folder: str | Path, *, seed: int = 0, records: int = RECORDS,
+                            keep_batch: bool = False) -> list[str]:
+    """Rewrite the sources (and mean files) of ``net``'s data layers, in place, to synthetic files in ``folder``:
+    ``records`` per database (of the backend the layer reads: LevelDB when it names none, as Caffe), batches cut to
+    4 items unless ``keep_batch``.
 
     Returns:
         One line per rewritten layer, saying what it now reads.
@@ -140,10 +148,12 @@ def point_at_synthetic_data(net: Any, folder: str | Path, *, seed: int = 0) -> l
         if lp.transform_param.HasField("mean_file"):
             lp.transform_param.mean_file = _mean(out, shape)
         if lp.type == "Data":
-            lp.data_param.source = _lmdb(out, shape, classes, rng)
-            lp.data_param.backend = 1                       # LMDB
-            lp.data_param.batch_size = min(lp.data_param.batch_size or 4, 4)
-            notes.append(f"{lp.name}: LMDB of {RECORDS} random {shape} images")
+            backend = lp.data_param.backend
+            tag = "".join(f"_{'TRAIN' if r.phase == 0 else 'TEST'}" for r in lp.include if r.HasField("phase"))
+            lp.data_param.source = _database(out, shape, classes, rng, backend=backend, records=records, tag=tag)
+            if not keep_batch:
+                lp.data_param.batch_size = min(lp.data_param.batch_size or 4, 4)
+            notes.append(f"{lp.name}: {'LevelDB' if backend == LEVELDB else 'LMDB'} of {records} random {shape} images")
         elif lp.type == "ImageData":
             src, root = _images(out, shape, classes, rng)
             lp.image_data_param.source, lp.image_data_param.root_folder = src, root
