@@ -14,8 +14,8 @@ Image = pytest.importorskip("PIL.Image")
 
 from ddl.caffe.data import convert  # noqa: E402
 from ddl.caffe.data.database import LEVELDB, LMDB, DatumReader, backend_of  # noqa: E402
-from ddl.caffe.formats.errors import CaffeFormatError  # noqa: E402
 from ddl.caffe.formats import blobs, protofile, schema  # noqa: E402
+from ddl.caffe.formats.errors import CaffeFormatError  # noqa: E402
 from ddl.caffe.net.net import Net  # noqa: E402
 
 
