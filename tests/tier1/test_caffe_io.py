@@ -145,3 +145,22 @@ def test_missing_bottom_and_phase_filtering() -> None:
     text = NET + 'layer { name: "s" type: "Softmax" bottom: "nope" top: "s" include { phase: TRAIN } }\n'
     net = Net(protofile.parse_text(text, schema.NetParameter()), schema.TEST)
     assert [la.name for la in net.layers] == ["data", "conv", "ip"] and net.outputs == ["ip"]
+
+
+def test_whole_files_replace_the_old_one_or_leave_it(tmp_path: Path) -> None:
+    import threading
+
+    from ddl.caffe.formats.whole_file import replacing
+    target = tmp_path / "w.caffemodel"
+    for n in range(3):                                       # fresh, then swapped over the old file twice in a row
+        with replacing(target, size=1000) as f:              # a reserved size larger than written is cut back
+            f.write(bytes([n]) * 10)
+        assert target.read_bytes() == bytes([n]) * 10
+    with pytest.raises(RuntimeError), replacing(target, size=10) as f:
+        f.write(b"half")
+        raise RuntimeError("the writer failed")
+    assert target.read_bytes() == bytes([2]) * 10            # the old file stands
+    for t in threading.enumerate():
+        if t.name == "ddl-caffe-unlink":
+            t.join()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.caffemodel"]   # no temporary or old file is left

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from ddl.caffe.formats.errors import CaffeFormatError
+from ddl.caffe.formats.whole_file import replacing, swap_in
 
 LEN, VARINT, I32, I64 = 2, 0, 5, 1
 
@@ -65,13 +66,21 @@ class BlobBytes:
         return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self.pieces)
 
 
+def _message_size(head: bytes, blob_field: int, blobs: list[BlobBytes]) -> int:
+    """Bytes of one length-delimited message's body: its header and its blob fields."""
+    return len(head) + sum(len(tag(blob_field, LEN)) + len(varint(b.size)) + b.size for b in blobs)
+
+
 def _write_message(f: BinaryIO, number: int, head: bytes, blob_field: int, blobs: list[BlobBytes]) -> None:
-    body = len(head) + sum(len(tag(blob_field, LEN)) + len(varint(b.size)) + b.size for b in blobs)
-    f.write(tag(number, LEN) + varint(body) + head)
+    f.write(tag(number, LEN) + varint(_message_size(head, blob_field, blobs)) + head)
     for b in blobs:
         f.write(tag(blob_field, LEN) + varint(b.size))
         for piece in b.pieces:
             f.write(piece)
+
+
+def _field_size(number: int, body: int) -> int:
+    return len(tag(number, LEN)) + len(varint(body)) + body
 
 
 def _atomic(path: str | Path) -> tuple[Path, Path]:
@@ -82,33 +91,36 @@ def _atomic(path: str | Path) -> tuple[Path, Path]:
 def write_caffemodel(path: str | Path, name: str, layers: Iterable[tuple[Any, list[torch.Tensor], list[torch.Tensor | None]]]) -> None:
     """Write a NetParameter: ``name`` and, per layer, (LayerParameter without blobs, data tensors, diff tensors or None).
 
-    Memory beyond the tensors themselves: one layer header at a time.
+    Memory beyond the tensors themselves: the layers' headers. The file's size is known before the first byte, so
+    its blocks are reserved up front.
     """
-    p, tmp = _atomic(path)
-    with open(tmp, "wb") as f:
-        if name:
-            raw = name.encode()
+    raw = name.encode()
+    parts = []
+    for lp, data, diffs in layers:
+        head = lp.SerializeToString()
+        parts.append((head, [BlobBytes(tuple(t.shape), _array(t), None if d is None else _array(d))
+                             for t, d in zip(data, diffs, strict=True)]))
+    size = (_field_size(1, len(raw)) if raw else 0) + sum(_field_size(100, _message_size(h, 7, b)) for h, b in parts)
+    with replacing(path, size) as f:
+        if raw:
             f.write(tag(1, LEN) + varint(len(raw)) + raw)
-        for lp, data, diffs in layers:
-            head = lp.SerializeToString()
-            blobs = [BlobBytes(tuple(t.shape), _array(t), None if d is None else _array(d)) for t, d in zip(data, diffs, strict=True)]
+        for head, blobs in parts:
             _write_message(f, 100, head, 7, blobs)
-    tmp.replace(p)
 
 
 def write_solverstate(path: str | Path, *, it: int, learned_net: str, current_step: int, history: list[torch.Tensor]) -> None:
     """Write a SolverState (iter, learned_net, history blobs, current_step) in Caffe's binary layout."""
-    p, tmp = _atomic(path)
-    with open(tmp, "wb") as f:
-        raw = learned_net.encode()
-        f.write(tag(1, VARINT) + varint(it) + tag(2, LEN) + varint(len(raw)) + raw)
-        for h in history:
-            b = BlobBytes(tuple(h.shape), _array(h))
+    raw = learned_net.encode()
+    blobs = [BlobBytes(tuple(h.shape), _array(h)) for h in history]
+    head = tag(1, VARINT) + varint(it) + tag(2, LEN) + varint(len(raw)) + raw
+    tail = tag(4, VARINT) + varint(current_step)
+    with replacing(path, len(head) + sum(_field_size(3, b.size) for b in blobs) + len(tail)) as f:
+        f.write(head)
+        for b in blobs:
             f.write(tag(3, LEN) + varint(b.size))
             for piece in b.pieces:
                 f.write(piece)
-        f.write(tag(4, VARINT) + varint(current_step))
-    tmp.replace(p)
+        f.write(tail)
 
 
 class _Reader:
@@ -259,7 +271,7 @@ def write_hdf5_weights(path: str | Path, layers: Iterable[tuple[str, list[torch.
                 for i, d in enumerate(diffs):
                     if d is not None:
                         gd.create_dataset(str(i), data=_array(d))
-    tmp.replace(p)
+    swap_in(tmp, p)
 
 
 def read_hdf5_weights(path: str | Path) -> list[LayerBlobs]:
@@ -289,7 +301,7 @@ def write_hdf5_solverstate(path: str | Path, *, it: int, learned_net: str, curre
         g = f.create_group("history")
         for i, h in enumerate(history):
             g.create_dataset(str(i), data=_array(h))
-    tmp.replace(p)
+    swap_in(tmp, p)
 
 
 def read_hdf5_solverstate(path: str | Path) -> tuple[int, str, int, list[np.ndarray]]:
