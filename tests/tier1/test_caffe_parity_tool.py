@@ -90,7 +90,7 @@ def test_matching_results_pass_and_a_planted_difference_is_named(tmp_path: Path,
         load_weights(n, str(tmp_path / "w.caffemodel"))
         return n
     row = parity.Row("small", "TEST")
-    parity.compare_whole(row, ours(), caffe, inputs, {}, 1e-4, lambda: {})
+    parity.compare_whole(row, ours(), caffe, inputs, {}, 1e-4, lambda: ({}, {}))
     parity.compare_layers(row, ours(), tmp_path / "layers", listing, 1e-4)
     assert row.differs == [] and row.layers == len(listing) - 1 and row.forward < 1e-6 and row.layer_backward < 1e-6
     # A wrong kernel (ip's weights off by 1e-3) is named, forward and backward, with its size.
@@ -120,6 +120,6 @@ def test_relative_difference_and_its_float64_judgement() -> None:
         class Saved(dict):                                               # np.load's .files
             files = property(lambda self: list(self))
         parity.compare_whole(row, net, Saved(caffe), {"x": torch.tensor(exact * (1 - ddl_off), dtype=torch.float32)}, {},
-                             1e-4, lambda: {"x": exact})
+                             1e-4, lambda: ({"x": exact}, {}))
         assert bool(row.differs) == differs, row
         assert bool(row.notes) != differs

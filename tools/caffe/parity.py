@@ -114,19 +114,20 @@ def whole_net(net: Net, inputs: dict[str, torch.Tensor], output_diffs: dict[str,
     return data, diffs, params
 
 
-def float64_forward(text: str, phase: int, weights: Path, inputs: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """ddl's forward in float64 on the same weights and inputs: the reference that tells which float32 side (ddl's or
-    Caffe's) a whole-net difference comes from."""
+def float64_run(text: str, phase: int, weights: Path, inputs: dict[str, torch.Tensor],
+                output_diffs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """ddl's whole-net forward and backward in float64 on the same weights, inputs and output diffs: (blob data,
+    blob diffs), the reference that tells which float32 side (ddl's or Caffe's) a whole-net difference comes from."""
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
         net = Net(parse_text(text, schema.NetParameter()), phase, quiet=True)
         load_weights(net, str(weights))
         for la in net.layers:
-            la.blobs = [b.detach().double() for b in la.blobs]
-        with torch.no_grad():
-            _, blobs = net.forward(feeds={k: v.double() for k, v in inputs.items()})
-        return {n: t.numpy() for n, t in blobs.items()}
+            la.blobs = [b.detach().double().requires_grad_(b.requires_grad) for b in la.blobs]
+        data, diffs, _ = whole_net(net, {k: v.double() for k, v in inputs.items()},
+                                   {k: v.astype(np.float64) for k, v in output_diffs.items()})
+        return data, diffs
     finally:
         torch.set_default_dtype(old)
 
@@ -138,12 +139,13 @@ def _learned(net: Net) -> set[tuple[str, int]]:
 
 def compare_whole(row: Row, net: Net, caffe: Any, inputs: dict[str, torch.Tensor], output_diffs: dict[str, np.ndarray],
                   tol: float, reference: Any) -> None:
-    """Whole-net forward and backward; a forward blob over ``tol`` is judged against ``reference()`` (float64): it
-    differs when ddl is over ``tol`` from float64 and more than ``SPREAD`` times as far as Caffe is; otherwise both
-    float32 results are that far apart by the net's conditioning (Caffe's no closer to the exact value)."""
+    """Whole-net forward and backward; a forward blob over ``tol`` is judged against ``reference()`` (float64 data
+    and diffs): it differs when ddl is over ``tol`` from float64 and more than ``SPREAD`` times as far as Caffe is;
+    otherwise both float32 results are that far apart by the net's conditioning (Caffe's no closer to the exact
+    value). The backward is reported, with the same float64 distances for its worst blob diff."""
     data, diffs, params = whole_net(net, inputs, output_diffs)
     worst_f, worst_b = 0.0, 0.0
-    exact: dict[str, np.ndarray] | None = None
+    exact: tuple[dict[str, np.ndarray], dict[str, np.ndarray]] | None = None
     conditioned = []
     for name, value in data.items():
         key = f"data/{name}"
@@ -152,7 +154,7 @@ def compare_whole(row: Row, net: Net, caffe: Any, inputs: dict[str, torch.Tensor
             worst_f = max(worst_f, r)
             if r > tol:
                 exact = reference() if exact is None else exact
-                ours, theirs = rel(value, exact[name]), rel(caffe[key], exact[name])
+                ours, theirs = rel(value, exact[0][name]), rel(caffe[key], exact[0][name])
                 if ours > tol and ours > SPREAD * theirs:
                     row.differs.append(f"whole-net forward: blob '{name}' {r:.1e} (from float64: ddl {ours:.1e}, Caffe {theirs:.1e})")
                 else:
@@ -161,10 +163,19 @@ def compare_whole(row: Row, net: Net, caffe: Any, inputs: dict[str, torch.Tensor
         name, r, ours, theirs = max(conditioned, key=lambda c: c[1])
         row.notes.append(f"whole-net forward over the tolerance in {len(conditioned)} blobs, worst '{name}' {r:.1e}: "
                          f"conditioning, not an error: from a float64 run ddl is {ours:.1e} off and Caffe {theirs:.1e}")
+    worst_diff = ("", 0.0)
     for name, value in diffs.items():
         key = f"diff/{name}"
         if key in caffe.files:
-            worst_b = max(worst_b, rel(value, caffe[key]))
+            r = rel(value, caffe[key])
+            worst_b = max(worst_b, r)
+            worst_diff = max(worst_diff, (name, r), key=lambda w: w[1])
+    if worst_diff[1] > tol:
+        exact = reference() if exact is None else exact
+        name = worst_diff[0]
+        if name in exact[1]:
+            row.notes.append(f"whole-net backward: worst blob diff '{name}' {worst_diff[1]:.1e}; from a float64 run ddl is "
+                             f"{rel(diffs[name], exact[1][name]):.1e} off and Caffe {rel(caffe[f'diff/{name}'], exact[1][name]):.1e}")
     learned = _learned(net)
     for key, value in params.items():
         layer, i = key.rsplit("/", 1)
@@ -269,7 +280,7 @@ def run_one(name: str, param: Any, phase: int, peer: Peer, scratch: Path, *, bat
     ours = Net(parse_text(text, schema.NetParameter()), phase, quiet=True)
     load_weights(ours, str(work / "weights.caffemodel"))
     compare_whole(row, ours, caffe, inputs, output_diffs, tol,
-                  lambda: float64_forward(text, phase, work / "weights.caffemodel", inputs))
+                  lambda: float64_run(text, phase, work / "weights.caffemodel", inputs, output_diffs))
     listing = [(int(i), n, t) for i, n, t in (ln.split() for ln in (work / "layers.txt").read_text().splitlines())]
     fresh = Net(parse_text(text, schema.NetParameter()), phase, quiet=True)
     load_weights(fresh, str(work / "weights.caffemodel"))
