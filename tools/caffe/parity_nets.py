@@ -28,6 +28,7 @@ def has_loss(param: Any) -> bool:
 def phases_of(param: Any) -> list[int]:
     """TEST always; TRAIN too where it differs: phase rules, BatchNorm (batch statistics), Dropout."""
     differs = any(len(lp.include) or len(lp.exclude) or lp.type in ("BatchNorm", "Dropout") for lp in param.layer)
+    # (BatchNorm differs even where the file pins use_global_stats: comparable() lets TRAIN use batch statistics.)
     return [schema.TEST, schema.TRAIN] if differs else [schema.TEST]
 
 
@@ -43,7 +44,8 @@ def _shapes(param: Any, phase: int, batch: int) -> dict[str, tuple[int, ...]]:
 
 def comparable(param: Any, phase: int, *, batch: int) -> tuple[Any, list[str]]:
     """A copy of ``param`` (upgraded) for both sides: every data layer active in ``phase`` an ``Input`` of its tops'
-    shapes, with ``batch`` items; ``force_backward`` for a net without a loss; TRAIN-phase Dropout at ratio 0.
+    shapes, with ``batch`` items; ``force_backward`` for a net without a loss; in TRAIN, Dropout at ratio 0 and
+    BatchNorm on batch statistics; fork layers BVLC lacks left out, with what reads them.
 
     Returns:
         (the NetParameter, notes on what was changed).
@@ -94,6 +96,12 @@ def comparable(param: Any, phase: int, *, batch: int) -> tuple[Any, list[str]]:
                 notes.append(note)
         if phase == schema.TRAIN and lp.type == "Dropout":
             new.dropout_param.dropout_ratio = 0.0
+        if phase == schema.TRAIN and new.batch_norm_param.HasField("use_global_stats"):
+            # Deploy files pin BatchNorm to its stored statistics; in TRAIN the batch's own are what training uses.
+            new.batch_norm_param.ClearField("use_global_stats")
+            note = "TRAIN: BatchNorm on the batch's statistics (use_global_stats cleared, as a train_val net has it)"
+            if note not in notes:
+                notes.append(note)
     if forks:
         notes.append(f"left out, a fork's layers BVLC lacks and what reads them: {len(forks)} ({', '.join(forks[:4])}, ...)")
     if dropped:
