@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--peer", default="", help="a BVLC Caffe build (build-caffe.sh SRC DEST: DEST): time and train against it")
     ap.add_argument("--dir", default="", help="with --peer: a zoo folder with the nets' and solvers' published files")
     ap.add_argument("--solvers", default="cifar10_full,googlenet_quick", help="with --peer: solvers to train ('' for none)")
-    ap.add_argument("--train-iterations", type=int, default=10, help="with --peer: timed solver iterations")
+    ap.add_argument("--train-iterations", type=int, default=0, help="with --peer: timed solver iterations (default: 30 CIFAR-10, 3 GoogLeNet)")
     ap.add_argument("--warmup", type=int, default=2, help="with --peer: solver iterations before the timed ones")
     ap.add_argument("--timeout", type=float, default=1800, help="with --peer: seconds per process")
     ap.add_argument("--json", default="caffe_bench.json")
@@ -224,7 +224,7 @@ def against_caffe(a: argparse.Namespace) -> int:
     print(f"peer: {peer.version()}; {platform.node()}; {os.cpu_count()} CPUs; before: {uptime}", flush=True)
     time_rows, train_rows = bench_caffe.run(
         peer, folder=Path(a.dir) if a.dir else None, nets=nets, solvers=[s for s in a.solvers.split(",") if s],
-        threads=threads, rounds=a.rounds, iterations=a.iters or 5, train_iterations=a.train_iterations, warmup=a.warmup,
+        threads=threads, rounds=a.rounds, iterations=a.iters or 3, train_iterations=a.train_iterations or None, warmup=a.warmup,
         timeout=a.timeout, report=lambda line: print(line, flush=True))
     after = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     print()
