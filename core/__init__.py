@@ -4,7 +4,8 @@ Numpy in, numpy out; the adapters (``ddl.torch``, ``ddl.tensorflow``, ``ddl.caff
 build on these calls. The code lives in layer folders, each importing only from the
 ones before it: ``base`` (errors, ops, dtypes, topology, settings) -> ``wire`` (MPI)
 -> ``reduction`` (schedules, algorithms, executor, cost model) -> ``engine`` (cycles,
-fusion, collectives) -> ``runtime`` (init, the public functions) -> ``launcher`` ->
+fusion, collectives) -> ``runtime`` (init, the public functions) -> ``checkpoint``
+(sharded checkpoints) -> ``launcher`` ->
 ``onnx`` -> ``tools`` (``ddl`` commands) -> ``testing``.
 
 Example:

@@ -91,16 +91,55 @@ class TensorFlowKerasState(_VariablesState):
             optimizer.build(model.trainable_variables)  # Keras 3 makes its slots lazily; the state needs them now
         object.__setattr__(self, "model", model)
         object.__setattr__(self, "optimizer", optimizer)
+        self._saved_shards: dict[str, np.ndarray] = {}
         super().__init__(**values)
 
     def _variables(self) -> list[Any]:
         seen: set[int] = set()
         out = []
-        for v in [*self.model.variables, *self.optimizer.variables]:
+        # A sharded optimizer's slots differ by rank: they travel as entries (below).
+        kept = self.optimizer.replicated_variables() if self._is_sharded() else self.optimizer.variables
+        for v in [*self.model.variables, *kept]:
             if id(v) not in seen:
                 seen.add(id(v))
                 out.append(v)
         return out
+
+    # A sharded optimizer's slots: this rank's in memory, one whole copy per host's commit.
+    def _is_sharded(self) -> bool:
+        return bool(getattr(self.optimizer, "shard_optimizer_state", False))
+
+    def _owned_slots(self) -> dict[str, Any]:
+        """The slot variables of the variables this rank owns, by entry key ``optimizer/<i>/<slot>``."""
+        from .keras.slots import local_index, slots
+
+        opt = self.optimizer
+        inner, tvs = opt.inner_optimizer, list(opt._trainable_variables)
+        mine = {id(v) for v in opt.owned_variables()}
+        return {f"optimizer/{i}/{slot}": variables[local_index(inner, v)]
+                for slot, variables in slots(inner).items() for i, v in enumerate(tvs) if id(v) in mine}
+
+    def save(self) -> None:
+        if self._is_sharded():
+            self._saved_shards = {k: np.array(v.numpy(), copy=True) for k, v in self._owned_slots().items()}
+        super().save()
+
+    def restore(self) -> None:
+        if self._is_sharded():
+            for key, variable in self._owned_slots().items():
+                variable.assign(self._saved_shards[key])
+        super().restore()
+
+    def sharded_entries(self) -> dict[str, bytes] | None:
+        if not self._is_sharded():
+            return None
+        return {k: pickle.dumps(v, protocol=pickle.HIGHEST_PROTOCOL) for k, v in self._saved_shards.items()}
+
+    def sharded_owner(self, key: str) -> int:
+        return int(self.optimizer._owners[int(key.split("/")[1])])
+
+    def load_sharded_entries(self, entries: dict[str, bytes]) -> None:
+        self._saved_shards = {k: pickle.loads(blob) for k, blob in entries.items()}
 
 
 class TensorFlowState(_VariablesState):

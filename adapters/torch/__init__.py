@@ -21,6 +21,7 @@ from ddl.base.errors import HorovodInternalError
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
 
+from . import checkpoint as checkpoint  # ddl.torch.checkpoint.save / load: sharded, any world size
 from .broadcast import (  # type: ignore[assignment]
     allgather_object as allgather_object,  # replaces the core's: tensors go to CPU first
 )
@@ -65,6 +66,7 @@ from .movement import (  # type: ignore[assignment]
     reducescatter_async,
 )
 from .optimizer import DistributedOptimizer
+from .sharded_optimizer import ZeroRedundancyOptimizer
 from .sync_batch_norm import SyncBatchNorm
 
 
@@ -85,4 +87,5 @@ __all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     "grouped_allgather_async", "grouped_allreduce", "grouped_allreduce_", "grouped_allreduce_async",
     "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll",
     "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
+    "ZeroRedundancyOptimizer",  # ddl's: torch.distributed.optim's, sharding over ddl's ranks
 ]

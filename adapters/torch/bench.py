@@ -1,5 +1,10 @@
 """``ddl bench torch``: training-step time of ddl.torch, DDP with gloo and no distribution.
 
+With ``--zero`` ddl.torch with sharded optimizer state (``shard_optimizer_state=True``)
+runs beside them, with its step time over the unsharded one's (``vs ddl``); ``--optimizer
+adam`` trains with Adam, whose update the sharded mode divides among the ranks. With
+``--memory`` it measures memory instead (:mod:`ddl.torch.bench_memory`).
+
 Two models, an MLP of about 5 M parameters and a CNN whose single-process step computes
 for about ``--cnn-step-ms``, are trained on synthetic batches at each world size in
 ``--ranks`` (default 1 and 2), one thread per process. Contenders run in interleaved
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -31,6 +37,12 @@ from torch import nn
 from .resnet import resnet50
 
 CONTENDERS = ["none", "ddl.torch", "DDP-gloo"]
+#: The sharded contender ``--zero`` adds.
+ZERO = "ddl.torch-zero"
+OPTIMIZERS: dict[str, Callable[[Any], torch.optim.Optimizer]] = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.01, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-4),
+}
 
 
 def mlp() -> nn.Module:
@@ -68,9 +80,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where models train (cuda: every rank on GPU local_rank %% GPUs; ddl stages through "
                              "pinned host memory, DDP-gloo through host memory too)")
+    parser.add_argument("--optimizer", default="sgd", choices=sorted(OPTIMIZERS),
+                        help="sgd (with momentum) or adam")
+    parser.add_argument("--zero", action="store_true",
+                        help="also time ddl.torch with sharded optimizer state (shard_optimizer_state=True)")
+    parser.add_argument("--memory", action="store_true",
+                        help="measure optimizer-state bytes and peak RSS per rank, sharded and not, instead "
+                             "(see python -m ddl.torch.bench_memory --help)")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    args, rest = parser.parse_known_args(argv)
+    if args.memory:
+        from .bench_memory import main as memory
+
+        return memory(["--ranks", args.np, "--out", args.out, *rest])
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.worker:
         return _worker(args)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -89,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(tmp) / "result.json"
             proc = relaunch(p, ["-m", "ddl.torch.bench", "--worker", str(out), "--models", args.models, "--mlp-batch", str(args.mlp_batch),
                              "--cnn-batch", str(batch), "--cnn-step-ms", str(args.cnn_step_ms),
-                                "--rounds", str(args.rounds), "--steps", str(args.steps), "--device", args.device])
+                                "--rounds", str(args.rounds), "--steps", str(args.steps), "--device", args.device,
+                                "--optimizer", args.optimizer, *(["--zero"] if args.zero else [])])
             if proc.returncode != 0 or not out.exists():
                 print(f"ddl bench torch: the {p}-rank run failed (exit {proc.returncode})", file=sys.stderr)
                 return 1
@@ -97,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
         batch = result["batch"].get("cnn", batch)  # later world sizes reuse the tuned batch
         runs.append(result)
     report = summarize(runs)
+    report["optimizer"] = args.optimizer
+    report["load_average"] = list(os.getloadavg())
     print(format_table(report))
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -117,7 +145,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         p = run["size"]
         for model, per in run["step_s"].items():
             batch = run["batch"][model]
-            for c in CONTENDERS:
+            for c in [c for c in [*CONTENDERS, ZERO] if c in per]:
                 t = per[c]
                 rows.append({
                     "model": model, "params": run["params"][model], "ranks": p, "contender": c,
@@ -125,24 +153,30 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     "scaling_efficiency": base[model] / t if model in base else None,
                     "vs_ddp": t / per["DDP-gloo"],
                     "vs_floor": t / (per["none"] + run["allreduce_s"][model]) if c == "ddl.torch" and p > 1 else None,
+                    "vs_ddl": t / per["ddl.torch"] if c == ZERO else None,
                 })
     return {"rows": rows, "threads_per_process": 1, "date": time.strftime("%Y-%m-%d"),
             "torch": torch.__version__}
 
 
 def format_table(report: dict[str, Any]) -> str:
-    head = (f"{'model':6} {'params':>8} {'ranks':>5} {'contender':10} {'batch':>5} {'step ms':>9} "
-            f"{'samples/s':>10} {'efficiency':>10} {'vs DDP':>7} {'vs floor':>8}")
-    lines = [f"training step, one thread per process (torch {report['torch']})", head]
+    head = (f"{'model':6} {'params':>8} {'ranks':>5} {'contender':14} {'batch':>5} {'step ms':>9} "
+            f"{'samples/s':>10} {'efficiency':>10} {'vs DDP':>7} {'vs floor':>8} {'vs ddl':>7}")
+    extra = "".join(f", {k} {report[k]}" for k in ("optimizer",) if k in report)
+    load = report.get("load_average")
+    lines = [f"training step, one thread per process (torch {report['torch']}{extra})"
+             + (f"; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}" if load else ""), head]
     for r in report["rows"]:
         eff = "" if r["scaling_efficiency"] is None else f"{r['scaling_efficiency']:.3f}"
         floor = "" if r.get("vs_floor") is None else f"{r['vs_floor']:.3f}"
-        lines.append(f"{r['model']:6} {r['params'] / 1e6:7.2f}M {r['ranks']:5d} {r['contender']:10} "
+        vs_ddl = "" if r.get("vs_ddl") is None else f"{r['vs_ddl']:.3f}"
+        lines.append(f"{r['model']:6} {r['params'] / 1e6:7.2f}M {r['ranks']:5d} {r['contender']:14} "
                      f"{r['batch_per_rank']:5d} {r['step_ms']:9.2f} {r['samples_per_s']:10.1f} {eff:>10} "
-                     f"{r['vs_ddp']:7.3f} {floor:>8}")
+                     f"{r['vs_ddp']:7.3f} {floor:>8} {vs_ddl:>7}")
     lines.append("efficiency: throughput at p ranks / (p x one undistributed process); "
                  "vs DDP: step time / DDP-gloo step time; vs floor: ddl.torch's step / (the no-communication "
-                 "step + one ddl.allreduce of the model's gradient bytes), all in the same rounds")
+                 "step + one ddl.allreduce of the model's gradient bytes); vs ddl: the sharded step / the "
+                 "unsharded ddl.torch step; all in the same rounds")
     return "\n".join(lines)
 
 
@@ -175,12 +209,14 @@ def _worker(args: argparse.Namespace) -> int:
         x = torch.randn(batch, *shape, generator=gen).to(device)
         y = torch.randint(0, 10, (batch,), generator=gen).to(device)
         steppers: dict[str, Callable[[], None]] = {}
-        for c in CONTENDERS:
+        contenders = [*CONTENDERS, *([ZERO] if args.zero else [])]
+        for c in contenders:
             torch.manual_seed(0)
             model = build().to(device)
-            opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-            if c == "ddl.torch":
-                opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+            opt: torch.optim.Optimizer = OPTIMIZERS[args.optimizer](model.parameters())
+            if c in ("ddl.torch", ZERO):
+                opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
+                                              shard_optimizer_state=c == ZERO)
             elif c == "DDP-gloo":
                 model = DistributedDataParallel(model)
             steppers[c] = _stepper(model, opt, x, y)
@@ -195,8 +231,9 @@ def _worker(args: argparse.Namespace) -> int:
         for c in steppers:
             steppers[c]()  # warm-up: first-touch allocations, bucket rebuilds
         for r in range(args.rounds):
-            order = [*CONTENDERS, "allreduce"]
-            for c in order[r % 4 :] + order[: r % 4]:  # rotate: no contender always goes first
+            order = [*contenders, "allreduce"]
+            k = r % len(order)
+            for c in order[k:] + order[:k]:  # rotate: no contender always goes first
                 comm.Barrier()
                 t0 = time.perf_counter()
                 for _ in range(args.steps):

@@ -11,6 +11,9 @@ import ddl
 import torch
 from ddl.runtime import api
 
+from .optimizer import DistributedOptimizer
+from .tensors import to_cpu as _to_cpu
+
 
 def broadcast_parameters(
     params: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], root_rank: int = 0,
@@ -95,6 +98,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     _check_manifest(groups, "broadcast_optimizer_state (parameters per group)")
     if ddl.size() == 1:
         return
+    sharded = getattr(type(optimizer), "broadcast_state", None)  # ShardedOptimizer's (ZeRO-1)
+    if isinstance(optimizer, DistributedOptimizer) and sharded is not None:
+        sharded(optimizer, root_rank)  # each rank takes its part of the root's state
+        return
     state = _to_cpu(optimizer.state_dict()) if ddl.rank() == root_rank else None
     state = ddl.broadcast_object(state, root_rank, name="ddl.torch.broadcast_optimizer_state")
     if ddl.rank() != root_rank:
@@ -117,16 +124,6 @@ def _bytes_of(t: torch.Tensor) -> np.ndarray:
     flat = t.detach().reshape(-1).contiguous().cpu()
     out: np.ndarray = flat.view(torch.uint8).numpy()
     return out
-
-
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
 
 
 def _check_manifest(manifest: Any, what: str) -> None:

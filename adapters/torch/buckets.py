@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import torch
-from ddl.reduction.buckets import MiB, plan_buckets
+from ddl.reduction.buckets import (
+    FLAGS_PER_TENSOR,
+    GradientBucket,
+    MiB,
+    gradient_buckets,
+    plan_buckets,
+)
 
 from .staging import Copy, Device
 
-__all__ = ["Bucket", "MiB", "plan_buckets"]
+__all__ = ["Bucket", "GradientBucket", "MiB", "gradient_buckets", "plan_buckets"]
 
 
 class Bucket:
@@ -15,7 +21,8 @@ class Bucket:
 
     The buffer holds every gradient followed by one flag per parameter (1 where this
     rank has a dense gradient, else 0), then one more per parameter (1 where this rank
-    has a sparse gradient to allgather, else 0). Reduced with the gradients, a flag above
+    has a sparse gradient to allgather, else 0): ``FLAGS_PER_TENSOR`` (2) elements per
+    parameter, which ``ddl plan`` prices with the gradients. Reduced with the gradients, a flag above
     zero says some rank had one, so a parameter unused everywhere keeps ``grad=None`` as it
     would in a single process, one unused only here still gets the others' gradient, and
     every rank knows which sparse gradients to gather, this one's included or not.
@@ -36,7 +43,7 @@ class Bucket:
         first = params[0]
         pin = first.device.type == "cuda"
         # Made once and reused every step: no pinned allocation on the step's path.
-        self.buffer = torch.zeros(total + 2 * len(params), dtype=first.dtype, pin_memory=pin)
+        self.buffer = torch.zeros(total + FLAGS_PER_TENSOR * len(params), dtype=first.dtype, pin_memory=pin)
         self.device = device
         self.ready = 0
         self.handle: object | None = None

@@ -24,8 +24,10 @@ import numpy as np
 import torch
 from ddl.base.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl.runtime.elastic import ObjectState, State, run, updates_pending, world_number
-from ddl.runtime.elastic_shards import deal, epoch_order
+from ddl.runtime.elastic.position import DataPosition
 from ddl.runtime.process import rank, size
+
+from .sharded_optimizer import ShardedOptimizer
 
 
 class ElasticSampler(torch.utils.data.Sampler[int]):
@@ -36,7 +38,7 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
     epoch (:meth:`record_batch`), so that after a reset (tracked by a :class:`TorchState`)
     the remaining samples are dealt over the new world: none is repeated or skipped. The
     one exception is the epoch's last step when fewer samples remain than it takes to give
-    every rank as many batches (see :func:`ddl.runtime.elastic_shards.deal`): pass
+    every rank as many batches (see :func:`ddl.runtime.elastic.position.deal`): pass
     ``batch_size`` so that happens only when it must.
 
     Args:
@@ -48,37 +50,42 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
 
     def __init__(self, dataset: Sized, shuffle: bool = True, seed: int = 0, *, batch_size: int | None = None) -> None:
         self.dataset, self.shuffle, self.seed, self.batch_size = dataset, shuffle, seed, batch_size
-        self.epoch = 0
-        self.processed_num = 0
+        self.position = DataPosition(seed=seed)
         self.num_replicas, self.rank = 1, 0
         self.indices: list[int] = []
         self.reset()
 
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    @property
+    def processed_num(self) -> int:
+        """Samples of this epoch the whole world has processed."""
+        return self.position.processed
+
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` (call it at the *end* of the previous one, so a reset does not repeat it)."""
-        self.epoch = epoch
-        self.processed_num = 0
+        self.position.start_epoch(epoch)
         self.reset()
 
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
         """Count one processed batch of ``batch_size`` per rank (the whole world's)."""
-        self.processed_num = min(len(self.dataset), self.processed_num + batch_size * self.num_replicas)
+        self.position.advance(per_rank=batch_size, size=self.num_replicas, limit=len(self.dataset))
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "processed_num": self.processed_num}
+        return self.position.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self.epoch = int(state_dict["epoch"])
-        self.processed_num = int(state_dict["processed_num"])
+        self.position.load_state_dict(state_dict)
         self.reset()
 
     def reset(self) -> None:
         """Deal the epoch's remaining samples over the current world (rank and size now)."""
         self.num_replicas, self.rank = size(), rank()
-        order = epoch_order(len(self.dataset), epoch=self.epoch, seed=self.seed, shuffle=self.shuffle)
-        remaining = order[self.processed_num:]
-        self.indices = [int(i) for i in deal(remaining, rank=self.rank, size=self.num_replicas,
-                                             batch_size=self.batch_size)]
+        share = self.position.share(len(self.dataset), rank=self.rank, size=self.num_replicas,
+                                    batch_size=self.batch_size, shuffle=self.shuffle)
+        self.indices = [int(i) for i in share]
 
     def __iter__(self) -> Iterator[int]:
         return iter(list(self.indices))
@@ -101,8 +108,53 @@ class _Handler:
     def restore(self) -> None:
         self.value.load_state_dict(copy.deepcopy(self.saved))
 
+    def replicated(self) -> Any:
+        """What every rank holds alike (all of it, here)."""
+        return self.saved
+
+    def load_replicated(self, saved: Any) -> None:
+        self.saved = saved
+
+
+class _ShardedOptimizerHandler(_Handler):
+    """A sharded optimizer: the saved copy is this rank's part (its parameters' state), and
+    the hyperparameters, which every rank holds alike. The parts travel as entries keyed by
+    the parameter's place in ``param_groups``, to their owner in each world."""
+
+    value: ShardedOptimizer
+
+    def save(self) -> None:
+        self.saved = copy.deepcopy(self.value.shard_state_dict())
+
+    def restore(self) -> None:
+        self.value.load_shard(copy.deepcopy(self.saved))
+
+    def replicated(self) -> Any:
+        return {"param_groups": self.saved["param_groups"], "state": {}}
+
+    def load_replicated(self, saved: Any) -> None:
+        self.saved = {"param_groups": saved["param_groups"], "state": self.saved["state"]}
+
+    def entries(self, name: str) -> dict[str, bytes]:
+        out = {}
+        for index, slots in self.saved["state"].items():
+            buffer = io.BytesIO()
+            torch.save({k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in slots.items()}, buffer)
+            out[f"{name}/{index}"] = buffer.getvalue()
+        return out
+
+    def owner(self, index: int) -> int:
+        rank_of = self.value.partition.owners[index]
+        return rank_of if rank_of >= 0 else 0
+
+    def load_entries(self, entries: dict[int, bytes]) -> None:
+        self.saved["state"] = {i: torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False)
+                               for i, blob in entries.items()}
+
 
 def _handler_for(value: Any) -> _Handler | None:
+    if isinstance(value, ShardedOptimizer):
+        return _ShardedOptimizerHandler(value)
     kinds = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, ElasticSampler)
     return _Handler(value) if isinstance(value, kinds) else None
 
@@ -114,6 +166,10 @@ class TorchState(ObjectState):
     ``DistributedOptimizer`` too), LR scheduler or :class:`ElasticSampler` is kept through
     its ``state_dict``; any other value is a plain attribute (``state.epoch``). Assigning
     such an object anew (``state.model = other``) tracks the new one.
+
+    A sharded optimizer (``shard_optimizer_state=True``) is kept as its parts: each rank's
+    saved copy holds its own parameters' state, each host's commit every rank's (one
+    whole copy per host), and the next world re-splits it by its own partition.
 
     Example:
         >>> state = TorchState(model=model, optimizer=opt, epoch=0, step=0)   # doctest: +SKIP
@@ -148,7 +204,7 @@ class TorchState(ObjectState):
 
     def saved_bytes(self) -> bytes:
         buffer = io.BytesIO()
-        torch.save({"objects": {name: h.saved for name, h in self._handlers.items()},
+        torch.save({"objects": {name: h.replicated() for name, h in self._handlers.items()},
                     "values": self._saved_state}, buffer)
         return buffer.getvalue()
 
@@ -156,8 +212,30 @@ class TorchState(ObjectState):
         data = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
         for name, saved in data["objects"].items():
             if name in self._handlers:
-                self._handlers[name].saved = saved
+                self._handlers[name].load_replicated(saved)
         self._saved_state = data["values"]
+
+    # A sharded optimizer's state: this rank's part in memory, one whole copy per host's commit.
+    def _sharded(self) -> dict[str, _ShardedOptimizerHandler]:
+        return {n: h for n, h in self._handlers.items() if isinstance(h, _ShardedOptimizerHandler)}
+
+    def sharded_entries(self) -> dict[str, bytes] | None:
+        sharded = self._sharded()
+        if not sharded:
+            return None
+        out: dict[str, bytes] = {}
+        for name, handler in sharded.items():
+            out.update(handler.entries(name))
+        return out
+
+    def sharded_owner(self, key: str) -> int:
+        name, index = key.rsplit("/", 1)
+        return self._sharded()[name].owner(int(index))
+
+    def load_sharded_entries(self, entries: dict[str, bytes]) -> None:
+        for name, handler in self._sharded().items():
+            handler.load_entries({int(k.rsplit("/", 1)[1]): blob for k, blob in entries.items()
+                                  if k.rsplit("/", 1)[0] == name})
 
 
 def preload() -> None:

@@ -12,6 +12,7 @@ import torch
 from ddl.base.ops import ReduceOp, as_op
 from ddl.engine.compression import as_compressor
 from ddl.engine.naming import call_site_name, manifest_name
+from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB
 from ddl.runtime import api
 
 from .reducer import Options, Reducer, late_buckets
@@ -45,8 +46,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         op: ``ddl.Average`` (default) or ``ddl.Sum`` over ranks.
         gradient_predivide_factor: with Average, divide by this before the sum and by
             size/factor after it (keeps fp16 sums in range on large jobs).
-        bucket_cap_mb: the size cap of every bucket but the first.
-        first_bucket_mb: the size cap of the first bucket.
+        bucket_cap_mb: the size cap of every bucket but the first (default: the planner's,
+            :data:`ddl.reduction.buckets.BUCKET_BYTES`: 25 MiB, DDP's).
+        first_bucket_mb: the size cap of the first bucket (default 1 MiB, the planner's
+            :data:`~ddl.reduction.buckets.FIRST_BUCKET_BYTES`).
         num_groups, groups: Horovod's manual grouping of gradients into fused allreduces;
             accepted, and left to ddl's bucket planner (which groups by arrival order).
         sparse_as_dense: reduce sparse gradients (``Embedding(sparse=True)``) as dense
@@ -57,6 +60,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             gradients, as Horovod's does (with a warning at construction).
         op=ddl.Adasum: returns Horovod's Adasum optimizer instead (each rank steps locally
             and the parameter changes are combined by Adasum).
+        shard_optimizer_state: ZeRO stage 1: each rank keeps the optimizer state of about
+            1/N of the parameters and updates only those; gradients reach their owners by
+            a reduce-scatter and the updated parameters every rank by an allgather (see
+            :class:`~ddl.torch.sharded_optimizer.ShardedOptimizer` and the sharding guide).
 
     Example:
         >>> opt = ddl.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -71,15 +78,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
             from .adasum_optimizer import DistributedAdasumOptimizer
 
             return DistributedAdasumOptimizer(optimizer, *args, **kwargs)
+        if kwargs.get("shard_optimizer_state") and cls is DistributedOptimizer:
+            # ZeRO stage 1: the same wrapper, with each rank keeping and updating its part
+            # (the subclass that registered itself below; ddl.torch imports it).
+            sharded = DistributedOptimizer._sharded_class
+            if sharded is None:
+                raise RuntimeError("shard_optimizer_state=True needs ddl.torch.sharded_optimizer; import ddl.torch")
+            return super().__new__(sharded)
         return super().__new__(cls)
+
+    #: The sharded wrapper (ZeRO-1), which registers itself by subclassing with ``shards=True``.
+    _sharded_class: type[DistributedOptimizer] | None = None
+
+    def __init_subclass__(cls, *, shards: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if shards:
+            DistributedOptimizer._sharded_class = cls
 
     def __init__(
         self, optimizer: torch.optim.Optimizer,
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
         compression: Any = None, backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
-        sparse_as_dense: bool = False, process_set: Any = None, *, bucket_cap_mb: float = 25.0,
-        first_bucket_mb: float = 1.0,
+        sparse_as_dense: bool = False, process_set: Any = None, *, bucket_cap_mb: float = BUCKET_BYTES / MiB,
+        first_bucket_mb: float = FIRST_BUCKET_BYTES / MiB, shard_optimizer_state: bool = False,
     ) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a ddl.torch.DistributedOptimizer; wrap it once")
@@ -97,12 +119,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not bucket_cap_mb > 0 or not first_bucket_mb > 0:
             raise ValueError(f"bucket sizes must be > 0 MiB, got bucket_cap_mb={bucket_cap_mb} "
                              f"and first_bucket_mb={first_bucket_mb}")
+        if shard_optimizer_state:
+            _check_shardable(optimizer, compression, process_set)
         self.__dict__["optimizer"] = optimizer
         self._options = Options(
             compression=as_compressor(compression), backward_passes_per_step=backward_passes_per_step,
             op=reduce_op, gradient_predivide_factor=float(gradient_predivide_factor),
             bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
-            sparse_as_dense=bool(sparse_as_dense),
+            sparse_as_dense=bool(sparse_as_dense or shard_optimizer_state),  # sharded: owners re-sparsify
             process_set=None if process_set is None or process_set.process_set_id == 0 else process_set,
         )
         self._names = _names_of(optimizer, named_parameters)
@@ -197,12 +221,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             prefix = self._base
         self._prefix = prefix
         self._known = params
-        outside = self.__dict__.get("_outside", False)
-        self._reducer = Reducer([] if outside else params, self._names, self._options, prefix, order=order,
-                                no_sync=self.__dict__.get("_no_sync", False))
-        self._skip = False
-        if check and not outside:
+        if check and not self.__dict__.get("_outside", False):
             _check_same_model(_manifest(params, self._names), self._options.process_set)
+        self._reducer = self._new_reducer(params, prefix, order=order, check=check)
+        self._skip = False
+
+    def _new_reducer(self, params: list[torch.Tensor], prefix: str, *, order: list[int] | None,
+                     check: bool) -> Reducer:
+        """The reducer for ``params`` (``check``: a collective call is allowed, as at construction)."""
+        outside = self.__dict__.get("_outside", False)
+        return Reducer([] if outside else params, self._names, self._options, prefix, order=order,
+                       no_sync=self.__dict__.get("_no_sync", False))
 
     def _next_prefix(self) -> str:
         self._version += 1
@@ -214,6 +243,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._names.setdefault(p, f"param_groups[{g}].params[{i}]")
 
     # -- the public optimizer interface ------------------------------------------------
+    def gradient_order(self) -> list[int] | None:
+        """The order of the gradients (indices of the trainable parameters, in parameter
+        order) the ranks agreed on after the first step, which the buckets follow since;
+        None before. ``ddl plan --order`` takes it to price exactly these buckets.
+
+        Example:
+            >>> json.dump(opt.gradient_order(), open("order.json", "w"))   # doctest: +SKIP
+            >>> # ddl plan ... --model pkg.mod:factory --order order.json
+        """
+        return None if self._reducer.agreed is None else list(self._reducer.agreed)
+
     def synchronize(self) -> None:
         """Finish every bucket's allreduce and write the averaged gradients into ``.grad``.
 
@@ -345,6 +385,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer.add_param_group(param_group)
         self._name_new()
         self._attach(prefix=self._next_prefix())
+
+
+def _check_shardable(optimizer: torch.optim.Optimizer, compression: Any, process_set: Any) -> None:
+    """Refuse what a sharded optimizer cannot do, before any collective call."""
+    if isinstance(optimizer, torch.optim.LBFGS):
+        raise ValueError("shard_optimizer_state=True cannot shard LBFGS: its step looks at every parameter at once "
+                         "(a flat view of all of them); use it unsharded")
+    if as_compressor(compression).wire is not None:
+        raise ValueError("shard_optimizer_state=True reduces gradients in their own dtype; drop compression= "
+                         "(or train unsharded to compress them)")
+    if process_set is not None and process_set.process_set_id != 0:
+        raise ValueError("shard_optimizer_state=True shards over every rank; drop process_set= "
+                         "(or train unsharded within the process set)")
 
 
 def _all_params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -14,7 +14,7 @@ from ddl.runtime import api
 from ddl.runtime.process_sets import global_process_set
 
 from . import staging
-from .buckets import Bucket, MiB, plan_buckets
+from .buckets import Bucket, GradientBucket, MiB, gradient_buckets, plan_buckets
 from .collectives import TorchHandle, sparse_allreduce_async
 from .tensors import host_view
 
@@ -81,20 +81,17 @@ class Reducer:
                        for p in self.trainable]
 
     # -- the plan ----------------------------------------------------------------------
-    def _plan(self, order: list[int] | None) -> list[list[int]]:
+    def _plan(self, order: list[int] | None) -> tuple[GradientBucket, ...]:
+        """The buckets, by the planner ``ddl plan`` prices with (in ``order`` once the ranks agreed
+        on one; parameters no rank saw then get buckets of their own: the seen ones never wait)."""
         opts, t = self.options, self.trainable
-        sizes = [p.numel() * p.element_size() for p in t]
-        kinds = [(p.dtype, p.device) for p in t]
-        first, cap = int(opts.first_bucket_mb * MiB), int(opts.bucket_cap_mb * MiB)
-        if order is None:
-            return plan_buckets(sizes, kinds, first_cap=first, cap=cap)
-        seen = set(order)
-        # Parameters no rank saw get buckets of their own: the seen ones never wait for them.
-        rest = [i for i in reversed(range(len(t))) if i not in seen]
-        return (plan_buckets(sizes, kinds, first_cap=first, cap=cap, order=order)
-                + plan_buckets(sizes, kinds, first_cap=cap, cap=cap, order=rest))
+        return gradient_buckets([p.numel() for p in t], [p.element_size() for p in t],
+                                kinds=[(p.dtype, p.device) for p in t], first_cap=int(opts.first_bucket_mb * MiB),
+                                cap=int(opts.bucket_cap_mb * MiB), order=order)
 
-    def _build(self, plan: list[list[int]], prefix: str) -> None:
+    def _build(self, gradient_plan: tuple[GradientBucket, ...], prefix: str) -> None:
+        self.gradient_plan = gradient_plan
+        plan = [list(b.members) for b in gradient_plan]
         self.plan = plan
         devices: dict[torch.device, staging.Device | None] = {}  # one side stream per device
         buckets = []
@@ -103,10 +100,14 @@ class Reducer:
             where = params[0].device
             if where not in devices:
                 devices[where] = staging.device_for(params)
-            buckets.append(Bucket(k, f"{prefix}.b{k}", params, devices[where]))
+            buckets.append(self._bucket(k, f"{prefix}.b{k}", params, devices[where]))
         self.buckets = buckets
         self._slot = {p: b for b in self.buckets for p in b.params}
         self._landing: list[Bucket] = []  # launched, gradients still being copied to the host
+
+    def _bucket(self, index: int, name: str, params: list[torch.Tensor], device: staging.Device | None) -> Bucket:
+        """One bucket of the plan (a sharded reducer lays its buffer out by owner)."""
+        return Bucket(index, name, params, device)
 
     def _agree_order(self, observed: list[int]) -> None:
         """Re-plan the buckets in the order every rank agrees on (a collective call)."""
@@ -126,7 +127,7 @@ class Reducer:
         self.agreed = merged
         plan = self._plan(merged)
         # Only membership decides when a bucket can start: keep the buffers if it holds.
-        if [set(b) for b in plan] != [set(b) for b in self.plan]:
+        if [set(b.members) for b in plan] != [set(b) for b in self.plan]:
             self._build(plan, f"{self.prefix}.r")
 
     def stop_observing(self) -> None:

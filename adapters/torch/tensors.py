@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -95,3 +96,20 @@ def check_tensor(t: object, what: str) -> torch.Tensor:
         raise TypeError(f"ddl.torch.{what} takes dense tensors, got layout {t.layout}; "
                         "call .to_dense() first")
     return t
+
+
+def to_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor in it (through dicts, lists and tuples) detached and on the CPU,
+    as collectives of Python objects and checkpoints send them.
+
+    Example:
+        >>> to_cpu({"a": [torch.ones(1)]})
+        {'a': [tensor([1.])]}
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj

@@ -266,6 +266,11 @@ def transport_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {name: env[name] for name in sorted(env) if name.startswith(TRANSPORT_PREFIXES)}
 
 
+def environment() -> dict[str, str]:
+    """A copy of this process's whole environment (what a process hands on to one it starts for it)."""
+    return dict(os.environ)
+
+
 def search_path(env: Mapping[str, str] | None = None) -> list[str]:
     """The folders of ``PATH``, where the launcher looks for mpiexec last."""
     env = os.environ if env is None else env

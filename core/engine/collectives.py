@@ -26,6 +26,7 @@ from ddl.engine.fusion import Request
 from ddl.engine.handle import GroupHandle, Handle
 from ddl.engine.negotiation import Descriptor, error_descriptor
 from ddl.reduction import algorithms
+from ddl.reduction.segments import check_bounds
 
 
 class Collectives:
@@ -279,6 +280,27 @@ class Collectives:
 
         return self._submit(what, name, prepare)
 
+    def reduce_segments_async(self, buf: np.ndarray, bounds: Sequence[int], *, op: Any = ReduceOp.AVERAGE,
+                              name: str | None = None) -> Handle:
+        """Start a reduce-scatter over owner segments, in place; see :func:`ddl.runtime.api.reduce_segments_async`."""
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            arr, rop = _segment_input(buf, "reduce_segments", op)
+            if rop not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+                raise ValueError(f"reduce_segments sums or averages, got ddl.{rop.name.title()}")
+            cuts = check_bounds(bounds, self.topology.size, arr.size)
+            return (arr.size, str(arr.dtype), cuts, rop.name), lambda: self.ctx.reduce_segments(arr, cuts, op=rop)
+
+        return self._submit("reduce_segments", name, prepare)
+
+    def allgather_segments_async(self, buf: np.ndarray, bounds: Sequence[int], *, name: str | None = None) -> Handle:
+        """Start an allgather of owner segments, in place; see :func:`ddl.runtime.api.allgather_segments_async`."""
+        def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
+            arr, _ = _segment_input(buf, "allgather_segments", ReduceOp.SUM)
+            cuts = check_bounds(bounds, self.topology.size, arr.size)
+            return (arr.size, str(arr.dtype), cuts), lambda: self.ctx.allgather_segments(arr, cuts)
+
+        return self._submit("allgather_segments", name, prepare)
+
     def alltoall_async(self, x: Any, splits: Sequence[int] | None = None, *, name: str | None = None) -> Handle:
         """Start an alltoall; ``wait()`` returns (rows received, rows received from each rank)."""
         def prepare() -> tuple[tuple[Any, ...], Callable[[], Any]]:
@@ -358,6 +380,14 @@ class Collectives:
         size = self.topology.size
         if not isinstance(root_rank, (int, np.integer)) or not 0 <= root_rank < size:
             raise ValueError(f"root_rank={root_rank!r} is not a rank of this job; use 0..{size - 1}")
+
+
+def _segment_input(buf: Any, what: str, op: Any) -> tuple[np.ndarray, ReduceOp]:
+    """``buf`` checked as the 1-D, contiguous, writable array a segment exchange works in."""
+    arr, rop = reduction_input(buf, op, what, writable=True)
+    if arr.ndim != 1 or not arr.flags.c_contiguous:
+        raise ValueError(f"{what} works in place on a 1-D contiguous array, got shape {arr.shape}")
+    return arr, rop
 
 
 def _scales(prescale: float, postscale: float) -> tuple[float, ...]:

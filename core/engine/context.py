@@ -22,6 +22,7 @@ from ddl.reduction import adasum, algorithms, cost
 from ddl.reduction.calibration import Calibration
 from ddl.reduction.executor import run_schedule
 from ddl.reduction.schedule import Schedule
+from ddl.reduction.segments import segment_schedule, sole_owner
 from ddl.wire.comm import Comm
 
 
@@ -124,6 +125,32 @@ class Context:
             dtypes.divide(mine, p)
         dtypes.scale(mine, postscale)
         return mine.astype(arr.dtype if out_dtype is None else out_dtype)  # a copy: the rest of the buffer can go
+
+    def reduce_segments(self, buf: np.ndarray, bounds: tuple[int, ...], *, op: ReduceOp) -> None:
+        """Reduce the 1-D contiguous ``buf`` over ranks so that this rank's segment
+        ``buf[bounds[rank]:bounds[rank + 1]]`` holds the result (Average: divided by the
+        world size); the rest of ``buf`` is left as scratch. Same bits on every rank for
+        every segment (each is summed once, in one order)."""
+        p, me = self.topology.size, self.topology.rank
+        if p > 1 and buf.size:
+            seg = max(1, self.config.segment_bytes // buf.itemsize)
+            run_schedule(self.comm, segment_schedule(self.topology, me, bounds, reduce=True), buf, op,
+                         segment_elems=seg, shm_bytes=self.config.shm_bytes)
+        if op is ReduceOp.AVERAGE:
+            dtypes.divide(buf[bounds[me] : bounds[me + 1]], p)
+
+    def allgather_segments(self, buf: np.ndarray, bounds: tuple[int, ...]) -> None:
+        """Fill every rank's segment of the 1-D contiguous ``buf`` with that rank's, in place
+        (a broadcast when one rank's segment holds everything)."""
+        if self.topology.size == 1 or not buf.size:
+            return
+        root = sole_owner(bounds)
+        if root is not None:
+            self.comm.bcast_buffer(buf, root)
+            return
+        seg = max(1, self.config.segment_bytes // buf.itemsize)
+        run_schedule(self.comm, segment_schedule(self.topology, self.topology.rank, bounds, reduce=False), buf,
+                     ReduceOp.SUM, segment_elems=seg, shm_bytes=self.config.shm_bytes)
 
     def alltoall(self, arr: np.ndarray, splits: list[int]) -> tuple[np.ndarray, list[int]]:
         """Send rows ``splits[r]`` of ``arr`` (consecutive, axis 0) to rank r; return the

@@ -34,10 +34,10 @@ from ddl.engine.context import Context
 from ddl.engine.handle import Handle
 from ddl.engine.negotiation import Descriptor
 from ddl.engine.timeline import Timeline
+from ddl.reduction.buckets import SOLO_BYTES, FusionItem, fuse
 
-#: An in-place, contiguous allreduce at least this large runs on its own, in its own
-#: memory: fusing it would copy it in and out to save one latency it does not notice.
-SOLO_BYTES = 1 << 20
+__all__ = ["SOLO_BYTES", "Request", "execute", "finish_inline", "inline_bytes", "pack_inline", "reduce_payloads",
+           "trace_inline"]
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -143,37 +143,29 @@ def reduce_payloads(parts: list[np.ndarray], op: ReduceOp, into: np.ndarray | No
 
 def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline: Timeline | None, *,
             solo: bool = True) -> None:
-    """Run ``ready`` in order: allreduces fused into buckets, the rest one by one.
+    """Run ``ready`` in order: allreduces fused into buckets by :func:`ddl.reduction.buckets.fuse`
+    (the rule ``ddl plan`` prices with), the rest one by one.
 
     ``solo=False``: large in-place tensors are fused like the rest (a cycle with joined
     ranks, whose stand-ins are not in place, must bucket exactly as the others do).
     """
-    buckets: dict[tuple[Any, ...], tuple[list[Request], list[int]]] = {}  # open bucket, its bytes
-    order: list[list[Request] | Request] = []
-    for req in ready:
-        if req.kind != "allreduce":
-            order.append(req)
-            continue
-        a, comp = req.array, req.compression
-        assert a is not None
-        wire = comp.wire_dtype(a.dtype)
-        nbytes = a.size * wire.itemsize
-        if solo and req.inplace and nbytes >= SOLO_BYTES and wire == a.dtype and a.flags.c_contiguous:
-            order.append([req])  # already a bucket (a framework's): reduced where it lies, no copies
-            continue
-        key = (a.dtype, wire, req.op, req.algorithm, req.prescale, req.postscale, req.divisor)
-        lane = buckets.get(key)
-        if lane is not None and lane[1][0] + nbytes <= fusion_threshold:
-            lane[0].append(req)
-            lane[1][0] += nbytes
+    for group in fuse([_fusion_item(req, solo) for req in ready], fusion_threshold):
+        first = ready[group[0]]
+        if first.kind != "allreduce":
+            _run_single(first, timeline)
         else:
-            lane = buckets[key] = ([req], [nbytes])
-            order.append(lane[0])
-    for item in order:
-        if isinstance(item, Request):
-            _run_single(item, timeline)
-        else:
-            _run_bucket(ctx, item, timeline)
+            _run_bucket(ctx, [ready[i] for i in group], timeline)
+
+
+def _fusion_item(req: Request, solo: bool) -> FusionItem | None:
+    if req.kind != "allreduce":
+        return None
+    a, comp = req.array, req.compression
+    assert a is not None
+    wire = comp.wire_dtype(a.dtype)
+    key = (a.dtype, wire, req.op, req.algorithm, req.prescale, req.postscale, req.divisor)
+    return FusionItem(key, a.size * wire.itemsize,
+                      solo and req.inplace and wire == a.dtype and bool(a.flags.c_contiguous))
 
 
 def _run_single(req: Request, timeline: Timeline | None) -> None:

@@ -18,9 +18,8 @@ import threading
 from types import FrameType
 from typing import Any
 
-from ddl.base.config import job_from_env, search_path
+from ddl.base.config import environment, job_from_env, search_path
 from ddl.base.cpus import available_cpus
-from ddl.launcher import elastic, elastic_flags
 from ddl.launcher.command import (
     FLAGGED,
     Launch,
@@ -32,6 +31,8 @@ from ddl.launcher.command import (
     setting_help,
     validate_options,
 )
+from ddl.launcher.elastic import flags as elastic_flags
+from ddl.launcher.elastic.supervisor import Supervisor
 from ddl.launcher.hosts import HostListError, HostSlots, parse_host_list, read_hostfile
 from ddl.launcher.mpi import MpiNotFoundError, detect_mpi
 
@@ -141,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         options,
         mpi=mpi,
         cpu_count=available_cpus(),
-        base_env=os.environ,
+        base_env=environment(),
         python_executable=sys.executable,
         is_root=_is_root(),
     )
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:
-    """``ddlrun --elastic``: the supervisor of :mod:`ddl.launcher.elastic`."""
+    """``ddlrun --elastic``: the supervisor of :mod:`ddl.launcher.elastic.supervisor`."""
     try:
         given = _hosts(args)
         hosts = given
@@ -173,7 +174,7 @@ def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
     mpi = _detect_mpi()
     if isinstance(mpi, int):
         return mpi
-    supervisor = elastic.Supervisor(options, mpi=mpi, base_env=os.environ, python_executable=sys.executable,
+    supervisor = Supervisor(options, mpi=mpi, base_env=environment(), python_executable=sys.executable,
                                     cpu_count=available_cpus(), is_root=_is_root())
     return supervisor.run()
 

@@ -48,10 +48,12 @@ class LaunchOptions:
         verbose: explain the launch (and set ``DDL_VERBOSE=1`` in the ranks).
         settings: the flagged settings given (:data:`FLAGGED` field -> value); each
             becomes its ``DDL_*`` variable. Also readable as attributes (``options.topology``).
+        supervised: a supervisor (``ddlrun --elastic``), not the launcher, ends the world
+            when a rank ends: MPICH's ``-disable-auto-cleanup`` (Open MPI has no such mode).
     """
 
     def __init__(self, *, np: int, command: tuple[str, ...], hosts: tuple[HostSlots, ...] = (),
-                 verbose: bool = False, **settings: object) -> None:
+                 verbose: bool = False, supervised: bool = False, **settings: object) -> None:
         unknown = sorted(set(settings) - set(FLAGGED))
         if unknown:
             raise TypeError(f"LaunchOptions got unknown settings {unknown}; ddlrun's are {sorted(FLAGGED)}")
@@ -59,6 +61,7 @@ class LaunchOptions:
         self.command = tuple(command)
         self.hosts = tuple(hosts)
         self.verbose = verbose
+        self.supervised = supervised
         self.settings: dict[str, object] = {k: v for k, v in settings.items() if v is not None and v is not False}
         if verbose:
             self.settings["verbose"] = True
@@ -73,6 +76,7 @@ class LaunchOptions:
 
     def __repr__(self) -> str:
         extra = "".join(f", {k}={v!r}" for k, v in self.settings.items())
+        extra += ", supervised=True" if self.supervised else ""
         return f"LaunchOptions(np={self.np}, command={self.command!r}, hosts={self.hosts!r}{extra})"
 
 
@@ -244,7 +248,7 @@ def build_launch(
         The :class:`Launch`; nothing is run.
 
     Raises:
-        LaunchError: see :func:`validate_options`.
+        LaunchError: see :func:`validate_options`; or a supervised world on Open MPI.
 
     Example:
         >>> mpi = MpiInfo(flavour="mpich", mpiexec="/venv/bin/mpiexec")
@@ -261,6 +265,12 @@ def build_launch(
         notes.append(f"{row.env}={env[row.env]} (from {row.flag})")
 
     mpi_flags: list[str] = []
+    if options.supervised:
+        if mpi.flavour != "mpich":
+            raise LaunchError("a supervised world (ddlrun --elastic) needs MPICH's hydra, which can leave a world "
+                              "to its supervisor (-disable-auto-cleanup); this MPI is Open MPI")
+        mpi_flags.append("-disable-auto-cleanup")
+        notes.append("-disable-auto-cleanup: ddlrun, not hydra, ends the world when a rank ends")
     busiest = busiest_host_ranks(options)
     if busiest > cpu_count:
         mpi_flags += _oversubscribe(mpi.flavour, busiest, cpu_count, options, base_env, env, notes)

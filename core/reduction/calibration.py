@@ -185,6 +185,13 @@ def load(path: str | Path, who: dict[str, Any], *, segment_bytes: int,
     return Calibration(model, f"loaded from {target}")
 
 
+def fixed_model(topology: Topology, *, segment_bytes: int, shm_bytes: int = DEFAULT_SHM_BYTES) -> cost.CostModel:
+    """The model ``auto`` prices with under ``DDL_CALIBRATION=off`` (and in a world of one): the
+    fixed constants, MPI's own allreduce by its closed form (no measured points, none estimated).
+    ``ddl plan --calibration off`` prices with this very model."""
+    return dataclasses.replace(cost.default_model(topology), segment_bytes=segment_bytes, shm_bytes=shm_bytes)
+
+
 def calibrate(comm: Comm, topology: Topology, hostnames: list[str], setting: str | None,
               *, segment_bytes: int, shm_bytes: int = DEFAULT_SHM_BYTES, plan: ProbePlan = DEFAULT_PLAN) -> Calibration:
     """The model for this job (a collective call when ``comm.size > 1``).
@@ -194,9 +201,8 @@ def calibrate(comm: Comm, topology: Topology, hostnames: list[str], setting: str
     Rank 0 alone reads and writes the file and broadcasts what it found. ``plan``: the
     probes to run (tests shrink them).
     """
-    fixed = dataclasses.replace(cost.default_model(topology), segment_bytes=segment_bytes, shm_bytes=shm_bytes)
     if comm.size == 1 or setting == "off":
-        return Calibration(fixed, "fixed")
+        return Calibration(fixed_model(topology, segment_bytes=segment_bytes, shm_bytes=shm_bytes), "fixed")
     who = identity(topology, hostnames)
     loaded = None
     if setting is not None and comm.rank == 0:

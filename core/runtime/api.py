@@ -201,6 +201,42 @@ def grouped_reducescatter(xs: Sequence[Any], *, op: Any = ReduceOp.SUM, name: st
                                        postscale_factor=postscale_factor, process_set=process_set).wait()
 
 
+def reduce_segments_async(buf: np.ndarray, bounds: Sequence[int], *, op: Any = ReduceOp.AVERAGE,
+                          name: str | None = None) -> Handle:
+    """Start a reduce-scatter of ``buf`` over uneven owner segments, in place.
+
+    Rank r's segment is ``buf[bounds[r]:bounds[r + 1]]``; when the handle is done this
+    rank's segment holds the sum (``ddl.Average``: the mean) over all ranks, and the rest
+    of ``buf`` is scratch. A sharded optimizer's gradient exchange
+    (:mod:`ddl.reduction.segments`).
+
+    Raises:
+        ValueError: ``buf`` is not a writable 1-D contiguous array, ``bounds`` do not cut
+            it into one segment per rank, or ``op`` is neither Sum nor Average (the other
+            ranks get a RemoteError).
+        MismatchError: ranks passed other sizes, dtypes or bounds under one name.
+
+    Example:
+        >>> h = ddl.runtime.api.reduce_segments_async(buf, (0, 10, 16), name="b0")  # doctest: +SKIP
+        >>> h.wait(); mine = buf[(0, 10, 16)[ddl.rank()]:(0, 10, 16)[ddl.rank() + 1]]  # doctest: +SKIP
+    """
+    return lifecycle.collectives().reduce_segments_async(buf, bounds, op=op, name=name)
+
+
+def allgather_segments_async(buf: np.ndarray, bounds: Sequence[int], *, name: str | None = None) -> Handle:
+    """Start an allgather of uneven owner segments of ``buf``, in place: when the handle is
+    done every rank's ``buf`` holds every rank's segment (the inverse of
+    :func:`reduce_segments_async`; a sharded optimizer's parameter exchange).
+
+    Raises:
+        ValueError: as :func:`reduce_segments_async`.
+
+    Example:
+        >>> ddl.runtime.api.allgather_segments_async(buf, (0, 10, 16), name="p0").wait()  # doctest: +SKIP
+    """
+    return lifecycle.collectives().allgather_segments_async(buf, bounds, name=name)
+
+
 def alltoall_async(x: Any, splits: Sequence[int] | None = None, *, name: str | None = None,
                    process_set: ProcessSet | None = None) -> Handle:
     """Start an :func:`alltoall`; ``wait()`` returns (rows received, counts per rank)."""

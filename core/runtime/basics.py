@@ -13,7 +13,6 @@ from pathlib import Path
 
 from ddl.engine.timeline import Timeline
 from ddl.runtime import lifecycle
-from ddl.wire.comm import MPIComm
 
 
 def mpi_built() -> bool:
@@ -101,8 +100,3 @@ def stop_timeline() -> None:
     if engine.timeline is not None:
         engine.timeline.write()
         engine.timeline = None
-
-
-def uses_mpi() -> bool:
-    """Whether the running world is an MPI communicator (not a world of one)."""
-    return isinstance(lifecycle.context().comm, MPIComm)

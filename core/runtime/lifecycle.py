@@ -15,26 +15,35 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddl import __version__
-from ddl.base.config import Config, JobEnv, job_from_env, settings_differences
+from ddl.base.config import BY_FIELD, Config, JobEnv, job_from_env, settings_differences
 from ddl.base.cpus import available_cpus
-from ddl.base.errors import NotInitializedError, SettingsMismatchError
-from ddl.base.topology import Topology, build_topology
+from ddl.base.errors import SettingsMismatchError
+from ddl.base.topology import build_topology
 from ddl.engine.collectives import Collectives
 from ddl.engine.context import Context
 from ddl.engine.engine import Engine
 from ddl.engine.timeline import Timeline
 from ddl.reduction.calibration import calibrate
+from ddl.runtime import running
 from ddl.runtime.abort_hooks import AbortHooks
+from ddl.runtime.process_sets import close_all, init_sets
+from ddl.runtime.running import (
+    collectives,
+    context,
+    current_engine,
+    engine,
+    is_initialized,
+    topology,
+)
 from ddl.runtime.world_check import check_world
 from ddl.wire.comm import MPIComm, SelfComm, world_comm
 from ddl.wire.mpi_library import describe_loaded_mpi
 
 VERSION = __version__  # one place for the version: the package
 
+__all__ = ["collectives", "context", "current_engine", "engine", "init", "is_initialized", "shutdown", "topology"]
+
 _lock = threading.Lock()
-_context: Context | None = None
-_engine: Engine | None = None
-_collectives: Collectives | None = None
 _hooks = AbortHooks()
 
 
@@ -63,9 +72,7 @@ def init(comm: Any = None, process_sets: Sequence[Any] | None = None, *, topolog
     """
     ctx = _init(topology, algorithm)
     _check_comm(comm, ctx.topology.size)
-    from ddl.runtime import process_sets as sets
-
-    sets.init_sets(process_sets)
+    init_sets(process_sets)
     return ctx
 
 
@@ -92,16 +99,16 @@ def _check_world(comm: Any, config: Config, job: JobEnv) -> None:
 
 
 def _init(topology: str | None, algorithm: str | None) -> Context:
-    global _context, _engine, _collectives
     with _lock:
         config = Config.from_env()
-        source = "topology argument" if topology else "DDL_TOPOLOGY"
+        source = "topology argument" if topology else BY_FIELD["topology"].env
         spec = topology or config.topology
         if algorithm:
             config = dataclasses.replace(config, algorithm=algorithm)
-        if _context is not None:
-            _check_same(_context, spec, algorithm)
-            return _context
+        running_ctx = running.current_context()
+        if running_ctx is not None:
+            _check_same(running_ctx, spec, algorithm)
+            return running_ctx
         job = job_from_env()
         comm = world_comm(job.announced)
         _check_world(comm, config, job)
@@ -137,78 +144,29 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
             raise
         ctx.model, ctx.calibration = calib.model, calib
         engine.start_cycles()
-        _context, _engine, _collectives = ctx, engine, Collectives(engine)
+        running.set_running(ctx, engine, Collectives(engine))
         if comm.size > 1 and config.abort_on_exception:
             _hooks.install(comm)
         if config.verbose and comm.rank == 0:
             print(f"ddl: {comm.size} ranks on {topo.cross_size} host(s), topology {topo}, "
                   f"algorithm {config.algorithm}; {calib.describe()}", file=sys.stderr, flush=True)
-        return _context
+        return ctx
 
 
 def shutdown() -> None:
     """Release ddl's communicator; ``init`` may be called again afterwards."""
-    global _context, _engine, _collectives
-    if _engine is not None:
-        from ddl.runtime import process_sets
-
-        process_sets.close_all()
+    if running.current_engine() is not None:
+        close_all()
     with _lock:
-        if _engine is not None:
-            _engine.stop()  # returns once every rank agreed to stop and the thread ended
-            if _engine.timeline is not None:
-                _engine.timeline.write()
-        if _context is not None:
-            _context.comm.free()
+        engine, ctx = running.current_engine(), running.current_context()
+        if engine is not None:
+            engine.stop()  # returns once every rank agreed to stop and the thread ended
+            if engine.timeline is not None:
+                engine.timeline.write()
+        if ctx is not None:
+            ctx.comm.free()
         _hooks.uninstall()
-        _context, _engine, _collectives = None, None, None
-
-
-def context() -> Context:
-    """The running context.
-
-    Raises:
-        NotInitializedError: ``ddl.init()`` has not been called.
-    """
-    if _context is None:
-        raise NotInitializedError("ddl is not initialized; call ddl.init() first")
-    return _context
-
-
-def engine() -> Engine:
-    """The running engine.
-
-    Raises:
-        NotInitializedError: ``ddl.init()`` has not been called.
-    """
-    if _engine is None:
-        raise NotInitializedError("ddl is not initialized; call ddl.init() first")
-    return _engine
-
-
-def current_engine() -> Engine | None:
-    """The running engine, or None (from threads that may outlive ``shutdown``)."""
-    return _engine
-
-
-def collectives() -> Collectives:
-    """The running collectives (the public API's target).
-
-    Raises:
-        NotInitializedError: ``ddl.init()`` has not been called.
-    """
-    if _collectives is None:
-        raise NotInitializedError("ddl is not initialized; call ddl.init() first")
-    return _collectives
-
-
-def is_initialized() -> bool:
-    return _context is not None
-
-
-def topology() -> Topology:
-    """This job's :class:`~ddl.base.topology.Topology`."""
-    return context().topology
+        running.set_running(None, None, None)
 
 
 def _check_same(ctx: Context, spec: str | None, algorithm: str | None) -> None:

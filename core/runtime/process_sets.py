@@ -21,7 +21,7 @@ from ddl.base.topology import build_topology
 from ddl.engine.collectives import Collectives
 from ddl.engine.context import Context
 from ddl.engine.engine import Engine
-from ddl.runtime import lifecycle
+from ddl.runtime import running
 from ddl.wire.comm import MPIComm
 from ddl.wire.splits import split_members
 
@@ -61,12 +61,12 @@ class ProcessSet:
         """This process's rank within the set (None before it is added; -1 outside it)."""
         if self.process_set_id is None or self.ranks is None:
             return None
-        me = lifecycle.topology().rank
+        me = running.topology().rank
         return self.ranks.index(me) if me in self.ranks else -1
 
     def included(self) -> bool | None:
         """Whether this process is in the set (None while its ranks are unknown)."""
-        return None if self.ranks is None else lifecycle.topology().rank in self.ranks
+        return None if self.ranks is None else running.topology().rank in self.ranks
 
     def __str__(self) -> str:
         return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm={self.mpi_comm})"
@@ -100,7 +100,7 @@ def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
     """
     global _next_id
     ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    world = lifecycle.collectives()
+    world = running.collectives()
     size = world.topology.size
     if ps.ranks is None:
         ps.ranks = _ranks_of_comm(ps.mpi_comm)
@@ -130,7 +130,7 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     pid = process_set.process_set_id
     if pid is None or pid == 0 or pid not in _members:
         return False
-    world = lifecycle.collectives()
+    world = running.collectives()
     members = _members[pid]
 
     def prepare() -> tuple[tuple[Any, ...], Any]:
@@ -150,13 +150,13 @@ def collectives_for(process_set: ProcessSet | None) -> Collectives:
         ValueError: the set was not added, or this rank is not in it.
     """
     if process_set is None or process_set.process_set_id == 0:
-        return lifecycle.collectives()
+        return running.collectives()
     pid = process_set.process_set_id
     if pid is None or pid not in _members:
         raise ValueError(f"{process_set} has not been added; call add_process_set() on every rank first")
     found = _members[pid]
     if found is None:
-        raise ValueError(f"rank {lifecycle.topology().rank} is not in {process_set}; only its ranks "
+        raise ValueError(f"rank {running.topology().rank} is not in {process_set}; only its ranks "
                          f"{list(_ranks[pid])} may call collectives on it")
     return found
 
@@ -177,20 +177,26 @@ def set_rank_of(process_set: ProcessSet | None, world_rank: int) -> int:
 
 def init_sets(process_sets: Sequence[ProcessSet] | None) -> None:
     """``init``'s part: fill in the global set's ranks and add the given sets."""
-    global_process_set.ranks = list(range(lifecycle.topology().size))
+    global_process_set.ranks = list(range(running.topology().size))
     for ps in process_sets or ():
         if ps.process_set_id is None:
             add_process_set(ps)
 
 
 def close_all() -> None:
-    """Stop every set's engine and free its communicator (at ``shutdown``, on every rank)."""
-    global _next_id
+    """Stop every set's engine and free its communicator (at ``shutdown``, on every rank).
+
+    The ids and the call count start again too: the next ``init`` is a new world, whose
+    first ``add_process_set`` must meet the other ranks' first one (a rank that kept its
+    count from before would wait in a call named otherwise).
+    """
+    global _next_id, _calls
     with _lock:
         found = list(_members.values())
         _members.clear()
         _ranks.clear()
         _next_id = 1
+        _calls = 0
     for members in found:
         _close(members)
 
@@ -210,7 +216,7 @@ def _build(world: Collectives, ranks: tuple[int, ...]) -> Collectives | None:
         sub.polite = comm.polite
     config = dataclasses.replace(ctx.config, topology=None, algorithm="auto")
     sub_ctx = Context(sub, topo, config)
-    parent = lifecycle.engine()
+    parent = running.engine()
     engine = Engine(sub_ctx, fusion_threshold=parent.fusion_threshold, stall_timeout=parent.watch.timeout,
                     cycle_time=parent.cycle_time)
     return Collectives(engine)
@@ -220,7 +226,7 @@ def _close(members: Collectives | None) -> None:
     if members is None:
         return
     members.engine.stop()
-    if members.ctx.comm is not lifecycle.context().comm:
+    if members.ctx.comm is not running.context().comm:
         members.ctx.comm.free()
 
 

@@ -21,11 +21,13 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "allreduce"): ("ddl.tools.bench.allreduce",
                              "ddl bench allreduce [-np N] [--max-bytes B] [--fused N] [--out DIR] ..."),
     ("bench", "rehearsal"): ("ddl.tools.bench.rehearsal",
-                             "ddl bench rehearsal [-np N | --emulate --hosts 8 --ranks-per-host 2] --model resnet50 "
+                             "ddl bench rehearsal [-np N] --model resnet50 "
                              "--link 1gbit ..."),
     ("bench", "startup"): ("ddl.tools.bench.startup", "ddl bench startup [-np N] [--rounds R] [--out DIR]"),
     ("plan",): ("ddl.tools.plan",
                 "ddl plan --topology 4x64 --link 20GB/s:5us --link 100gbit:3us --model resnet50 --step-ms 200"),
+    ("checkpoint",): ("ddl.tools.checkpoint",
+                      "ddl checkpoint inspect PATH [--verify] | ddl checkpoint consolidate PATH -o model.pt"),
     ("conformance",): ("ddl.tools.conformance.suite", "ddl conformance [-np 1,2,4] [--frameworks torch,tensorflow,caffe] ..."),
     ("doctor",): ("ddl.tools.doctor", "ddl doctor [-np N] [-H HOST:SLOTS,... | --hostfile F]"),
 }

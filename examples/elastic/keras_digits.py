@@ -22,6 +22,7 @@ from sklearn.datasets import load_digits
 
 import ddl.tensorflow.keras as dk
 import ddl.tensorflow.keras.elastic as elastic
+from ddl.runtime.elastic import wait_for_host_updates
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=150)
@@ -85,8 +86,7 @@ class Steps(keras.callbacks.Callback):
         if args.step_seconds:
             time.sleep(args.step_seconds)
         if state.step == args.wait_for_hosts_at and dk.size() < state.first_size:
-            while not elastic.updates_pending():
-                time.sleep(0.05)
+            wait_for_host_updates(120)  # a demo's hold, until ddlrun announces the returning host
         if state.step >= args.steps:
             self.model.stop_training = True
 

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 import ddl.torch as dt
 import ddl.torch.elastic as elastic
+from ddl.runtime.elastic import wait_for_host_updates
 
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--steps", type=int, default=150)
@@ -91,8 +92,7 @@ def train(state: elastic.TorchState) -> None:
                 time.sleep(args.step_seconds)
             if state.step % args.commit_every == 0:
                 if state.step == args.wait_for_hosts_at and dt.size() < state.first_size:
-                    while not elastic.updates_pending():
-                        time.sleep(0.05)
+                    wait_for_host_updates(120)  # a demo's hold, until ddlrun announces the returning host
                 state.commit()  # elastic: a lost host costs at most the steps since here
             if state.step >= args.steps:
                 break

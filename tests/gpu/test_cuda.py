@@ -28,5 +28,5 @@ def test_cuda_collectives_optimizer_amp_and_staging_on_two_ranks(tmp_path: Path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     checks = json.loads(report.read_text())["checks"]
     assert {"collectives", "equivalence-sgd", "equivalence-amp-gradscaler", "equivalence-no_sync-3-passes",
-            "sparse_as_dense", "staging"} <= set(checks)
+            "sparse_as_dense", "staging", "equivalence-sharded-adam", "sharded-checkpoint"} <= set(checks)
     assert checks["equivalence-sgd"]["max_abs_diff"] <= 1e-5

@@ -56,11 +56,12 @@ def data(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(8 * P, 32, generator=g).to(DEV), torch.randint(0, 10, (8 * P,), generator=g).to(DEV)
 
 
-def train(distributed: bool, *, amp: bool = False, accumulate: int = 1) -> nn.Module:
+def train(distributed: bool, *, amp: bool = False, accumulate: int = 1, sharded: bool = False) -> nn.Module:
     model = net()
-    opt: torch.optim.Optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    opt: torch.optim.Optimizer = (torch.optim.Adam(model.parameters(), lr=1e-2) if sharded else
+                                  torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     if distributed:
-        opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters(), shard_optimizer_state=sharded)
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
     for step in range(6):
         opt.zero_grad()
@@ -82,7 +83,8 @@ def train(distributed: bool, *, amp: bool = False, accumulate: int = 1) -> nn.Mo
 
 
 for label, options, tol in (("sgd", {}, 1e-5), ("amp-gradscaler", {"amp": True}, 2e-3),
-                            ("no_sync-3-passes", {"accumulate": 3}, 1e-5)):
+                            ("no_sync-3-passes", {"accumulate": 3}, 1e-5),
+                            ("sharded-adam", {"sharded": True}, 1e-5)):
     ref, got = train(False, **options), train(True, **options)
     worst = max(float((a - b).abs().max()) for a, b in zip(ref.state_dict().values(), got.state_dict().values(),
                                                           strict=True))
@@ -90,6 +92,25 @@ for label, options, tol in (("sgd", {}, 1e-5), ("amp-gradscaler", {"amp": True},
     digests = dt.allgather_object([float(t.double().sum()) for t in got.state_dict().values()])
     assert all(d == digests[0] for d in digests), f"{label}: ranks hold different weights"
     ok(f"equivalence-{label}", max_abs_diff=worst)
+
+# -- a sharded checkpoint of CUDA tensors, loaded into CUDA tensors --------------------------
+import tempfile  # noqa: E402
+
+model = net()
+opt = dt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-2), named_parameters=model.named_parameters(),
+                              shard_optimizer_state=True)
+x, y = data(0)
+nn.functional.cross_entropy(model(x[R::P]), y[R::P]).backward()
+opt.step()
+folder = dt.broadcast_object(tempfile.mkdtemp() if R == 0 else None, 0)
+dt.checkpoint.save(folder, model=model, optimizer=opt)
+again = net()
+reopt = dt.DistributedOptimizer(torch.optim.Adam(again.parameters(), lr=1e-2), named_parameters=again.named_parameters(),
+                                shard_optimizer_state=True)
+dt.checkpoint.load(folder, model=again, optimizer=reopt)
+assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), again.state_dict().values(), strict=True))
+assert all(v.device == DEV for s in reopt.state.values() for v in s.values() if v.dim() > 0)
+ok("sharded-checkpoint", state_tensors=sum(len(s) for s in reopt.state.values()))
 
 # -- sparse_as_dense on CUDA -----------------------------------------------------------------
 emb = nn.Embedding(50, 8, sparse=True).to(DEV)

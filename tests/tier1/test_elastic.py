@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -12,19 +13,30 @@ import numpy as np
 import pytest
 
 from ddl.launcher import cli
-from ddl.launcher.elastic_flags import check_bounds
-from ddl.launcher.hosts import HostSlots
-from ddl.launcher.membership import (
+from ddl.launcher.elastic.flags import check_bounds
+from ddl.launcher.elastic.membership import (
     DiscoveryError,
     Membership,
     WorldPlan,
     parse_discovery,
     run_discovery,
 )
-from ddl.launcher.preload import PythonTarget, imports_of, python_target
-from ddl.runtime.elastic_shards import batches_per_rank, deal, epoch_order
-from ddl.runtime.elastic_store import CommitStore
-from ddl.runtime.elastic_wire import LineReader, encode, host_folder, send
+from ddl.launcher.elastic.preload import PythonTarget, imports_of, python_target
+from ddl.launcher.hosts import HostSlots
+from ddl.runtime.elastic import protocol
+from ddl.runtime.elastic.position import batches_per_rank, deal, epoch_order
+from ddl.runtime.elastic.protocol import (
+    Beat,
+    Launch,
+    ProtocolError,
+    RankReport,
+    Route,
+    Step,
+    decode,
+    encode,
+)
+from ddl.runtime.elastic.store import CommitStore
+from ddl.runtime.elastic.wire import LineReader, host_folder, send
 
 
 def hosts(text: str) -> tuple[HostSlots, ...]:
@@ -120,19 +132,55 @@ def test_the_store_keeps_the_last_whole_commit(tmp_path: Path) -> None:
 
 def test_messages_are_lines_and_may_arrive_in_pieces() -> None:
     reader = LineReader()
-    data = encode({"t": "commit", "serial": 3}) + encode({"t": "beat"})
-    assert reader.feed(data[:5]) == [] and reader.feed(data[5:]) == [{"t": "commit", "serial": 3}, {"t": "beat"}]
-    with pytest.raises(ValueError):
+    report, beat = RankReport(step=Step.COMMIT, serial=3), Beat(host="h1", seq=7)
+    data = encode(report) + encode(beat)
+    assert reader.feed(data[:5]) == [] and reader.feed(data[5:]) == [report, beat]
+    with pytest.raises(ValueError, match="one JSON object a line"):
         reader.feed(b"[1, 2]\n")
     assert host_folder("/dev/shm", "job", "h1") == Path("/dev/shm/ddl-elastic-job/h1")
+
+
+_SAMPLES = {"str": "h1", "int": 3, "float": 1.5, "list[str]": ["json"], "dict[str, str]": {"a": "b"},
+            "Step": Step.COMMIT, "EndCause": protocol.EndCause.SIGNAL, "StopWhy": protocol.StopWhy.LOST}
+
+
+@pytest.mark.parametrize("kind", sorted(protocol.KINDS))
+def test_every_message_kind_survives_the_wire_as_itself(kind: str) -> None:
+    cls = protocol.KINDS[kind]
+    message = cls(**{name: _SAMPLES[type_] for name, type_ in protocol.fields_of(cls)})
+    [back] = LineReader(cls.route).feed(encode(message))
+    assert back == message and type(back) is cls and back.kind == kind
+
+
+@pytest.mark.parametrize(("data", "words"), [
+    ({"v": 1, "t": "beat", "host": "h", "seq": 1}, "protocol version 1, but this ddl speaks version 2"),
+    ({"t": "beat", "host": "h", "seq": 1}, "protocol version None"),
+    ({"v": 2, "t": "hug"}, "unknown elastic message kind 'hug'"),
+    ({"v": 2, "t": "beat", "host": "h"}, "lacks its field 'seq'"),
+    ({"v": 2, "t": "beat", "host": "h", "seq": "1"}, "field 'seq' must be int"),
+    ({"v": 2, "t": "beat", "host": "h", "seq": True}, "field 'seq' must be int"),
+    ({"v": 2, "t": "stop", "world": 1, "why": "bored"}, "field 'why' is 'bored'; one of lost, reset, error, done"),
+    ({"v": 2, "t": "quit", "now": 1}, "unknown field"),
+])
+def test_a_message_this_ddl_cannot_take_is_refused_saying_why(data: dict[str, object], words: str) -> None:
+    with pytest.raises(ProtocolError, match=re.escape(words)):
+        decode(data)
+
+
+def test_a_message_on_the_wrong_route_is_refused() -> None:
+    reader = LineReader(Route.AGENT_TO_SUPERVISOR)
+    with pytest.raises(ProtocolError, match="travels supervisor -> agent, not agent -> supervisor"):
+        reader.feed(encode(protocol.Quit()))
+    assert decode({"v": 2, "t": "report", "step": "reset", "serial": 3}) == RankReport(step=Step.RESET, serial=3)
 
 
 def test_descriptors_travel_with_the_first_message(tmp_path: Path) -> None:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with a, b, open(tmp_path / "f", "w") as f:
-        send(a, {"t": "launch"}, [f.fileno()])
+        launch = Launch(argv=["python", "t.py"], env={"A": "1"}, cwd="/")
+        send(a, launch, [f.fileno()])
         reader = LineReader()
-        assert reader.receive(b, with_fds=True) == [{"t": "launch"}]
+        assert reader.receive(b, with_fds=True) == [launch]
         assert len(reader.fds) == 1 and os.path.samestat(os.fstat(reader.fds[0]), os.fstat(f.fileno()))
         os.close(reader.fds[0])
 
@@ -160,7 +208,7 @@ def test_only_top_level_imports_are_preloaded(tmp_path: Path) -> None:
 
 
 def test_the_agent_refuses_to_initialise_mpi_and_a_rank_may() -> None:
-    code = ("from ddl.launcher.preload import preload, allow_mpi\n"
+    code = ("from ddl.launcher.elastic.preload import preload, allow_mpi\n"
             "ok, failed = preload(['json', 'mpi4py.MPI', 'no_such_module_xyz'])\n"
             "assert ok == ['json'], ok\n"
             "assert 'not imported in ddl' in failed['mpi4py.MPI'], failed\n"

@@ -4,6 +4,7 @@ a rank for a stub and reporting how it ended."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -12,7 +13,7 @@ import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
@@ -22,10 +23,23 @@ import ddl
 import ddl.torch.elastic as torch_elastic
 from ddl.base.errors import HostsUpdatedInterrupt
 from ddl.runtime import elastic
-from ddl.runtime.elastic_store import CommitStore
-from ddl.runtime.elastic_wire import LineReader
+from ddl.runtime.elastic import link
+from ddl.runtime.elastic import state as state_module
+from ddl.runtime.elastic.protocol import (
+    AgentWarm,
+    Quit,
+    RankEnded,
+    RankStarted,
+    Route,
+    StopWhy,
+    StopWorld,
+    encode,
+)
+from ddl.runtime.elastic.store import CommitStore
+from ddl.runtime.elastic.wire import LineReader
 
 ROOT = Path(__file__).resolve().parents[2]
+M = TypeVar("M")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,10 +50,11 @@ def world() -> None:
 @pytest.fixture
 def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """This rank keeps a host store in ``tmp_path`` (as under ddlrun --elastic, without an agent)."""
-    real = elastic.context()
+    real = state_module.context()
     fake = types.SimpleNamespace(config=types.SimpleNamespace(elastic_store=str(tmp_path), elastic_world=0),
                                  topology=real.topology)
-    monkeypatch.setattr(elastic, "context", lambda: fake)
+    monkeypatch.setattr(state_module, "context", lambda: fake)
+    monkeypatch.setattr(link, "context", lambda: fake)
     yield tmp_path
 
 
@@ -78,7 +93,7 @@ def test_without_a_commit_sync_keeps_the_state_as_it_is(store: Path) -> None:
 
 def test_commit_raises_hosts_updated_when_ddlrun_announced_them(monkeypatch: pytest.MonkeyPatch) -> None:
     state = elastic.ObjectState(step=1)
-    monkeypatch.setattr(elastic, "updates_pending", lambda: True)
+    monkeypatch.setattr(state_module, "updates_pending", lambda: True)
     with pytest.raises(HostsUpdatedInterrupt):
         state.commit()
     assert state.commits == 1  # saved before the interrupt: nothing is lost
@@ -148,6 +163,7 @@ def test_caffe_readers_continue_the_record_stream_over_a_new_world() -> None:
     pytest.importorskip("lmdb")
     from ddl.caffe.data.database import DatumReader
     from ddl.caffe.solver.elastic import reshard
+    from ddl.runtime.elastic.position import DataPosition
 
     source = ROOT / "examples" / "caffe" / "data" / "digits_train_lmdb"
     every = DatumReader(source)
@@ -159,7 +175,7 @@ def test_caffe_readers_continue_the_record_stream_over_a_new_world() -> None:
             layer.reader.next_raw()
     after = [types.SimpleNamespace(name="d", reader=DatumReader(source, rank=r, size=2)) for r in range(2)]
     for r, layer in enumerate(after):
-        reshard([layer], {"d": 15}, rank=r, size=2)
+        reshard([layer], {"d": DataPosition(processed=15)}, rank=r, size=2)
     got = [[layer.reader.next_raw()[0] for _ in range(4)] for layer in after]
     assert got[0] == stream[15:23:2] and got[1] == stream[16:24:2]
 
@@ -202,12 +218,12 @@ def test_keras_state_and_callbacks_keep_the_data_position(store: Path) -> None:
 # -- the host agent, without MPI --------------------------------------------------------------
 
 
-def _agent_and_supervisor(tmp_path: Path, command: list[str]) -> tuple[subprocess.Popen[bytes], socket.socket,
-                                                                        socket.socket]:
+def _agent_and_supervisor(tmp_path: Path, command: list[str], *, host: str = "h1",
+                          ) -> tuple[subprocess.Popen[bytes], socket.socket, socket.socket]:
     server = socket.create_server(("127.0.0.1", 0))
-    agent = subprocess.Popen([sys.executable, "-m", "ddl.launcher.agent", "--connect",
+    agent = subprocess.Popen([sys.executable, "-m", "ddl.launcher.elastic.agent", "--connect",
                               f"127.0.0.1:{server.getsockname()[1]}", "--job", "t", "--root", str(tmp_path),
-                              "--host", "h1", "--timeout", "20", "--", *command])
+                              "--host", host, "--timeout", "20", "--", *command])
     server.settimeout(30)
     conn, _ = server.accept()
     conn.settimeout(30)
@@ -218,18 +234,20 @@ class Messages:
     """What the agent sends ddlrun, read one message at a time."""
 
     def __init__(self, conn: socket.socket) -> None:
-        self.conn, self.reader, self.queue, self.seen = conn, LineReader(), [], []  # type: ignore[var-annotated]
+        self.conn, self.reader = conn, LineReader(Route.AGENT_TO_SUPERVISOR)
+        self.queue: list[Any] = []
+        self.seen: list[Any] = []
 
-    def until(self, kind: str) -> dict[str, Any]:
+    def until(self, kind: type[M]) -> M:
         while True:
             while not self.queue:
                 messages = self.reader.receive(self.conn)
-                assert messages is not None, f"the agent closed the connection before {kind!r}; saw {self.seen}"
+                assert messages is not None, f"the agent closed the connection before {kind.__name__}; saw {self.seen}"
                 self.queue += messages
             message = self.queue.pop(0)
             self.seen.append(message)
-            if message["t"] == kind:
-                return dict(message)
+            if isinstance(message, kind):
+                return message
 
 
 def test_the_agent_forks_a_warm_rank_for_a_stub_and_reports_its_end(tmp_path: Path) -> None:
@@ -237,24 +255,26 @@ def test_the_agent_forks_a_warm_rank_for_a_stub_and_reports_its_end(tmp_path: Pa
     agent, server, conn = _agent_and_supervisor(tmp_path, [sys.executable, "-c", code])
     messages = Messages(conn)
     try:
-        assert "json" in messages.until("warm")["imported"]
-        env = {**os.environ, "PMI_RANK": "0", "DDL_ELASTIC_WORLD": "1"}
-        stub = subprocess.run([sys.executable, "-m", "ddl.launcher.stub", "--root", str(tmp_path), "--job", "t",
+        assert "json" in messages.until(AgentWarm).imported
+        env = {**os.environ, "PMI_RANK": "0", "PMI_SIZE": "2", "DDL_ELASTIC_WORLD": "1"}
+        stub = subprocess.run([sys.executable, "-m", "ddl.launcher.elastic.stub", "--root", str(tmp_path), "--job", "t",
+                               "--hosts", "h1,h1",
                                "--", sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
         assert (stub.returncode, stub.stdout) == (7, "rank 0 json\n"), stub.stderr
-        exit_report = messages.until("exit")
-        assert (exit_report["world"], exit_report["rank"], exit_report["code"], exit_report["cause"]) == (1, 0, 7, "exit")
+        ended = messages.until(RankEnded)
+        assert (ended.world, ended.rank, ended.code, ended.cause.value) == (1, 0, 7, "exit")
 
         # ddlrun says stop: the rank is killed, and the stub ends as it did.
         sleeper = "import time; time.sleep(60)"
         env["PMI_RANK"] = "1"
-        stub2 = subprocess.Popen([sys.executable, "-m", "ddl.launcher.stub", "--root", str(tmp_path), "--job", "t",
+        stub2 = subprocess.Popen([sys.executable, "-m", "ddl.launcher.elastic.stub", "--root", str(tmp_path), "--job", "t",
+                                  "--hosts", "h1,h1",
                                   "--", sys.executable, "-c", sleeper], env=env)
-        messages.until("started")
-        conn.sendall(b'{"t":"stop","world":1}\n')
+        messages.until(RankStarted)
+        conn.sendall(encode(StopWorld(world=1, why=StopWhy.DONE)))
         assert stub2.wait(timeout=30) == -9
-        assert messages.until("exit")["cause"] == "stop"
-        conn.sendall(b'{"t":"quit"}\n')
+        assert messages.until(RankEnded).cause.value == "stop"
+        conn.sendall(encode(Quit()))
         assert agent.wait(timeout=30) == 0
         assert not (tmp_path / "ddl-elastic-t").exists()  # the agent removed its folder
     finally:
@@ -266,7 +286,7 @@ def test_the_agent_forks_a_warm_rank_for_a_stub_and_reports_its_end(tmp_path: Pa
 
 def test_an_agent_that_hears_nothing_from_ddlrun_ends_itself(tmp_path: Path) -> None:
     server = socket.create_server(("127.0.0.1", 0))
-    agent = subprocess.Popen([sys.executable, "-m", "ddl.launcher.agent", "--connect",
+    agent = subprocess.Popen([sys.executable, "-m", "ddl.launcher.elastic.agent", "--connect",
                               f"127.0.0.1:{server.getsockname()[1]}", "--job", "t", "--root", str(tmp_path),
                               "--host", "h1", "--timeout", "1", "--", sys.executable, "-c", "pass"],
                              stderr=subprocess.PIPE, text=True)
@@ -279,3 +299,59 @@ def test_an_agent_that_hears_nothing_from_ddlrun_ends_itself(tmp_path: Path) -> 
         server.close()
     assert agent.returncode == 0 and "nothing from ddlrun for 1 s" in err
     assert time.monotonic() - start < 15
+
+
+def test_two_list_entries_on_one_machine_get_an_agent_each(tmp_path: Path) -> None:
+    """Agents are addressed by their name in ddlrun's host list, not the machine's host name:
+    two entries naming this machine get two folders and two sockets, and each stub finds the
+    agent of its rank's entry (the old agents shared one socket, and the second unlinked the first's)."""
+    code = "import os, sys; print(os.environ['DDL_ELASTIC_STORE'].rsplit('/', 1)[1], flush=True)"
+    agents = [_agent_and_supervisor(tmp_path, [sys.executable, "-c", code], host=h) for h in ("here", "also-here")]
+    try:
+        for _, _, conn in agents:
+            Messages(conn).until(AgentWarm)
+        assert sorted(p.name for p in (tmp_path / "ddl-elastic-t").iterdir()) == ["also-here", "here"]
+        for rank, expected in ((0, "here"), (1, "also-here")):
+            env = {**os.environ, "PMI_RANK": str(rank), "PMI_SIZE": "2", "DDL_ELASTIC_WORLD": "1"}
+            stub = subprocess.run([sys.executable, "-m", "ddl.launcher.elastic.stub", "--root", str(tmp_path),
+                                   "--job", "t", "--hosts", "here,also-here", "--", sys.executable, "-c", code],
+                                  env=env, capture_output=True, text=True, timeout=60)
+            assert (stub.returncode, stub.stdout.strip()) == (0, expected), stub.stderr
+    finally:
+        for agent, server, conn in agents:
+            with contextlib.suppress(OSError):
+                conn.sendall(encode(Quit()))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.wait(timeout=30)
+            if agent.poll() is None:
+                agent.kill()
+            conn.close()
+            server.close()
+
+
+def test_the_agent_reaps_only_its_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module the agent preloaded may start children of its own; the agent waits for its ranks'
+    pids only (never ``waitpid(-1)``), so those children's statuses stay theirs to collect."""
+    from ddl.launcher.elastic import agent as agent_module
+    from ddl.launcher.elastic.agent_machine import AgentState, RankEntry
+    from ddl.launcher.elastic.timing import Timing
+
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        agent = agent_module.Agent(address=("127.0.0.1", server.getsockname()[1]), job="t", root=str(tmp_path),
+                                   host="h1", timing=Timing(), command=[sys.executable, "-c", "pass"])
+        rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        theirs = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"])  # a preloaded module's child
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{theirs.pid}/stat").read_text().split()[2] != "Z":  # exited, not yet waited for
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        agent.state = AgentState(host="h1", last_heard=time.monotonic(),
+                                 ranks={rank.pid: RankEntry(pid=rank.pid, world=1, rank=0)})
+        assert agent._reaped() == []  # its rank runs; the other child is not its to reap
+        assert theirs.wait(timeout=5) == 5  # still there for its owner
+        rank.kill()
+        rank.wait()
+        agent.supervisor.close()
+    finally:
+        server.close()

@@ -96,6 +96,18 @@ def test_mpich_hosts_pass_ddl_variables_with_genv() -> None:
     ]
 
 
+def test_a_supervised_world_is_left_to_its_supervisor_wherever_the_other_flags_go() -> None:
+    """``-disable-auto-cleanup`` is build_launch's to place (ddlrun --elastic's worlds), among the
+    MPI flags, whatever else the launch adds (oversubscription, hosts)."""
+    hosts = parse_host_list("h1:4,h2:4")
+    for extra in ({}, {"hosts": hosts}, {"hosts": hosts, "np": 8}):
+        argv = launch(cpu_count=2, supervised=True, **extra).argv  # type: ignore[arg-type]
+        assert argv.count("-disable-auto-cleanup") == 1 and argv.index("-disable-auto-cleanup") < argv.index("./train")
+        assert "-disable-auto-cleanup" not in launch(cpu_count=2, **extra).argv  # type: ignore[arg-type]
+    with pytest.raises(LaunchError, match="needs MPICH's hydra"):
+        launch(OPENMPI, supervised=True)
+
+
 def test_openmpi_hosts_pass_variables_with_x() -> None:
     hosts = parse_host_list("h1:2,h2:2")
     result = launch(OPENMPI, np=4, cpu_count=1, hosts=hosts, algorithm="ring", verbose=True)

@@ -10,7 +10,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "core"
 #: Lowest first: a module may import from its own layer and the ones before it.
-LAYERS = ("base", "wire", "reduction", "engine", "runtime", "launcher", "onnx", "tools", "testing")
+LAYERS = ("base", "wire", "reduction", "engine", "runtime", "checkpoint", "launcher", "onnx", "tools", "testing")
 FRAMEWORKS = {"torch", "tensorflow", "keras", "jax"}
 
 

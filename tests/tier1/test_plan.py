@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ddl.reduction import calibration, cost
-from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES
+from ddl.base.config import Config
+from ddl.engine.collectives import Collectives
+from ddl.reduction import calibration, cost, step_plan
+from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, FusionItem, fuse
 from ddl.reduction.probes import DEFAULT_PLAN, Samples
 from ddl.tools import plan
 from ddl.tools.plan_models import (
@@ -102,23 +104,37 @@ def test_multiring_price_is_the_design_formula() -> None:
 
 
 def test_buckets_match_ddl_torch() -> None:
-    """``ddl plan``'s buckets for a model are the buckets ddl.torch's DistributedOptimizer
-    builds for it (same members, same gradient bytes), with the same default caps."""
+    """``ddl plan``'s buckets for a model are the buffers ddl.torch's DistributedOptimizer
+    allocates for it (same members, same bytes: gradients and presence flags), with the
+    same default caps, in the first step and after it re-plans in the observed order (world
+    of one here; tests/tier2/test_plan_run.py compares a 2-rank run, algorithms included)."""
     torch = pytest.importorskip("torch")
     dt = pytest.importorskip("ddl.torch")
     dt.init()
     rng = random.Random(3)
-    for _ in range(10):
-        numels = [rng.choice([1, 100, 10_000, 1_000_000]) for _ in range(rng.randint(1, 40))]
+    for trial in range(10):
+        numels = [rng.choice([1, 100, 10_000, 1_000_000]) for _ in range(rng.randint(2, 40))]
         params = [torch.nn.Parameter(torch.zeros(n)) for n in numels]
         opt = dt.DistributedOptimizer(torch.optim.SGD(params, lr=0.1),
                                       named_parameters=[(f"p{i}", p) for i, p in enumerate(params)])
-        built = [b.params for b in opt._reducer.buckets]
-        runs = plan.step_schedule(numels, 4, plan.plan_topology("2"), cost.CostModel(links=(cost.SHARED_MEMORY,)),
-                                  step=0.1, backward_fraction=0.5, first_cap=FIRST_BUCKET_BYTES,
-                                  cap=BUCKET_BYTES)
-        assert [r.tensors for r in runs] == [len(b) for b in built], (numels, [r.tensors for r in runs])
-        assert [r.nbytes for r in runs] == [sum(p.numel() * 4 for p in b) for b in built]
+        order = None
+        for step in range(2):
+            built = opt._reducer.buckets
+            runs = plan.step_schedule(numels, 4, plan.plan_topology("2"), cost.CostModel(links=(cost.SHARED_MEMORY,)),
+                                      step=0.1, backward_fraction=0.5, first_cap=FIRST_BUCKET_BYTES,
+                                      cap=BUCKET_BYTES, order=order)
+            index = {p: i for i, p in enumerate(params)}
+            assert [r.members for r in runs] == [tuple(index[p] for p in b.params) for b in built], (trial, step)
+            assert [r.nbytes for r in runs] == [b.buffer.numel() * 4 for b in built]
+            # The gradients land in an order of their own (not the parameters'): ddl.torch re-plans in it.
+            landing = sorted(range(len(params)), key=lambda i: (i * 7919) % len(params))
+            opt.zero_grad()
+            for i in landing:
+                params[i].grad = torch.ones(numels[i])
+                opt._reducer._on_grad(params[i])  # what backward's post-accumulate hook calls
+            opt.step()
+            order = opt.gradient_order()
+        assert order == landing
 
 
 def args_for(*argv: str) -> object:
@@ -135,8 +151,8 @@ def test_resnet50_on_ddls_cluster_plans_every_bucket(tmp_path: Path, capsys: pyt
     rec = json.loads(out.read_text())
     step = rec["step"]
     assert sum(b["tensors"] for b in step["buckets"]) == 161
-    assert sum(b["nbytes"] for b in step["buckets"]) == 25_557_032 * 4
-    assert step["buckets"][0]["nbytes"] <= 1 << 20
+    assert sum(b["nbytes"] for b in step["buckets"]) == (25_557_032 + 2 * 161) * 4  # with ddl.torch's flags
+    assert step["buckets"][0]["nbytes"] <= (1 << 20) + 2 * 4
     ends = [b["end"] for b in step["buckets"]]
     assert ends == sorted(ends) and all(b["start"] >= b["ready"] for b in step["buckets"])
     assert step["step_s"] >= step["compute_s"] and 0.5 < step["efficiency"] <= 1.0
@@ -203,3 +219,73 @@ def test_calibration_fits_beta_on_the_messages_the_executor_sends() -> None:
     whole = calibration.fit(samples, segment_bytes=0)
     assert 1 / seg.links[0].beta == pytest.approx(0.15e9, rel=1e-3)
     assert 1 / whole.links[0].beta > 0.25e9  # the 4 MiB point pulls an unsegmented fit up
+
+
+def test_calibration_off_prices_with_the_runtimes_fixed_model() -> None:
+    """``ddl plan --calibration off`` builds the very model ``init`` uses under DDL_CALIBRATION=off:
+    MPI's allreduce by its closed form, not the estimate a measured model extends to."""
+    from ddl.testing import run_ranks
+
+    topo = plan.plan_topology("2x2")
+    runtime = run_ranks(4, lambda comm: calibration.calibrate(comm, plan.build_topology(comm.rank, ["a", "a", "b", "b"]),
+                                                               ["a", "a", "b", "b"], "off", segment_bytes=1 << 20).model)
+    off, notes = plan.build_cost_model(args_for("--topology", "2x2", "--calibration", "off"), topo)
+    assert all(m == off for m in runtime) and off.native_points == () and "DDL_CALIBRATION=off" in notes[0]
+    linked, _ = plan.build_cost_model(args_for("--topology", "2x2", "--link", "20GB/s:5us", "--link", "1gbit:30us"), topo)
+    assert linked.native_points  # a measured-like model: MPI estimated where nobody measured it
+    n = 1 << 16
+    assert plan.price("mpi", topo, n, 4, off) == pytest.approx(cost.native_time(topo, n * 4, off))
+    with pytest.raises(plan.PlanError, match="fixed constants"):
+        plan.build_cost_model(args_for("--topology", "2x2", "--calibration", "off", "--reduce-rate", "1GB/s"), topo)
+
+
+def test_the_plan_fuses_small_buckets_ready_together_as_the_engine_does() -> None:
+    """Buckets under 1 MiB that are ready when the engine is free share one buffer (up to the
+    fusion threshold) and one algorithm choice; large ones run alone; no fusion at threshold 0."""
+    topo = plan.plan_topology("4")
+    model = cost.default_model(topo)
+    numels = [300_000, 1000, 1000, 1000, 1000]  # last first: four tiny buckets, then one of 1.2 MB
+    fused = step_plan.plan_step(numels, 4, topo, model, step=1e-6, backward_fraction=1.0, first_cap=4096, cap=4096)
+    assert [b.members for b in fused.buckets] == [(4,), (3,), (2,), (1,), (0,)]
+    # the first tiny bucket runs at once; the others land while it runs and share the next cycle
+    assert [r.buckets for r in fused.reductions] == [(0,), (1, 2, 3), (4,)]
+    assert fused.reductions[1].count == 3 * (1000 + 2)
+    assert fused.reductions[1].algorithm == cost.choose(topo, 3 * 1002, 4, model)
+    alone = step_plan.plan_step(numels, 4, topo, model, step=1e-6, backward_fraction=1.0, first_cap=4096, cap=4096,
+                                fusion_threshold=0)
+    assert [r.buckets for r in alone.reductions] == [(0,), (1,), (2,), (3,), (4,)]
+
+
+def test_the_engine_fuses_and_chooses_as_the_plans_rule_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One batch of allreduces, as a cycle finds them: the buffers the engine reduces, and the
+    algorithm ``auto`` picks for each, are those :func:`fuse` and :func:`cost.choose` give."""
+    import numpy as np
+
+    import ddl
+    from ddl.engine.context import Context
+    from ddl.testing import run_engines
+
+    sizes = [300, 70_000, 300_000, 50, 262_144, 20]  # elements, float32; 262144 x 4 B = 1 MiB: solo
+    seen: list[tuple[int, int, str]] = []
+    real = Context.allreduce_flat
+
+    def spy(self: Context, buf: np.ndarray, op: object, algorithm: str, *args: object, **kwargs: object) -> None:
+        seen.append((self.topology.rank, buf.size, algorithm))
+        real(self, buf, op, algorithm, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Context, "allreduce_flat", spy)
+
+    def fn(c: Collectives) -> cost.CostModel:
+        arrays = [np.ones(n, np.float32) for n in sizes]
+        with c.engine._baton:  # no cycle until all are queued: they arrive as one batch
+            hs = [c.allreduce_async(a, op=ddl.Sum, inplace=True, name=f"t{i}") for i, a in enumerate(arrays)]
+        for h in hs:
+            h.wait()
+        return c.engine.ctx.model
+
+    models = run_engines(2, fn, config=Config(fusion_threshold=281_000, segment_bytes=1 << 20))
+    groups = fuse([FusionItem("f32", n * 4, True) for n in sizes], 281_000)
+    assert groups == [[0], [1, 3, 5], [2], [4]]  # t0 + t1 would pass the threshold; t2 and t4 are >= 1 MiB
+    topo = plan.plan_topology("2")
+    want = [(sum(sizes[i] for i in g), cost.choose(topo, sum(sizes[i] for i in g), 4, models[0])) for g in groups]
+    assert sorted((n, a) for r, n, a in seen if r == 0) == sorted(want)

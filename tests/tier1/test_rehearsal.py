@@ -37,10 +37,10 @@ def test_resnet50_lands_from_the_classifier_back() -> None:
     assert stream.buckets[0] == [len(stream.sizes) - 1]  # DDP's small first bucket: the bias alone
 
 
-def test_bucket_buffers_carry_a_flag_per_gradient() -> None:
+def test_bucket_buffers_carry_ddl_torchs_flags() -> None:
     stream = rehearsal.Stream.build([3, 5, 2], 4, compute=1.0, backward_fraction=0.5, first_cap=8, cap=1 << 20)
     bufs = rehearsal.Buckets(stream, np.dtype(np.float32))
-    assert [len(b) for b in bufs.buffers] == [2 + 1, 5 + 3 + 2]
+    assert [len(b) for b in bufs.buffers] == [2 + 2, 5 + 3 + 2 * 2]  # two presence flags per gradient
     for _, i, k, closes in stream.events():
         bufs.land(i, 2.0)
         if closes:

@@ -13,8 +13,10 @@ Skipped with the reason where namespaces are not permitted (not root, no ``ip``)
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import os
 import re
 import subprocess
 import sys
@@ -38,7 +40,7 @@ if unavailable_reason():
 # Searched in the whole output: hydra may join two ranks' lines into one.
 _STEP = re.compile(r"STEP (\d+) world=(\d+) size=(\d+) rank=(\d+) t=(\d+\.\d{3})")
 # Where a line joined by hydra has a second worker line in it.
-_SPLIT = re.compile(r"(?=(?:STEP|DONE|WORLD) \w+[ =])")
+_SPLIT = re.compile(r"(?=(?:STEP|DONE|WORLD|SAVED|STORE) \w+[ =])")
 _DONE = re.compile(r"DONE rank=(\d+) size=(\d+) world=(\d+) step=(\d+) digest=([0-9a-f]{16})")
 
 
@@ -81,7 +83,7 @@ class Run:
 
 
 def elastic_job(cluster: Cluster, hosts: list[str], *flags: str, worker: list[str],
-                react: Callable[[str, Run, Path], None], timeout: float = 150) -> Run:
+                react: Callable[[str, Run, Path], None], timeout: float = 150, zero: bool = False) -> Run:
     """Run ``ddlrun --elastic`` with a discovery script listing ``hosts``; ``react`` sees every line."""
     assert cluster.workdir is not None
     listing = cluster.workdir / f"hosts-{time.monotonic_ns()}.txt"
@@ -90,7 +92,7 @@ def elastic_job(cluster: Cluster, hosts: list[str], *flags: str, worker: list[st
     discovery.write_text(f"#!/bin/sh\ncat {listing}\n")
     discovery.chmod(0o755)
     argv = [sys.executable, "-m", "ddl.launcher.cli", "--elastic", "--host-discovery-script", str(discovery),
-            "--calibration", "off", *flags, sys.executable, str(WORKER), *worker]
+            "--calibration", "off", *flags, sys.executable, str(ZERO_WORKER if zero else WORKER), *worker]
     job = subprocess.Popen(cluster.launch_argv(argv), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            env=cluster.env())
     timer = threading.Timer(timeout, job.kill)
@@ -142,7 +144,8 @@ def first_step_after(run: Run, mark: str, world: int) -> tuple[int, float]:
 def check_nothing_left(cluster: Cluster, within: float = 15.0) -> None:
     deadline = time.monotonic() + within
     while True:
-        left = {h: [p for p in cluster.pids(h) if WORKER.name in _cmdline(p)] for h in cluster.hosts}
+        left = {h: [p for p in cluster.pids(h) if any(w.name in _cmdline(p) for w in (WORKER, ZERO_WORKER))]
+                for h in cluster.hosts}
         if not any(left.values()) or time.monotonic() > deadline:
             break
         time.sleep(0.5)
@@ -186,6 +189,51 @@ def test_a_host_lost_by_sigkill_then_listed_again_rejoins(cluster: Cluster) -> N
     check_nothing_left(cluster)
 
 
+ZERO_WORKER = Path(__file__).parent / "workers" / "worker_elastic_zero.py"
+_SAVED = re.compile(r"SAVED step=(\d+) rank=(\d+) size=(\d+) bytes=(\d+) whole=(\d+)")
+_STORE = re.compile(r"STORE step=(\d+) host=(h\d) bytes=(\d+) model=(\d+) whole=(\d+)")
+_ZERO_DONE = re.compile(r"DONE rank=(\d+) size=(\d+) world=(\d+) step=(\d+) digest=([0-9a-f]{16}) max_abs_diff=(\S+)")
+
+
+def test_sharded_optimizer_state_survives_a_lost_host_and_its_return(cluster: Cluster) -> None:
+    """ZeRO-1 Adam under TorchState: h3 killed at step 12, relisted after step 21, rejoins at the commit
+    of step 25. Every rank ends with the same weights, those of one process over the same 30 global
+    batches (<= 1e-6); each rank's saved part is about a third or half of the state, and each
+    host's commit one whole copy of it (with the model), never one per rank."""
+
+    def react(line: str, run: Run, listing: Path) -> None:
+        m = _STEP.search(line)
+        if m and m[2] == "1" and m[1] == "12" and "kill" not in run.marks:
+            listing.write_text("h1:1\nh2:1\n")
+            run.marks["kill"] = time.time()
+            kill_host(cluster, "h3")
+        if m and m[2] == "2" and m[1] == "21" and "relist" not in run.marks:
+            run.marks["relist"] = time.time()
+            listing.write_text("h1:1\nh2:1\nh3:1\n")
+
+    run = elastic_job(cluster, ["h1", "h2", "h3"], "-np", "3", "--min-np", "2", "--max-np", "3", react=react,
+                      worker=["--steps", "30", "--join-step", "25", "--step-seconds", "0.2"], zero=True, timeout=240)
+    assert run.rc == 0, run.text[-4000:]
+    done = {int(m[1]): m for m in _ZERO_DONE.finditer(run.text)}
+    assert sorted(done) == [0, 1, 2] and {m[5] for m in done.values()} == {done[0][5]}, run.text[-3000:]
+    assert all(m[4] == "30" and m[2] == "3" for m in done.values()), done
+    assert float(done[0][6]) <= 1e-6, f"{done[0][6]} from one process"
+    sizes = sorted({(int(m[3])) for m in _SAVED.finditer(run.text)})
+    assert sizes == [2, 3], sizes  # commits in worlds of 3, 2 and 3 ranks
+    for m in _SAVED.finditer(run.text):
+        part, whole, size = int(m[4]), int(m[5]), int(m[3])
+        assert part <= whole / size + 48 * 64 * 4 * 2 + 64, (m[0], "a rank saved more than its part")
+    stores = list(_STORE.finditer(run.text))
+    assert {m[2] for m in stores} >= {"h1", "h2", "h3"}, run.text[-3000:]
+    for m in stores:
+        payload, model_bytes, whole = int(m[3]), int(m[4]), int(m[5])
+        assert whole <= payload < model_bytes + 2 * whole, (m[0], "a commit is not one whole copy")
+    print(f"sharded elastic run: steps by world {sorted({(w, s) for _, w, s, _ in run.steps()})}; "
+          f"commit sizes {sorted({int(m[3]) for m in stores})} bytes for a state of {stores[0][5]} + model "
+          f"{stores[0][4]}; max_abs_diff {done[0][6]}")
+    check_nothing_left(cluster)
+
+
 def test_a_new_host_joins_then_its_link_goes_down(cluster: Cluster) -> None:
     """h3, listed only once the job runs, joins at the commit of step 10; two steps later its link goes down (it
     runs on, unreachable, still listed): the others run on exactly, h3's agent ends its own rank, and
@@ -225,6 +273,71 @@ def test_a_new_host_joins_then_its_link_goes_down(cluster: Cluster) -> None:
     assert internal, "no survivor's collective raised HorovodInternalError: " + run.text[-3000:]
     assert f"world {joined}: lost host h3" in run.text
     assert all(size == 2 for _, w, size, _ in run.steps() if w >= after), "h3 failed: it must not return while listed"
+    check_nothing_left(cluster)
+
+
+@contextlib.contextmanager
+def load_average_at_least(target: float, *, spinners: int = 16, within: float = 150.0) -> Iterator[list[float]]:
+    """Busy loops (at normal priority, like any job sharing the machine) until the 1-minute load
+    average reaches ``target``; they run on inside the block. Yields a list the caller appends
+    load averages to; the loops end on leaving."""
+    loops = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(spinners)]
+    try:
+        deadline = time.monotonic() + within
+        while os.getloadavg()[0] < target:
+            assert time.monotonic() < deadline, f"load average {os.getloadavg()[0]:.1f} < {target} after {within:g} s"
+            time.sleep(1)
+        yield [os.getloadavg()[0]]
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
+_STARTED = re.compile(r"ddlrun: elastic \[\s*([\d.]+) s\] job \w+ started at unix time ([\d.]+)")
+_LOG_AT = r"ddlrun: elastic \[\s*([\d.]+) s\] "
+
+
+def logged_at(run: Run, text: str) -> float:
+    """The unix time at which ddlrun logged the first line containing ``text`` (ddlrun's own clock)."""
+    started = _STARTED.search(run.text)
+    found = re.search(_LOG_AT + ".*" + re.escape(text), run.text)
+    assert started and found, f"no ddlrun line with {text!r}:\n" + run.text[-3000:]
+    return float(started[2]) + float(found[1]) - float(started[1])
+
+
+def test_a_silent_host_is_lost_within_2_s_and_the_job_recovers_within_10_s_at_load_8(cluster: Cluster) -> None:
+    """Default --elastic-timeout, 1-minute load average >= 8 on this 2-core machine: h3's link goes
+    down at step 20 (it runs on, unreachable). Its missed heartbeats declare it lost within 2 s;
+    the others resume within 10 s of the cut; no other host is ever declared lost (no false alarm
+    over the 20 steps before the cut nor after it); the weights are exact."""
+
+    def react(line: str, run: Run, listing: Path) -> None:
+        m = _STEP.search(line)
+        if m and m[2] == "1" and m[1] == "20" and "cut" not in run.marks:
+            run.marks["cut"] = time.time()
+            run.marks["load at cut"] = os.getloadavg()[0]
+            set_link(cluster, "h3", up=False)
+
+    try:
+        with load_average_at_least(8.0) as loads:
+            run = elastic_job(cluster, ["h1", "h2", "h3"], "-np", "3", "--min-np", "2", "--max-np", "3",
+                              react=react, worker=["--steps", "30", "--step-seconds", "0.2"], timeout=240)
+            loads.append(os.getloadavg()[0])
+    finally:
+        set_link(cluster, "h3", up=True)
+    check_exact(run, steps=30, ranks=2)
+    assert "cut" in run.marks, run.text[-3000:]
+    detected = logged_at(run, "lost host h3") - run.marks["cut"]
+    step, recovered = first_step_after(run, "cut", world=2)
+    print(f"load average {loads[0]:.1f} at the start, {run.marks['load at cut']:.1f} at the cut, {loads[-1]:.1f} at "
+          f"the end: h3 declared lost {detected:.2f} s after its link went down, world 2 ran step {step} "
+          f"{recovered:.2f} s after it")
+    assert min(loads[0], run.marks["load at cut"]) >= 8.0, (loads, run.marks)
+    assert re.findall(r"lost host (h\d)", run.text) == ["h3"], "a false alarm: " + run.text[-3000:]
+    assert "missed 6 heartbeats" in run.text
+    assert not any(w == 2 for _, w, _, t in run.steps() if t < run.marks["cut"]), "world 1 ended before the cut"
+    assert detected <= 2.0 and recovered <= 10.0, (detected, recovered)
     check_nothing_left(cluster)
 
 

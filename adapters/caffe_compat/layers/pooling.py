@@ -63,7 +63,7 @@ class _MaxPool2d(torch.autograd.Function):
 
 def _max_pool(x: torch.Tensor, w: Window) -> tuple[torch.Tensor, torch.Tensor]:
     if x.device.type == "cpu" and x.dim() == 4:
-        y, idx = _MaxPool2d.apply(x, w.kernel, w.stride, w.pad, w.ceil)
+        y, idx = _MaxPool2d.apply(x, w.kernel, w.stride, w.pad, w.ceil)  # type: ignore[no-untyped-call]
         return y, idx
     y, idx = F.max_pool2d(x, w.kernel, w.stride, w.pad, ceil_mode=w.ceil, return_indices=True)
     return y, idx

@@ -22,11 +22,14 @@ from typing import Any
 import torch
 
 import ddl
-from ddl.runtime.elastic import State, run, updates_pending, world_number
+from ddl.runtime.elastic import State, run, wait_for_host_updates, world_number
+from ddl.runtime.elastic.position import DataPosition
 
 from .solver import Solver
 
 log = logging.getLogger("ddl.caffe")
+#: The longest ``--wait-for-hosts-at`` holds for an announcement of new hosts.
+HOLD_SECONDS = 120.0
 
 
 def add_arguments(train: argparse.ArgumentParser) -> None:
@@ -37,11 +40,11 @@ def add_arguments(train: argparse.ArgumentParser) -> None:
                        help="with --elastic: iterations between commits (default 10)")
     train.add_argument("--wait-for-hosts-at", "-wait_for_hosts_at", type=int, default=0, metavar="ITER",
                        help="with --elastic, in a world smaller than the first: hold at this iteration until "
-                            "ddlrun announces new hosts (demos, tests)")
+                            f"ddlrun announces new hosts, at most {HOLD_SECONDS:g} s (demos, tests)")
 
 
 class CaffeState(State):
-    """The solver's weights, history, iteration and lr step, and the records read per Data layer."""
+    """The solver's weights, history, iteration and lr step, and the position of each Data layer's record stream."""
 
     def __init__(self, solver: Solver) -> None:
         super().__init__()
@@ -50,7 +53,7 @@ class CaffeState(State):
                 raise ValueError(f"ddl-caffe train --elastic reshards LMDB Data layers; layer '{layer.name}' is "
                                  "HDF5Data, whose rows are split per rank once: convert it to LMDB (ddl-caffe convert)")
         self.solver = solver
-        self.records = {layer.name: 0 for layer in self._data_layers()}
+        self.positions = {layer.name: DataPosition() for layer in self._data_layers()}
         self.first_size = ddl.size()  # the world size the job started with (travels with the state)
         self._saved: dict[str, Any] = {}
         self.save()
@@ -61,14 +64,15 @@ class CaffeState(State):
     def iteration_done(self) -> None:
         """Count the records the world read in the iteration that just ended."""
         for layer in self._data_layers():
-            self.records[layer.name] += layer.batch * self.solver.sp.iter_size * ddl.size()
+            self.positions[layer.name].advance(per_rank=layer.batch * self.solver.sp.iter_size, size=ddl.size())
 
     def save(self) -> None:
         s = self.solver
         self._saved = {
             "params": [p.tensor.detach().clone() for p in s.params],
             "history": [h.detach().clone() for h in s.history],
-            "iter": s.iter, "current_step": s.current_step, "records": dict(self.records),
+            "iter": s.iter, "current_step": s.current_step,
+            "positions": {name: p.state_dict() for name, p in self.positions.items()},
             "first_size": self.first_size,
         }
 
@@ -80,9 +84,10 @@ class CaffeState(State):
             for h, value in zip(s.history, saved["history"], strict=True):
                 h.copy_(value)
         s.iter, s.current_step = int(saved["iter"]), int(saved["current_step"])
-        self.records = dict(saved["records"])
+        for name, position in saved["positions"].items():
+            self.positions.setdefault(name, DataPosition()).load_state_dict(position)
         self.first_size = int(saved["first_size"])
-        reshard(self._data_layers(), self.records, rank=ddl.rank(), size=ddl.size())
+        reshard(self._data_layers(), self.positions, rank=ddl.rank(), size=ddl.size())
 
     def saved_bytes(self) -> bytes:
         buffer = io.BytesIO()
@@ -93,7 +98,7 @@ class CaffeState(State):
         self._saved = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
 
 
-def reshard(layers: list[Any], records: dict[str, int], *, rank: int, size: int) -> None:
+def reshard(layers: list[Any], positions: dict[str, DataPosition], *, rank: int, size: int) -> None:
     """Put each Data layer's reader at the world's position, dealing what follows over ``size`` ranks.
 
     The records of one LMDB form one endless stream (key order, wrapping); after ``g``
@@ -104,7 +109,8 @@ def reshard(layers: list[Any], records: dict[str, int], *, rank: int, size: int)
         reader = layer.reader
         reader.rank, reader.size = rank, size
         reader.cursor.first()
-        for _ in range(records.get(layer.name, 0) % reader.count):
+        position = positions.get(layer.name, DataPosition())
+        for _ in range(position.stream_offset(reader.count)):
             if not reader.cursor.next():
                 reader.cursor.first()
         reader.offset = 0
@@ -124,9 +130,10 @@ def train(a: argparse.Namespace, solver: Solver) -> None:
             print(f"step {iteration:5d} world {world_number()} size {ddl.size()} loss {loss:.4f} t={time.time():.3f}",
                   flush=True)
         if iteration % a.commit_every == 0 or iteration == sp.max_iter:
-            if iteration == a.wait_for_hosts_at and ddl.size() < state.first_size:
-                while not updates_pending():
-                    time.sleep(0.05)
+            if iteration == a.wait_for_hosts_at and ddl.size() < state.first_size \
+                    and not wait_for_host_updates(HOLD_SECONDS):
+                log.warning("elastic: no new hosts announced in %g s at iteration %d; going on", HOLD_SECONDS,
+                            iteration)
             state.commit()
 
     def report_world() -> None:

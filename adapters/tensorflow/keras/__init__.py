@@ -22,6 +22,7 @@ from ddl.tensorflow import mpi_ops as _ops
 from ddl.tensorflow.sync_batch_norm import SyncBatchNormalization
 
 from . import callbacks
+from . import checkpoint as checkpoint  # save / load: sharded, at any world size
 from . import elastic as elastic  # Horovod's hvd.elastic: KerasState and its callbacks
 from .optimizer import DistributedOptimizer
 

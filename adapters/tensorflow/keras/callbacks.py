@@ -61,7 +61,9 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):  # type: ignor
         if opt is not None:
             if not opt.built:
                 opt.build(self.model.trainable_variables)
-            variables += list(opt.variables)
+            # A sharded optimizer's slots differ by rank: only what every rank holds alike travels.
+            replicated = getattr(opt, "replicated_variables", None)
+            variables += list(replicated() if replicated is not None else opt.variables)
         skip = {id(v) for v in self.local_variables}
         variables = [v for v in variables if id(v) not in skip]
         broadcast_variables(variables, root_rank=self.root_rank, name="ddl.keras.broadcast_global_variables")

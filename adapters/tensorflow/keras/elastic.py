@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 from ddl.runtime.elastic import State, run, updates_pending, world_number
-from ddl.runtime.elastic_shards import deal, epoch_order
+from ddl.runtime.elastic.position import DataPosition
 from ddl.runtime.process import rank, size
 
 from ..elastic import TensorFlowKerasState
@@ -36,9 +36,9 @@ def _datasets(state: State) -> list[ElasticDataset]:
 class ElasticDataset(keras.utils.PyDataset):  # type: ignore[misc]
     """Batches of ``(x, y)`` numpy arrays: this rank's share of what is left of the epoch.
 
-    The same dealing as ``ddl.torch.elastic.ElasticSampler``: one order per epoch
-    (``seed + epoch``), what the world has processed is counted (the callbacks of this
-    module do it), and after a change of world size the rest of the epoch is dealt over
+    The same :class:`~ddl.runtime.elastic.position.DataPosition` as
+    ``ddl.torch.elastic.ElasticSampler``: one order per epoch (``seed + epoch``), what the
+    world has processed is counted (the callbacks of this module do it), and after a change of world size the rest of the epoch is dealt over
     the new world, every rank the same number of batches. Kept by a :class:`KerasState`.
     Fit one epoch per ``model.fit`` call (its length changes between epochs).
     """
@@ -48,29 +48,37 @@ class ElasticDataset(keras.utils.PyDataset):  # type: ignore[misc]
         if len(x) != len(y):
             raise ValueError(f"x has {len(x)} samples but y has {len(y)}")
         self.x, self.y, self.batch_size, self.shuffle, self.seed = x, y, batch_size, shuffle, seed
-        self.epoch = 0
-        self.processed_num = 0
+        self.position = DataPosition(seed=seed)
         self.indices = np.zeros(0, np.int64)
         self.reset()
 
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    @property
+    def processed_num(self) -> int:
+        """Samples of this epoch the whole world has processed."""
+        return self.position.processed
+
     def reset(self) -> None:
         """Deal the rest of the epoch over the current world."""
-        order = epoch_order(len(self.x), epoch=self.epoch, seed=self.seed, shuffle=self.shuffle)
-        self.indices = deal(order[self.processed_num:], rank=rank(), size=size(), batch_size=self.batch_size)
+        self.indices = self.position.share(len(self.x), rank=rank(), size=size(), batch_size=self.batch_size,
+                                           shuffle=self.shuffle)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch, self.processed_num = epoch, 0
+        self.position.start_epoch(epoch)
         self.reset()
 
     def record_batch(self) -> None:
         """Count one batch of the whole world as processed."""
-        self.processed_num = min(len(self.x), self.processed_num + self.batch_size * size())
+        self.position.advance(per_rank=self.batch_size, size=size(), limit=len(self.x))
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "processed_num": self.processed_num}
+        return self.position.state_dict()
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        self.epoch, self.processed_num = int(state["epoch"]), int(state["processed_num"])
+        self.position.load_state_dict(state)
         self.reset()
 
     def __len__(self) -> int:

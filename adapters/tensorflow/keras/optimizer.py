@@ -5,14 +5,18 @@ from __future__ import annotations
 from typing import Any
 
 import keras
+import numpy as np
 from keras.src.utils import tracking  # the decorator Keras's own LossScaleOptimizer uses in build()
 
+import ddl
 import tensorflow as tf
 from ddl.base.ops import ReduceOp
 from ddl.engine.compression import as_compressor
 from ddl.engine.naming import manifest_name
+from ddl.reduction.partition import partition_by_bytes
 
 from ..gradients import check_gradient_op, name_for, reduce_gradients
+from .sharding import gather_from_owners, reduce_to_owners
 
 
 def _context_key(tvs: list[Any]) -> tuple[Any, ...]:
@@ -51,6 +55,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16`` on the wire.
         sparse_as_dense: reduce ``tf.IndexedSlices`` (Embedding) as dense tensors instead
             of allgathering their rows.
+        shard_optimizer_state: ZeRO stage 1: each rank builds the wrapped optimizer (its
+            slot variables) for about 1/N of the variables, balanced by bytes, and updates
+            only those; gradients reach their owners by a reduce-scatter and the updated
+            variables every rank by an allgather. ``model.fit`` and custom loops work
+            unchanged; save with :mod:`ddl.tensorflow.keras.checkpoint` (each rank's slots
+            differ, so ``model.save`` would keep one rank's part only).
 
     XLA cannot compile the collectives (they call into Python): with
     ``jit_compile=True`` the first step raises a ValueError saying to pass
@@ -65,7 +75,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
                  compression: Any = None, sparse_as_dense: bool = False, gradient_predivide_factor: float = 1.0,
                  op: Any = ReduceOp.AVERAGE, backward_passes_per_step: int = 1,
                  average_aggregated_gradients: bool = False, num_groups: int = 0, groups: Any = None,
-                 process_set: Any = None, scale_local_gradients: bool = True) -> None:
+                 process_set: Any = None, scale_local_gradients: bool = True, *,
+                 shard_optimizer_state: bool = False) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a ddl DistributedOptimizer; wrap it once")
         if not isinstance(optimizer, keras.optimizers.Optimizer):
@@ -76,7 +87,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         if optimizer.gradient_accumulation_steps and backward_passes_per_step > 1:
             raise ValueError("use either backward_passes_per_step or the wrapped optimizer's "
                              "gradient_accumulation_steps, not both")
+        if shard_optimizer_state:
+            _check_shardable(optimizer, backward_passes_per_step, compression, process_set)
         super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
+        self.shard_optimizer_state = bool(shard_optimizer_state)
+        self._owners: list[int] = []  # each variable's owning rank, at build (sharded)
         self.inner_optimizer = optimizer
         self.backward_passes_per_step = backward_passes_per_step
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
@@ -95,7 +110,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self._accumulators = [self.add_variable_from_reference(v, name="ddl_accumulator") for v in var_list] if k > 1 else []
         self._passes = self.add_variable(shape=(), dtype="int", initializer="zeros", aggregation="none",
                                          name="ddl_passes") if k > 1 else None
-        self.inner_optimizer.build(var_list)
+        if self.shard_optimizer_state:
+            # Slots for this rank's part only; the partition depends on the manifest alone.
+            self._owners = list(partition_by_bytes(
+                [int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize for v in var_list],
+                ddl.size()).owners)
+            self.inner_optimizer.build(self.owned_variables(var_list))
+        else:
+            self.inner_optimizer.build(var_list)
         super().build(var_list)
 
     @property
@@ -123,12 +145,62 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         if len(grads) != len(tvs):
             raise ValueError(f"got {len(grads)} gradients for {len(tvs)} variables")
         computed, self._computed_for = self._computed_for == _context_key(tvs), None
+        if self.shard_optimizer_state:
+            self._apply_sharded(grads, tvs, reduced=computed)
+            return
         if self.backward_passes_per_step == 1:
             self.inner_optimizer.apply(grads if computed else self._reduce(grads, tvs), tvs)
             return
         if not computed:
             grads = self._accumulated(grads, tvs)
         tf.cond(self._step_due(), lambda: self._inner_apply(grads, tvs), lambda: tf.constant(False))
+
+    # -- sharded optimizer state (ZeRO-1) ---------------------------------------------
+    def owned_variables(self, var_list: Any = None) -> list[Any]:
+        """The variables this rank updates and keeps slots for (all of them unsharded)."""
+        tvs = list(self._trainable_variables if var_list is None else var_list)
+        if not self.shard_optimizer_state:
+            return tvs
+        me = ddl.rank()
+        return [v for v, owner in zip(tvs, self._owners, strict=True) if owner == me]
+
+    def replicated_variables(self) -> list[Any]:
+        """The optimizer variables every rank holds alike (what a broadcast may overwrite):
+        all of them unsharded; sharded, the step counter and learning rate, not the slots."""
+        if not self.shard_optimizer_state:
+            return self.variables  # type: ignore[no-any-return]
+        inner = self.inner_optimizer
+        lr = getattr(inner, "_learning_rate", None)
+        return [*self._variables, inner._iterations, *([lr] if isinstance(lr, keras.Variable) else [])]
+
+    def _apply_sharded(self, grads: list[Any], tvs: list[Any], *, reduced: bool) -> None:
+        """Reduce the gradients to their owners, update this rank's variables, gather the rest."""
+        index = {id(v): i for i, v in enumerate(self._trainable_variables)}
+        try:
+            owners = [self._owners[index[id(v)]] for v in tvs]
+        except KeyError:
+            raise ValueError("a sharded DistributedOptimizer updates the variables it was built with; "
+                             "build it with model.trainable_variables") from None
+        present = [i for i, g in enumerate(grads) if g is not None]  # alike on every rank: same model
+        dense = [tf.convert_to_tensor(grads[i]) for i in present]  # IndexedSlices travel densified
+        me, size = ddl.rank(), ddl.size()
+        mine = [i for i in present if owners[i] == me]
+        if reduced or size == 1:
+            owned = [tf.convert_to_tensor(grads[i]) for i in mine]
+        else:
+            owned = reduce_to_owners(dense, [owners[i] for i in present], me, size,
+                                     name=name_for([tvs[i] for i in present], self._prefix), op=self._op)
+        if mine:
+            self.inner_optimizer.apply(owned, [tvs[i] for i in mine])
+        else:
+            self.inner_optimizer._iterations.assign_add(1)  # Keras's apply refuses an empty list
+        if size == 1:
+            return
+        values = [tf.convert_to_tensor(tvs[i]) for i in present]
+        others = gather_from_owners(values, [owners[i] for i in present], me, size,
+                                    name=name_for([tvs[i] for i in present], self._prefix) + ".params")
+        for i, value in zip([i for i in present if owners[i] != me], others, strict=True):
+            tvs[i].assign(value)
 
     def compute_gradients(self, loss: Any, var_list: Any, tape: tf.GradientTape | None = None) -> list[Any]:
         """Horovod's: ``[(gradient, variable)]`` of ``loss`` (a tensor recorded on ``tape``, or a
@@ -227,6 +299,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
             "op": self._op.value,
             "compression": self._compression.name,
             "sparse_as_dense": self.sparse_as_dense,
+            "shard_optimizer_state": self.shard_optimizer_state,
         }
 
     @classmethod
@@ -234,3 +307,20 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
         return cls(inner, **config)
+
+
+def _check_shardable(optimizer: Any, backward_passes_per_step: int, compression: Any, process_set: Any) -> None:
+    """Refuse what a sharded optimizer cannot do, at construction."""
+    if optimizer.global_clipnorm:
+        raise ValueError("shard_optimizer_state=True: global_clipnorm would measure this rank's gradients only; "
+                         "use clipnorm (per variable) or clip the gradients before apply_gradients")
+    if optimizer.use_ema:
+        raise ValueError("shard_optimizer_state=True cannot keep an exponential moving average of every variable "
+                         "(use_ema): each rank updates its part only; train unsharded to use it")
+    if backward_passes_per_step > 1:
+        raise ValueError("shard_optimizer_state=True takes backward_passes_per_step=1; accumulate with the wrapped "
+                         "optimizer's gradient_accumulation_steps instead")
+    if as_compressor(compression).wire is not None:
+        raise ValueError("shard_optimizer_state=True reduces gradients in their own dtype; drop compression=")
+    if process_set is not None and process_set.process_set_id != 0:
+        raise ValueError("shard_optimizer_state=True shards over every rank; drop process_set=")

@@ -2,9 +2,9 @@
 
 Every rank replays one step of a real model's gradients (``--model``: the built-in
 ``resnet50``, an ONNX file or a torch factory, as ``ddl plan`` takes them): the buckets
-``ddl.torch`` would fill (:func:`ddl.reduction.buckets.plan_buckets`, one presence flag
-per gradient as its buffers carry), each gradient landing when backward would produce
-it (:func:`ddl.tools.plan.landing_times`) and each bucket's allreduce starting the
+``ddl.torch`` would fill (:func:`ddl.reduction.buckets.gradient_buckets`, with the presence
+flags its buffers carry), each gradient landing when backward would produce
+it (:func:`ddl.reduction.step_plan.landing_times`) and each bucket's allreduce starting the
 moment its last gradient lands, as ``ddl.torch``'s hooks start it. The compute itself
 is a wait, so the cores stay free for communication, and it lasts ``--compute-ms``, or
 is scaled so that compute : link time matches a real cluster (``--like ddl-p100``:
@@ -17,8 +17,9 @@ without Horovod's negotiation). Per contender: the step (slowest rank), the comp
 step measured in it (the last gradient's landing), scaling efficiency = compute-only /
 step, the bucket allreduces back to back without compute (the communication alone), and
 ``ddl plan``'s prediction of each from the cost model ``auto`` uses. One table, JSON
-and a plot. Run it under ``ddlrun`` (or ``-np N``); emulated hosts:
-``python -m emulation.rehearsal`` from a checkout (``--emulate`` here forwards to it).
+and a plot. Run it under ``ddlrun`` (or ``-np N``). On emulated hosts, run
+``python -m emulation.rehearsal`` from a checkout: the emulation is a repository harness,
+not part of the package, so this shipped command never imports it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,14 @@ from typing import Any
 
 import numpy as np
 
-from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB, plan_buckets
+from ddl.reduction.buckets import (
+    BUCKET_BYTES,
+    FIRST_BUCKET_BYTES,
+    FLAGS_PER_TENSOR,
+    MiB,
+    gradient_buckets,
+)
+from ddl.reduction.step_plan import landing_times
 from ddl.tools import plan
 from ddl.tools.plan_models import ModelSpecError, gradient_sizes
 
@@ -90,8 +98,9 @@ class Stream:
     def build(cls, sizes: list[int], itemsize: int, *, compute: float, backward_fraction: float,
               first_cap: int, cap: int) -> Stream:
         nbytes = [n * itemsize for n in sizes]
-        return cls(sizes, plan_buckets(nbytes, [itemsize] * len(sizes), first_cap=first_cap, cap=cap),
-                   plan.landing_times(nbytes, step=compute, backward_fraction=backward_fraction), compute)
+        buckets = gradient_buckets(sizes, [itemsize] * len(sizes), first_cap=first_cap, cap=cap)
+        return cls(sizes, [list(b.members) for b in buckets],
+                   landing_times(nbytes, step=compute, backward_fraction=backward_fraction), compute)
 
     def events(self) -> list[tuple[float, int, int, bool]]:
         """(time, gradient, bucket, whether it completes its bucket), in landing order."""
@@ -106,7 +115,7 @@ class Stream:
 
 
 class Buckets:
-    """Each bucket's flat buffer (gradients, then one presence flag each, as ``ddl.torch``'s)."""
+    """Each bucket's flat buffer (gradients, then the presence flags, as ``ddl.torch``'s)."""
 
     def __init__(self, stream: Stream, dtype: np.dtype) -> None:
         self.buffers: list[np.ndarray] = []
@@ -116,8 +125,8 @@ class Buckets:
             for i in members:
                 self.slices[i] = (len(self.buffers), offset, offset + stream.sizes[i])
                 offset += stream.sizes[i]
-            self.buffers.append(np.zeros(offset + len(members), dtype))
-        self.flags = [len(b) - len(m) for b, m in zip(self.buffers, stream.buckets, strict=True)]
+            self.buffers.append(np.zeros(offset + FLAGS_PER_TENSOR * len(members), dtype))
+        self.flags = [len(b) - FLAGS_PER_TENSOR * len(m) for b, m in zip(self.buffers, stream.buckets, strict=True)]
 
     def land(self, gradient: int, value: float) -> None:
         """Write one gradient into its bucket (backward writing ``.grad`` in place)."""
@@ -262,15 +271,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="bench-results", help="folder for the JSON and the plot")
     p.add_argument("--tag", default="", help="name stem of the output files (default: rehearsal-<dims>)")
     p.add_argument("-np", dest="np", type=int, help="re-launch on N ranks of this host under ddlrun")
-    p.add_argument("--emulate", action="store_true",
-                   help="forward to python -m emulation.rehearsal (emulated hosts; root, a checkout)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
-    if "--emulate" in args_list:  # the emulation's own options (--hosts ...) are not this parser's
-        return _emulate([a for a in args_list if a != "--emulate"])
     args = parser().parse_args(args_list)
     if args.np:
         from ddl.launcher.relaunch import relaunch
@@ -283,18 +288,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddl bench rehearsal: {exc}", file=sys.stderr)
         return 2
     return _worker(args, sizes, source)
-
-
-def _emulate(argv: list[str]) -> int:
-    try:
-        from emulation.rehearsal import main as emulated  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        print("ddl bench rehearsal --emulate drives emulated hosts from a ddl checkout: run it from the "
-              "repository root (where emulation/ is), as root, or run python -m emulation.rehearsal there",
-              file=sys.stderr)
-        return 2
-    result: int = emulated(argv)
-    return result
 
 
 def _worker(args: argparse.Namespace, sizes: list[int], source: str) -> int:

@@ -25,7 +25,8 @@ import time
 import numpy as np
 
 import ddl
-from ddl.runtime import elastic, elastic_store
+from ddl.runtime import elastic
+from ddl.runtime.elastic import store as elastic_store
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=30)
@@ -79,9 +80,7 @@ def train(state: elastic.ObjectState) -> np.ndarray:
               f"t={time.time():.3f}", flush=True)
         if state.step % args.commit_every == 0:
             if state.step == args.join_step and not state.held:
-                deadline = time.monotonic() + 120
-                while not elastic.updates_pending() and time.monotonic() < deadline:
-                    time.sleep(0.05)
+                elastic.wait_for_host_updates(120)
                 state.held = True  # committed with this commit: the next world does not hold again
             if state.step == args.die_in_commit and socket.gethostname() == args.die_on:
                 elastic_store.CommitStore.write = crash_in_the_middle_of_writing  # type: ignore[method-assign]

@@ -28,6 +28,10 @@ import ddl  # noqa: E402
 import ddl.tensorflow as dtf  # noqa: E402
 import ddl.tensorflow.keras as dk  # noqa: E402
 
+if len(sys.argv) > 1 and not sys.argv[1].startswith("--"):
+    # A store for elastic commits without ddlrun --elastic: KerasState keeps its commits there
+    # across this worker's runs at 4, 2, 3 and 1 ranks (one host: one writer).
+    os.environ.setdefault("DDL_ELASTIC_STORE", os.path.join(sys.argv[1], "keras-elastic-store"))
 dtf.init()
 R, P = dtf.rank(), dtf.size()
 ALL_CHECKS = "--all-checks" in sys.argv
@@ -191,6 +195,126 @@ def bcast():
     return [dk.callbacks.BroadcastGlobalVariablesCallback(0)]
 
 
+def deep_mlp() -> keras.Model:
+    """Six variables of four sizes: every rank of four owns some."""
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"),
+                             keras.layers.Dense(12, activation="tanh"), keras.layers.Dense(4)])
+
+
+def adagrad():
+    return keras.optimizers.Adagrad(0.1)
+
+
+def sgd_wd():
+    return keras.optimizers.SGD(0.1, momentum=0.9, weight_decay=1e-3)
+
+
+def train_tape_sharded(make_model, make_opt, *, distributed: bool, seed: int = 0):
+    """A custom tf.function loop applying local gradients through the sharded wrapper."""
+    model = build(make_model, seed)
+    opt = dk.DistributedOptimizer(make_opt(), shard_optimizer_state=True) if distributed else make_opt()
+    x, y, n = (shard(X, B), shard(Y, B), B // P) if distributed else (X, Y, B)
+
+    @tf.function
+    def step(xb, yb):
+        with tf.GradientTape() as tape:
+            loss = LOSS(yb, model(xb, training=True))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables,
+                                strict=True))
+
+    for s in range(STEPS):
+        step(tf.constant(x[s * n : (s + 1) * n]), tf.constant(y[s * n : (s + 1) * n]))
+    return model
+
+
+def check_sharded(label: str, train, make_model, make_opt, **options) -> None:
+    """``check`` for a sharded optimizer: the model's weights identical (the slots differ by
+    rank by design), at most 1e-6 from one process."""
+    got = train(make_model, make_opt, distributed=True, **options)
+    hashes = dtf.allgather_object(hashlib.sha256(b"".join(np.asarray(v).tobytes() for v in got.weights)).hexdigest())
+    assert len(set(hashes)) == 1, f"{label}: ranks hold different weights"
+    if R == 0:
+        want = reference(label, train, make_model, make_opt, {})
+        worst = max(float(np.abs(a - b).max()) for a, b in zip(want, got.get_weights(), strict=True))
+        assert worst <= 1e-6, f"{label}: {worst:.3g} from one process"
+        print(f"EQUIV {label} ranks={P} max_abs_diff={worst:.2e} (rtol=0 atol=1e-06) identical=yes", flush=True)
+    dtf.barrier()
+
+
+def sharded_fit(make_model, make_opt, *, distributed: bool, seed: int = 0):
+    if not distributed:
+        return train_fit(make_model, make_opt, distributed=False, seed=seed)
+    model = build(make_model, seed)
+    model.compile(optimizer=dk.DistributedOptimizer(make_opt(), shard_optimizer_state=True), loss=LOSS)
+    model.fit(shard(X, B), shard(Y, B), batch_size=B // P, epochs=1, shuffle=False, verbose=0, callbacks=bcast())
+    return model
+
+
+SAVED_AT = 8  # the checkpoint's step
+
+
+def resumed(make_model, make_opt, *, distributed: bool, seed: int = 0):
+    """Continue from the checkpoint the 4-rank run took at SAVED_AT, on this world's ranks."""
+    if not distributed:
+        return train_fit(make_model, make_opt, distributed=False)
+    model = build(make_model, 50 + R)  # another start: everything must come from the checkpoint
+    opt = dk.DistributedOptimizer(make_opt(), shard_optimizer_state=True)
+    model.compile(optimizer=opt, loss=LOSS)
+    opt.build(model.trainable_variables)
+    extra = dk.checkpoint.load(CHECKPOINT, model=model, optimizer=opt)
+    assert extra == {"step": SAVED_AT} and int(opt.iterations.numpy()) == SAVED_AT, (extra, opt.iterations)
+    rest = slice(SAVED_AT * B, STEPS * B)
+    model.fit(shard(X[rest], B), shard(Y[rest], B), batch_size=B // P, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+def elastic_synced(make_model, make_opt, *, distributed: bool, seed: int = 0):
+    """KerasState over a sharded optimizer: the 4-rank run commits at SAVED_AT (every rank's slots
+    reach the host's store, one whole copy); a fresh state in this world syncs from that commit,
+    re-split for this world's ranks, and trains on."""
+    if not distributed:
+        return train_fit(make_model, make_opt, distributed=False)
+    first = slice(0, SAVED_AT * B)
+    if P == 4:
+        model = build(make_model, 0)
+        model.compile(optimizer=dk.DistributedOptimizer(make_opt(), shard_optimizer_state=True), loss=LOSS)
+        model.fit(shard(X[first], B), shard(Y[first], B), batch_size=B // P, shuffle=False, verbose=0)
+        state = dk.elastic.KerasState(model, step=SAVED_AT)
+        state.commit()
+    model = build(make_model, 70 + R)  # another start: everything must come from the commit
+    opt = dk.DistributedOptimizer(make_opt(), shard_optimizer_state=True)
+    model.compile(optimizer=opt, loss=LOSS)
+    state = dk.elastic.KerasState(model, step=0)
+    state.sync()
+    assert state.step == SAVED_AT and int(opt.iterations.numpy()) == SAVED_AT, (state.step, opt.iterations)
+    rest = slice(SAVED_AT * B, STEPS * B)
+    model.fit(shard(X[rest], B), shard(Y[rest], B), batch_size=B // P, epochs=1, shuffle=False, verbose=0)
+    return model
+
+
+def sharded_cases() -> None:
+    if P > 1:  # one process: only the loads below (sharding one rank is no sharding)
+        check_sharded("sharded-fit-sgd-momentum-wd", sharded_fit, deep_mlp, sgd_wd)
+        check_sharded("sharded-fit-adam", sharded_fit, deep_mlp, adam)
+        check_sharded("sharded-fit-adamw", sharded_fit, deep_mlp, adamw)
+        check_sharded("sharded-fit-adagrad", sharded_fit, deep_mlp, adagrad)
+        check_sharded("sharded-tape-adam", train_tape_sharded, deep_mlp, adam)
+    if P == 4:  # the checkpoint the other world sizes load
+        model = build(deep_mlp, 0)
+        model.compile(optimizer=dk.DistributedOptimizer(adam(), shard_optimizer_state=True), loss=LOSS)
+        first = slice(0, SAVED_AT * B)
+        model.fit(shard(X[first], B), shard(Y[first], B), batch_size=B // P, shuffle=False, verbose=0)
+        dk.checkpoint.save(CHECKPOINT, model=model, optimizer=model.optimizer, extra={"step": SAVED_AT})
+    check_sharded("sharded-checkpoint-saved=4-resumed", resumed, deep_mlp, adam)
+    check_sharded("sharded-elastic-committed=4-synced", elastic_synced, deep_mlp, adam)
+
+
+CHECKPOINT = os.path.join(FOLDER or tempfile.gettempdir(), "keras-sharded-checkpoint")
+if "--sharded-only" in sys.argv:
+    sharded_cases()
+    dtf.shutdown()
+    print(f"PASS tensorflow rank {R}/{P}", flush=True)
+    sys.exit(0)
 check("fit-sgd-momentum-broadcast-from-different-inits", train_fit, mlp, sgd, seed=R, callbacks=bcast())
 check("fit-adam-broadcast-from-different-inits", train_fit, mlp, adam, seed=R, callbacks=bcast())
 check("fit-adam-lr-schedule-broadcast", train_fit, mlp, adam_schedule, seed=R, callbacks=bcast())
@@ -201,6 +325,7 @@ check("fit-adamw-resumed-on-root-only", train_fit_resumed, mlp, adamw)
 check("tape-sgd-momentum", train_tape, mlp, sgd)
 check("tape-embedding-adam-indexedslices", train_tape, embedding_model, adam)
 check("tape-embedding-adam-sparse_as_dense", train_tape, embedding_model, adam, sparse_as_dense=True)
+sharded_cases()
 
 if not ALL_CHECKS:
     dtf.shutdown()

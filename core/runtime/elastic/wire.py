@@ -1,11 +1,10 @@
-"""The elastic job's small messages: JSON lines between ddlrun, the host agents, the stubs and the ranks.
+"""How elastic messages travel: one JSON line each, on TCP or a unix socket (with descriptors), and where the sockets live.
 
 ``ddlrun --elastic`` (the supervisor) talks to one agent per host over TCP; on each host,
-the rank stubs that ``mpiexec`` starts and the training processes talk to their agent over
-a unix socket in the host's store folder. Every message is one JSON object on one line,
-``{"t": kind, ...}``; the stub's first message also carries file descriptors (its stdio
-and the PMI socket) as ``SCM_RIGHTS``. Only the standard library: the stub and the agent
-import this before anything heavy.
+the rank stubs ``mpiexec`` starts and the training processes talk to their agent over a
+unix socket in the host's folder. What the lines say is :mod:`ddl.runtime.elastic.protocol`'s;
+a stub's first line also carries file descriptors (its stdio and the PMI socket) as
+``SCM_RIGHTS``. Standard library only: the stub and the agent import this before anything heavy.
 """
 
 from __future__ import annotations
@@ -15,30 +14,26 @@ import socket
 from pathlib import Path
 from typing import Any
 
-#: Exit status of a rank that ended because the hosts changed (``HostsUpdatedInterrupt``) after
-#: committing; the supervisor starts the next world instead of ending the job.
+from ddl.runtime.elastic.protocol import Message, ProtocolError, Route, decode, encode
+
+#: Exit status of a rank that leaves its world at a commit (hosts changed) or after a failed
+#: collective; the supervisor starts the next world instead of ending the job.
 RESET_EXIT = 75
-#: The unix socket of a host's agent, inside the host's store folder.
+#: The unix socket of a host's agent, inside the host's folder.
 AGENT_SOCKET = "agent.sock"
 #: Longest line accepted (a stub's environment is the largest message).
 MAX_LINE = 1 << 22
 
-Message = dict[str, Any]
-
 
 def host_folder(root: str | Path, job: str, host: str) -> Path:
-    """This host's folder of job ``job`` under ``root`` (tmpfs): committed state, agent socket.
+    """The folder of host ``host`` (its name in ddlrun's host list) of job ``job`` under ``root`` (tmpfs):
+    the committed state and the agent's socket. Two list entries for one machine get two folders.
 
     Example:
         >>> host_folder("/dev/shm", "4f2a", "h1").as_posix()
         '/dev/shm/ddl-elastic-4f2a/h1'
     """
     return Path(root) / f"ddl-elastic-{job}" / host
-
-
-def encode(message: Message) -> bytes:
-    """One message as a line of compact JSON."""
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
 def send(sock: socket.socket, message: Message, fds: list[int] | None = None) -> None:
@@ -52,33 +47,36 @@ def send(sock: socket.socket, message: Message, fds: list[int] | None = None) ->
 
 
 class LineReader:
-    """Splits what a socket delivers into messages; keeps the descriptors that came with them."""
+    """Splits what a socket delivers into messages of the routes it takes; keeps the descriptors that came along."""
 
-    def __init__(self) -> None:
+    def __init__(self, *routes: Route) -> None:
         self._buffer = b""
+        self._routes = routes or None
         self.fds: list[int] = []
 
     def feed(self, data: bytes) -> list[Message]:
         """Messages completed by ``data``.
 
         Raises:
-            ValueError: a line is not a JSON object, or longer than :data:`MAX_LINE`.
+            ProtocolError: a line is not a message of this protocol and these routes, or
+                longer than :data:`MAX_LINE`.
         """
         self._buffer += data
         out: list[Message] = []
         while b"\n" in self._buffer:
             line, self._buffer = self._buffer.split(b"\n", 1)
             if line.strip():
-                message = json.loads(line)
-                if not isinstance(message, dict) or "t" not in message:
-                    raise ValueError(f"not an elastic message: {line[:200]!r}")
-                out.append(message)
+                out.append(decode(_object(line), expect=self._routes))
         if len(self._buffer) > MAX_LINE:
-            raise ValueError(f"an elastic message longer than {MAX_LINE} bytes")
+            raise ProtocolError(f"an elastic message longer than {MAX_LINE} bytes")
         return out
 
     def receive(self, sock: socket.socket, *, with_fds: bool = False) -> list[Message] | None:
-        """Read once from ``sock``: the messages completed, or None when the peer closed it."""
+        """Read once from ``sock``: the messages completed, or None when the peer closed it.
+
+        Raises:
+            OSError: the socket failed. ProtocolError: see :meth:`feed`.
+        """
         if with_fds:
             data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 16, 8)
             self.fds += fds
@@ -87,6 +85,16 @@ class LineReader:
         if not data:
             return None
         return self.feed(data)
+
+
+def _object(line: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(line)
+    except ValueError:
+        value = None
+    if not isinstance(value, dict):
+        raise ProtocolError(f"not an elastic message (one JSON object a line): {line[:200]!r}")
+    return value
 
 
 def request(path: str | Path, message: Message, *, timeout: float = 5.0) -> socket.socket:

@@ -8,6 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from ddl.launcher.elastic.timing import Timing
 from ddl.launcher.hosts import HostSlots
 
 
@@ -24,8 +25,7 @@ class ElasticOptions:
     slots: int = 1
     settings: Mapping[str, object] = dataclasses.field(default_factory=dict)
     verbose: bool = False
-    start_timeout: float = 120.0
-    timeout: float = 5.0
+    timing: Timing = Timing()
     cooldown: tuple[float, float] | None = None
     reset_limit: int | None = None
     cold_start: bool = False
@@ -73,7 +73,9 @@ def add_arguments(parser: Any) -> None:
     group.add_argument("--start-timeout", type=float, metavar="SECONDS", default=None,
                        help="longest wait for hosts and for a world's ranks to start (default 120)")
     group.add_argument("--elastic-timeout", type=float, metavar="SECONDS", default=None,
-                       help="a host whose agent is silent this long is lost (default 5)")
+                       help="sets the heartbeat: agents beat every SECONDS/20, a host that misses 6 beats in a row "
+                            "is lost (1.5 s at the default 5), an agent that hears nothing from ddlrun for "
+                            "SECONDS ends its ranks")
     group.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
                        help="a failed host may return after MIN seconds, doubling per failure up to MAX "
                             "(default: only when the discovery script lists it again)")
@@ -95,7 +97,8 @@ def options_from_args(args: Any, *, command: tuple[str, ...], hosts: tuple[HostS
 
     Raises:
         ValueError: inconsistent bounds, ``--topology`` (its dims cannot follow the world's
-            size), a discovery script with ``-H``/``--hostfile``, or no command.
+            size), a discovery script with ``-H``/``--hostfile``, a timeout out of range
+            (an explicit ``--start-timeout 0`` included: it is refused, not replaced), or no command.
     """
     if not command:
         raise ValueError("no COMMAND given; put the program after the options, e.g. ddlrun --elastic "
@@ -117,7 +120,9 @@ def options_from_args(args: Any, *, command: tuple[str, ...], hosts: tuple[HostS
     return ElasticOptions(
         command=command, min_np=min_np, max_np=max_np, np=args.np, hosts=hosts, discovery_script=script,
         slots=slots, settings=dict(settings), verbose=bool(args.verbose),
-        start_timeout=args.start_timeout or 120.0, timeout=args.elastic_timeout or 5.0,
+        timing=Timing(**{name: float(value) for name, value in (("start_timeout", args.start_timeout),
+                                                                 ("elastic_timeout", args.elastic_timeout))
+                         if value is not None}),
         cooldown=(float(cooldown[0]), float(cooldown[1])) if cooldown else None, reset_limit=args.reset_limit,
         cold_start=bool(args.cold_start),
         store_root="/dev/shm" if os.path.isdir("/dev/shm") else "/tmp",

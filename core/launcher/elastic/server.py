@@ -1,10 +1,11 @@
-"""ddlrun's side of the elastic agents: a TCP server whose connections become events, and each host's agent.
+"""ddlrun's side of the elastic agents' connections: a TCP server whose messages become timed events, and processes.
 
-Every connection gets a reader thread that turns its lines into ``(connection id, message)``
-events on one queue (``None`` for a closed connection), so the supervisor's loop is single
-threaded and decides in one place. :class:`AgentHandle` is one host's agent: the
-``mpiexec -n 1`` that started it there, its connection, when it was last heard, whether
-it has finished importing.
+Every connection gets a reader thread that turns its lines into :class:`Event` s on one
+queue (a :class:`Gone` for a closed connection, or one that sent what this ddlrun cannot
+read), so the supervisor's loop is single threaded and decides in one place. Each event
+carries the time its bytes arrived, taken by the reader: a supervisor held up for a
+moment (a slow discovery script, a loaded host) then judges heartbeats by when they
+came, not by when it got to them.
 """
 
 from __future__ import annotations
@@ -20,9 +21,22 @@ import threading
 import time
 from collections.abc import Sequence
 
-from ddl.runtime.elastic_wire import LineReader, Message, encode
+from ddl.runtime.elastic.protocol import Message, ProtocolError, Route, encode
+from ddl.runtime.elastic.wire import LineReader
 
-Event = tuple[int, Message | None]
+
+@dataclasses.dataclass(frozen=True)
+class Gone:
+    """The connection closed, or sent what this ddlrun cannot read (``why``)."""
+
+    why: str = "its agent's connection closed"
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    connection: int
+    what: Message | Gone
+    at: float  # time.monotonic() when it arrived
 
 
 class EventServer:
@@ -52,17 +66,21 @@ class EventServer:
             threading.Thread(target=self._read, args=(cid, conn), name=f"ddlrun-elastic-{cid}", daemon=True).start()
 
     def _read(self, cid: int, conn: socket.socket) -> None:
-        reader = LineReader()
+        reader = LineReader(Route.AGENT_TO_SUPERVISOR)
         while True:
+            gone = Gone()
             try:
                 messages = reader.receive(conn)
-            except (OSError, ValueError):
+            except OSError:
                 messages = None
+            except ProtocolError as exc:
+                messages, gone = None, Gone(f"its agent sent what this ddlrun cannot read: {exc}")
+            at = time.monotonic()
             if messages is None:
-                self.events.put((cid, None))
+                self.events.put(Event(cid, gone, at))
                 return
             for message in messages:
-                self.events.put((cid, message))
+                self.events.put(Event(cid, message, at))
 
     def send(self, cid: int, message: Message) -> bool:
         """Send to connection ``cid`` without waiting; False when it is gone.
@@ -120,28 +138,6 @@ def advertised_address(hosts: Sequence[str]) -> str:
             except OSError:
                 continue
     return "127.0.0.1"
-
-
-@dataclasses.dataclass
-class AgentHandle:
-    """One host's agent as ddlrun sees it."""
-
-    host: str
-    process: subprocess.Popen[bytes]
-    started: float
-    cid: int | None = None
-    folder: str | None = None
-    warm: bool = False
-    warm_seconds: float = 0.0
-    last_heard: float = 0.0
-    lost: str | None = None  # why it is gone, once it is
-
-    @property
-    def usable(self) -> bool:
-        return self.warm and self.lost is None
-
-    def heard(self) -> None:
-        self.last_heard = time.monotonic()
 
 
 def start_process(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -1,0 +1,120 @@
+"""The exchanges of a sharded Keras optimizer: gradients reduced to their owners, variables gathered back.
+
+Each exchange is one host call (:func:`ddl.tensorflow.bridge.host_call`: direct when
+eager, a ``tf.numpy_function`` in ``model.fit``'s graph) over one flat buffer per dtype,
+laid out by owner (rank 0's variables, then rank 1's, ...). The gradients go through the
+core's reduce-scatter over those segments, the owners' updated values through its
+allgather (:mod:`ddl.reduction.segments`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+import tensorflow as tf
+from ddl.base.ops import ReduceOp
+from ddl.reduction.partition import by_owner, segment_bounds
+from ddl.runtime import api
+
+from ..bridge import host_call
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+    """The variables of one dtype in one buffer: their order, offsets and the owners' segments."""
+
+    dtype: np.dtype
+    order: tuple[int, ...]
+    offsets: dict[int, int]
+    bounds: tuple[int, ...]
+
+
+class Layout:
+    """Where each variable's values sit in the exchange buffers (one per dtype, by owner).
+
+    Args:
+        sizes: element counts, by variable index.
+        dtypes: numpy dtypes, by variable index.
+        owners: owning ranks, by variable index.
+        world_size: the ranks.
+
+    Example:
+        >>> lay = Layout([2, 3, 1], [np.dtype("float32")] * 3, [1, 0, 1], 2)
+        >>> lay.lanes[0].order, lay.lanes[0].bounds
+        ((1, 0, 2), (0, 3, 6))
+    """
+
+    def __init__(self, sizes: Sequence[int], dtypes: Sequence[np.dtype], owners: Sequence[int], world_size: int) -> None:
+        self.sizes = list(sizes)
+        lanes = []
+        for dtype in dict.fromkeys(dtypes):
+            order = by_owner([i for i, d in enumerate(dtypes) if d == dtype], owners)
+            offsets, at, counts = {}, 0, [0] * world_size
+            for i in order:
+                offsets[i] = at
+                at += sizes[i]
+                counts[owners[i]] += sizes[i]
+            lanes.append(Lane(dtype, tuple(order), offsets, segment_bounds(counts)))
+        self.lanes = lanes
+        self.lane_of = {i: lane for lane in lanes for i in lane.order}
+
+    def buffers(self) -> list[np.ndarray]:
+        return [np.empty(lane.bounds[-1], lane.dtype) for lane in self.lanes]
+
+    def view(self, buffers: list[np.ndarray], i: int) -> np.ndarray:
+        """Variable ``i``'s slice of its buffer (flat)."""
+        lane = self.lane_of[i]
+        start = lane.offsets[i]
+        return buffers[self.lanes.index(lane)][start : start + self.sizes[i]]
+
+
+def reduce_to_owners(grads: Sequence[tf.Tensor], owners: Sequence[int], rank: int, world_size: int, *, name: str,
+                     op: ReduceOp) -> list[tf.Tensor]:
+    """Reduce every rank's ``grads`` (dense, one per variable) so each owner gets its
+    variables' sums (``op``: Average or Sum); returns this rank's, in variable order."""
+    layout = _layout(grads, owners, world_size)
+    mine = [i for i in range(len(grads)) if owners[i] == rank]
+
+    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+        buffers = layout.buffers()
+        for i, a in enumerate(arrays):
+            layout.view(buffers, i)[...] = a.reshape(-1)
+        handles = [api.reduce_segments_async(buf, lane.bounds, op=op, name=f"{name}.{lane.dtype.name}")
+                   for buf, lane in zip(buffers, layout.lanes, strict=True)]
+        for h in handles:
+            h.wait()
+        return [layout.view(buffers, i).reshape(arrays[i].shape) for i in mine]
+
+    return host_call(fn, list(grads), [grads[i].dtype for i in mine], [grads[i].shape for i in mine],
+                     what="sharded gradient reduction")
+
+
+def gather_from_owners(values: Sequence[tf.Tensor], owners: Sequence[int], rank: int, world_size: int, *,
+                       name: str) -> list[tf.Tensor]:
+    """Hand every rank its owners' ``values`` (all of the variables, this rank's filled in);
+    returns the other ranks' variables' values, in variable order."""
+    layout = _layout(values, owners, world_size)
+    mine = [i for i in range(len(values)) if owners[i] == rank]
+    theirs = [i for i in range(len(values)) if owners[i] != rank]
+
+    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+        buffers = layout.buffers()
+        for i, a in zip(mine, arrays, strict=True):
+            layout.view(buffers, i)[...] = a.reshape(-1)
+        handles = [api.allgather_segments_async(buf, lane.bounds, name=f"{name}.{lane.dtype.name}")
+                   for buf, lane in zip(buffers, layout.lanes, strict=True)]
+        for h in handles:
+            h.wait()
+        return [layout.view(buffers, i).reshape(tuple(values[i].shape)) for i in theirs]
+
+    return host_call(fn, [values[i] for i in mine], [values[i].dtype for i in theirs],
+                     [values[i].shape for i in theirs], what="sharded parameter gather")
+
+
+def _layout(tensors: Sequence[Any], owners: Sequence[int], world_size: int) -> Layout:
+    sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in tensors]
+    return Layout(sizes, [np.dtype(t.dtype.as_numpy_dtype) for t in tensors], owners, world_size)
