@@ -16,11 +16,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from ddl.caffe.formats import schema
+from ddl.caffe.net.net import Net
 from ddl.onnx import ModelSpec
 from ddl.tools.conformance.hooks import Recipe
-
-from . import schema
-from .net import Net
 
 NAME = "caffe"
 OPTIMIZERS = ("sgd", "adam")
@@ -136,9 +135,8 @@ def solver_param(spec: ModelSpec, recipe: Recipe, batch: int) -> Any:
 def train(spec: ModelSpec, recipe: Recipe, shards: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
     """Caffe's Solver, one iteration per shard (fed through the Input layer), gradients averaged by ddl."""
     import ddl
-
-    from .distributed import solver_hooks
-    from .solver import Solver
+    from ddl.caffe.solver.distributed import solver_hooks
+    from ddl.caffe.solver.solver import Solver
 
     reduce, bcast = solver_hooks()
     solver = Solver(solver_param(spec, recipe, len(shards[0][0])), rank=ddl.rank(), size=ddl.size(),
@@ -176,7 +174,7 @@ def export_onnx(spec: ModelSpec, weights: dict[str, np.ndarray], path: Path, *, 
     import onnx
     from onnx import helper
 
-    from .export import to_onnx
+    from ddl.caffe.export.onnx_export import to_onnx
 
     model = to_onnx(_deploy(spec, weights, batch))
     if spec.output == "logsoftmax":

@@ -12,9 +12,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("lmdb")
 pytest.importorskip("onnxruntime")
 
-from ddl.caffe import cli, ddl_options, schema, textio  # noqa: E402
-from ddl.caffe.export import check_onnx  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
+from ddl.caffe.command import cli, ddl_options  # noqa: E402
+from ddl.caffe.export.onnx_export import check_onnx  # noqa: E402
+from ddl.caffe.formats import protofile, schema  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
 
 NET = """
 name: "cli"
@@ -95,7 +96,7 @@ layer { name: "prob" type: "Softmax" bottom: "ip" top: "prob" }
 def test_export_matches_onnxruntime(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model = tmp_path / "m.prototxt"
     model.write_text(EXPORT_NET)
-    net = Net(textio.parse_text(EXPORT_NET, schema.NetParameter()), schema.TEST, quiet=True)
+    net = Net(protofile.parse_text(EXPORT_NET, schema.NetParameter()), schema.TEST, quiet=True)
     bn = net.layer_by_name("bn")
     assert bn is not None
     g = torch.Generator().manual_seed(5)
@@ -103,14 +104,14 @@ def test_export_matches_onnxruntime(tmp_path: Path, capsys: pytest.CaptureFixtur
     bn.blobs[1].copy_(torch.rand(4, generator=g) * 6 + 1)
     bn.blobs[2].fill_(3.0)
     weights = tmp_path / "m.caffemodel"
-    textio.write_binary(weights, net.to_proto())
+    protofile.write_binary(weights, net.to_proto())
     out = tmp_path / "m.onnx"
     assert cli.main(["export", "--model", str(model), "--weights", str(weights), "-o", str(out)]) == 0
     err = capsys.readouterr().err
     diffs = dict(re.findall(r"output (\w+): max relative difference ([\d.e+-]+)", err))
     assert set(diffs) == {"prob", "ip"}, err[-800:]        # the logits under the softmax are checked too
     assert max(float(v) for v in diffs.values()) < 1e-5, err[-800:]
-    net2 = Net(textio.parse_text(EXPORT_NET, schema.NetParameter()), schema.TEST, quiet=True)
+    net2 = Net(protofile.parse_text(EXPORT_NET, schema.NetParameter()), schema.TEST, quiet=True)
     assert max(check_onnx(net2, str(out)).values()) > 1e-3          # other weights: the check can fail
 
 

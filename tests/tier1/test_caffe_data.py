@@ -12,12 +12,15 @@ pytest.importorskip("lmdb")
 h5py = pytest.importorskip("h5py")
 Image = pytest.importorskip("PIL.Image")
 
-from ddl.caffe import blobs, convert, schema, textio  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
+from ddl.caffe.data import convert  # noqa: E402
+from ddl.caffe.data.database import LEVELDB, LMDB, DatumReader, backend_of  # noqa: E402
+from ddl.caffe.formats import blobs, protofile, schema  # noqa: E402
+from ddl.caffe.formats.errors import CaffeFormatError  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
 
 
 def _net(text: str, phase: int = schema.TEST, rank: int = 0, size: int = 1) -> Net:
-    return Net(textio.parse_text(text, schema.NetParameter()), phase, rank=rank, size=size, quiet=True)
+    return Net(protofile.parse_text(text, schema.NetParameter()), phase, rank=rank, size=size, quiet=True)
 
 
 def test_encoded_image_list_decodes_to_bgr_and_crops_centre_in_test(tmp_path: Path) -> None:
@@ -33,7 +36,7 @@ def test_encoded_image_list_decodes_to_bgr_and_crops_centre_in_test(tmp_path: Pa
         assert convert.from_image_list(db, tmp_path / "list.txt", tmp_path, encoded=encoded) == 3
         mean = tmp_path / "mean.binaryproto"
         m = np.full((3, 6, 7), 10.0, np.float32)
-        textio.write_binary(mean, blobs.from_array(m[None]))
+        protofile.write_binary(mean, blobs.from_array(m[None]))
         net = _net(f'layer {{ name: "d" type: "Data" top: "x" top: "y" transform_param {{ crop_size: 4 mean_file: "{mean}" scale: 0.5 }} '
                    f'data_param {{ source: "{db}" batch_size: 3 backend: LMDB }} }}')
         _, out = net.forward()
@@ -80,22 +83,64 @@ def test_hdf5_and_dummy_data(tmp_path: Path) -> None:
 def test_mean_values_that_do_not_fit_the_channels_say_what_to_give(means: str, channels: int, words: str) -> None:
     import torch
 
-    from ddl.caffe.data import Transformer
-    tp = textio.parse_text(f"transform_param {{ {means} }}", schema.LayerParameter()).transform_param
+    from ddl.caffe.data.transform import Transformer
+    tp = protofile.parse_text(f"transform_param {{ {means} }}", schema.LayerParameter()).transform_param
     t = Transformer(tp, schema.TRAIN, torch.Generator(), where="layer 'data'")
-    with pytest.raises(textio.CaffeFormatError, match=words.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(protofile.CaffeFormatError, match=words.replace("(", r"\(").replace(")", r"\)")):
         t(np.zeros((channels, 4, 4), np.float32))
-    with pytest.raises(textio.CaffeFormatError, match="mean_value entries"):
+    with pytest.raises(protofile.CaffeFormatError, match="mean_value entries"):
         t.batch(np.zeros((2, channels, 4, 4), np.float32))
 
 
-def test_a_leveldb_source_is_named_as_such(tmp_path: Path) -> None:
-    from ddl.caffe.data import open_lmdb
-    db = tmp_path / "cifar10_train_leveldb"                 # the files LevelDB leaves in its folder
-    db.mkdir()
-    for name in ("CURRENT", "LOCK", "LOG", "MANIFEST-000002", "000005.ldb"):
-        (db / name).write_bytes(b"")
-    with pytest.raises(textio.CaffeFormatError, match="this is a LevelDB .*'ddl-caffe convert'"):
-        open_lmdb(db)
-    with pytest.raises(textio.CaffeFormatError, match="no LMDB here"):
-        open_lmdb(tmp_path / "missing")
+def test_leveldb_is_the_default_backend_and_reads_like_an_lmdb(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("plyvel")
+    x = np.arange(5 * 2 * 3 * 3, dtype=np.uint8).reshape(5, 2, 3, 3)
+    assert convert.from_arrays(tmp_path / "ldb", x, np.arange(5), backend=LEVELDB) == 5
+    assert convert.from_arrays(tmp_path / "mdb", x, np.arange(5)) == 5
+    assert backend_of(tmp_path / "ldb") == LEVELDB and backend_of(tmp_path / "mdb") == LMDB
+
+    def layer(src: Path, backend: str) -> str:
+        return f'layer {{ name: "d" type: "Data" top: "x" top: "y" data_param {{ source: "{src}" batch_size: 3 {backend} }} }}'
+    # No backend: Caffe's default, LevelDB; the records and their order are the LMDB's.
+    unset = _net(layer(tmp_path / "ldb", ""), schema.TRAIN)
+    lmdb_net = _net(layer(tmp_path / "mdb", "backend: LMDB"), schema.TRAIN)
+    for _ in range(3):                                                      # wraps after 5 records, as Caffe
+        a, b = unset.forward()[1], lmdb_net.forward()[1]
+        np.testing.assert_array_equal(a["x"].numpy(), b["x"].numpy())
+        np.testing.assert_array_equal(a["y"].numpy(), b["y"].numpy())
+    # A TRAIN and a TEST net of one process read the same LevelDB (one handle, two cursors).
+    both = [_net(layer(tmp_path / "ldb", "backend: LEVELDB"), ph) for ph in (schema.TRAIN, schema.TEST)]
+    assert [n.forward()[1]["y"].tolist() for n in both] == [[0, 1, 2], [0, 1, 2]]
+    # Unset over an LMDB: read, with a warning that Caffe would look for a LevelDB there.
+    with caplog.at_level("WARNING", logger="ddl.caffe"):
+        assert _net(layer(tmp_path / "mdb", ""), schema.TEST).forward()[1]["y"].tolist() == [0, 1, 2]
+    assert "Caffe would read" in caplog.text and "add backend: LMDB" in caplog.text
+    with pytest.raises(CaffeFormatError, match="backend is LEVELDB but .*mdb is a LMDB; set backend: LMDB"):
+        _net(layer(tmp_path / "mdb", "backend: LEVELDB"))
+    with pytest.raises(CaffeFormatError, match=r"holds no database \(expected LEVELDB \(Caffe's default"):
+        _net(layer(tmp_path / "missing", ""))
+    with pytest.raises(CaffeFormatError, match="exists; a LevelDB is written to a new folder"):
+        convert.from_arrays(tmp_path / "ldb", x, np.arange(5), backend=LEVELDB)
+
+
+def test_a_leveldb_another_process_holds_is_read_from_a_snapshot(tmp_path: Path) -> None:
+    # LevelDB's LOCK admits one process; another rank reading the same source reads hard links to its files.
+    pytest.importorskip("plyvel")
+    import subprocess
+    import sys
+    x = np.arange(4, dtype=np.uint8).reshape(4, 1, 1, 1)
+    convert.from_arrays(tmp_path / "ldb", x, np.arange(4), backend=LEVELDB)
+    holder = subprocess.Popen([sys.executable, "-c", "import plyvel, sys; db = plyvel.DB(sys.argv[1]); print('held', flush=True); "
+                               "sys.stdin.read()", str(tmp_path / "ldb")], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in (tmp_path / "ldb").iterdir())
+        reader = DatumReader(tmp_path / "ldb", backend=LEVELDB, rank=1, size=2)
+        assert [reader.next().label for _ in range(3)] == [1, 3, 1]
+        assert reader.count == 4
+        assert len([p for p in tmp_path.iterdir() if p.name.startswith(".ldb.ddl-")]) == 1    # the snapshot, beside it
+        assert sorted(p.name for p in (tmp_path / "ldb").iterdir()) == before  # the holder's folder is as it was
+    finally:
+        holder.communicate("", timeout=30)
+
+

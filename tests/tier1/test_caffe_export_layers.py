@@ -9,9 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
-from ddl.caffe import schema, textio  # noqa: E402
-from ddl.caffe.export import export  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
+from ddl.caffe.export.onnx_export import export  # noqa: E402
+from ddl.caffe.formats import protofile, schema  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
 
 
 def _in(name: str, *dims: int) -> str:
@@ -63,9 +63,9 @@ NETS = {
 
 @pytest.mark.parametrize("name", sorted(NETS))
 def test_export_agrees_with_onnxruntime(name: str, tmp_path: Path) -> None:
-    net = Net(textio.parse_text(NETS[name], schema.NetParameter()), schema.TEST, quiet=True)
+    net = Net(protofile.parse_text(NETS[name], schema.NetParameter()), schema.TEST, quiet=True)
     if name == "indices":
-        from ddl.caffe import export as ex
+        from ddl.caffe.export import onnx_export as ex
         orig = ex.sample_inputs
 
         def ints(n: Net, seed: int = 11) -> dict[str, torch.Tensor]:

@@ -11,9 +11,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("google.protobuf")
 
-from ddl.caffe import blobs, schema, textio  # noqa: E402
+from ddl.caffe.formats import blobs, protofile, schema  # noqa: E402
 from ddl.caffe.layers.base import LayerError  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
+from ddl.caffe.net import weights  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
 
 NET = """
 name: "tiny"
@@ -61,19 +62,19 @@ def test_blobproto_wire_bytes_match_the_protobuf_encoding_caffe_uses() -> None:
 
 
 def test_caffemodel_round_trip(tmp_path: Path) -> None:
-    net = Net(textio.parse_text(NET, schema.NetParameter()), schema.TEST)
+    net = Net(protofile.parse_text(NET, schema.NetParameter()), schema.TEST)
     path = tmp_path / "w.caffemodel"
-    textio.write_binary(path, net.to_proto())
-    other = Net(textio.parse_text(NET, schema.NetParameter()), schema.TEST, gen=__import__("torch").Generator().manual_seed(99))
+    protofile.write_binary(path, net.to_proto())
+    other = Net(protofile.parse_text(NET, schema.NetParameter()), schema.TEST, gen=__import__("torch").Generator().manual_seed(99))
     assert not np.array_equal(other.params[0].tensor.detach().numpy(), net.params[0].tensor.detach().numpy())
-    blobs.load_weights(other, str(path))
+    weights.load_weights(other, str(path))
     for a, b in zip(net.params, other.params, strict=True):
         assert np.array_equal(a.tensor.detach().numpy(), b.tensor.detach().numpy())
     assert np.all(other.params[1].tensor.detach().numpy() == 0.5)
 
 
 def test_legacy_4d_blob_is_accepted(tmp_path: Path) -> None:
-    net = Net(textio.parse_text(NET, schema.NetParameter()), schema.TEST)
+    net = Net(protofile.parse_text(NET, schema.NetParameter()), schema.TEST)
     model = net.to_proto()
     w = np.arange(3 * 36, dtype=np.float32).reshape(3, 36)
     ip = model.layer[2]
@@ -82,39 +83,39 @@ def test_legacy_4d_blob_is_accepted(tmp_path: Path) -> None:
     ip.blobs[0].num, ip.blobs[0].channels, ip.blobs[0].height, ip.blobs[0].width = 1, 1, 3, 36
     del ip.blobs[0].data[:]
     ip.blobs[0].data.extend(w.ravel().tolist())
-    blobs.copy_trained_layers(net, model, source="m")
+    weights.copy_trained_layers(net, model, source="m")
     assert np.array_equal(net.params[2].tensor.detach().numpy(), w)
 
 
 def test_truncated_and_mismatched_caffemodels_name_layer_and_shapes(tmp_path: Path) -> None:
-    net = Net(textio.parse_text(NET, schema.NetParameter()), schema.TEST)
+    net = Net(protofile.parse_text(NET, schema.NetParameter()), schema.TEST)
     good = net.to_proto().SerializeToString()
     cut = tmp_path / "cut.caffemodel"
     cut.write_bytes(good[: len(good) - 7])
-    with pytest.raises(textio.CaffeFormatError, match="truncated|not a valid"):
-        blobs.load_weights(net, str(cut))
-    wrong = textio.parse_text(NET.replace("num_output: 4", "num_output: 5"), schema.NetParameter())
+    with pytest.raises(protofile.CaffeFormatError, match="truncated|not a valid"):
+        weights.load_weights(net, str(cut))
+    wrong = protofile.parse_text(NET.replace("num_output: 4", "num_output: 5"), schema.NetParameter())
     other = Net(wrong, schema.TEST)
     p = tmp_path / "other.caffemodel"
-    textio.write_binary(p, other.to_proto())
-    with pytest.raises(textio.CaffeFormatError, match=r"layer 'conv' blob 0: shape \[5, 3, 3, 3\].*expects \[4, 3, 3, 3\]"):
-        blobs.load_weights(net, str(p))
+    protofile.write_binary(p, other.to_proto())
+    with pytest.raises(protofile.CaffeFormatError, match=r"layer 'conv' blob 0: shape \[5, 3, 3, 3\].*expects \[4, 3, 3, 3\]"):
+        weights.load_weights(net, str(p))
     short = net.to_proto()
     del short.layer[1].blobs[0].data[-5:]
-    with pytest.raises(textio.CaffeFormatError, match=r"layer 'conv' blob 0: shape \[4, 3, 3, 3\] needs 108 values but the file holds 103"):
-        blobs.copy_trained_layers(net, short, source="s")
+    with pytest.raises(protofile.CaffeFormatError, match=r"layer 'conv' blob 0: shape \[4, 3, 3, 3\] needs 108 values but the file holds 103"):
+        weights.copy_trained_layers(net, short, source="s")
 
 
 def test_prototxt_errors_give_file_line_column(tmp_path: Path) -> None:
     bad = tmp_path / "bad.prototxt"
     bad.write_text('name: "x"\nlayer {\n  name: "a"\n  type: "ReLU"\n  bottom: "d" top "d"\n}\n')
-    with pytest.raises(textio.CaffeFormatError, match=rf"^{bad}:5:\d+: "):
-        textio.read_net(bad)
+    with pytest.raises(protofile.CaffeFormatError, match=rf"^{bad}:5:\d+: "):
+        protofile.read_net(bad)
     unknown = tmp_path / "unknown.prototxt"
     unknown.write_text('layer {\n  name: "p1"\n  type: "PReLU"\n  prelu_param { channel_shard: true }\n}\n'
                        'layer {\n  name: "c"\n  type: "Convolution"\n  convolution_param { num_outputs: 3 }\n}\n')
-    with pytest.raises(textio.CaffeFormatError, match="2 field") as e:
-        textio.read_net(unknown)
+    with pytest.raises(protofile.CaffeFormatError, match="2 field") as e:
+        protofile.read_net(unknown)
     assert f"{unknown}:4:17: field 'channel_shard' in layer \"p1\" (type PReLU)" in str(e.value)
     assert f"{unknown}:9:23: field 'num_outputs' in layer \"c\" (type Convolution)" in str(e.value)
 
@@ -124,7 +125,7 @@ def test_v1_layers_format_is_upgraded_on_load(tmp_path: Path) -> None:
     old.write_text('name: "x"\ninput: "data"\ninput_dim: 1 input_dim: 3 input_dim: 5 input_dim: 5\n'
                    'layers {\n  name: "c"\n  type: CONVOLUTION\n  bottom: "data" top: "c"\n  blobs_lr: 2 weight_decay: 0\n'
                    '  convolution_param { num_output: 2 kernel_size: 3 }\n}\n')
-    net = textio.read_net(old)
+    net = protofile.read_net(old)
     assert not len(net.layers) and [(la.name, la.type) for la in net.layer] == [("input", "Input"), ("c", "Convolution")]
     assert (net.layer[1].param[0].lr_mult, net.layer[1].param[0].decay_mult) == (2, 0)
     assert list(net.layer[0].input_param.shape[0].dim) == [1, 3, 5, 5]
@@ -134,13 +135,32 @@ def test_unsupported_layer_type_names_type_and_layer() -> None:
     text = NET + ('layer { name: "a" type: "Foo" bottom: "ip" top: "a" }\n'
                   'layer { name: "b" type: "Bar" bottom: "ip" top: "b" }\nlayer { name: "c" type: "Foo" bottom: "ip" top: "c" }\n')
     with pytest.raises(LayerError, match="2 layer type.*'Foo' \\(layers 'a', 'c'\\); 'Bar' \\(layer 'b'\\)"):
-        Net(textio.parse_text(text, schema.NetParameter()), schema.TEST)
+        Net(protofile.parse_text(text, schema.NetParameter()), schema.TEST)
 
 
 def test_missing_bottom_and_phase_filtering() -> None:
     text = NET + 'layer { name: "acc" type: "Softmax" bottom: "nope" top: "s" }\n'
     with pytest.raises(LayerError, match="layer 'acc'.*bottom blob 'nope'"):
-        Net(textio.parse_text(text, schema.NetParameter()), schema.TEST)
+        Net(protofile.parse_text(text, schema.NetParameter()), schema.TEST)
     text = NET + 'layer { name: "s" type: "Softmax" bottom: "nope" top: "s" include { phase: TRAIN } }\n'
-    net = Net(textio.parse_text(text, schema.NetParameter()), schema.TEST)
+    net = Net(protofile.parse_text(text, schema.NetParameter()), schema.TEST)
     assert [la.name for la in net.layers] == ["data", "conv", "ip"] and net.outputs == ["ip"]
+
+
+def test_whole_files_replace_the_old_one_or_leave_it(tmp_path: Path) -> None:
+    import threading
+
+    from ddl.caffe.formats.whole_file import replacing
+    target = tmp_path / "w.caffemodel"
+    for n in range(3):                                       # fresh, then swapped over the old file twice in a row
+        with replacing(target, size=1000) as f:              # a reserved size larger than written is cut back
+            f.write(bytes([n]) * 10)
+        assert target.read_bytes() == bytes([n]) * 10
+    with pytest.raises(RuntimeError), replacing(target, size=10) as f:
+        f.write(b"half")
+        raise RuntimeError("the writer failed")
+    assert target.read_bytes() == bytes([2]) * 10            # the old file stands
+    for t in threading.enumerate():
+        if t.name == "ddl-caffe-unlink":
+            t.join()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.caffemodel"]   # no temporary or old file is left

@@ -10,15 +10,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("google.protobuf")
 
-from ddl.caffe import fillers, schema, textio  # noqa: E402
+from ddl.caffe.formats import protofile, schema  # noqa: E402
+from ddl.caffe.layers import fillers  # noqa: E402
 from ddl.caffe.layers.base import LayerError  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
 
 
 def build(layers: str, shape: tuple[int, ...] = (2, 3, 7, 9), phase: int = schema.TEST, extra_inputs: str = "") -> Net:
     dims = " ".join(f"dim: {d}" for d in shape)
     text = f'layer {{ name: "in" type: "Input" top: "x" {extra_inputs} input_param {{ shape {{ {dims} }} }} }}\n' + layers
-    return Net(textio.parse_text(text, schema.NetParameter()), phase, gen=torch.Generator().manual_seed(3), quiet=True)
+    return Net(protofile.parse_text(text, schema.NetParameter()), phase, gen=torch.Generator().manual_seed(3), quiet=True)
 
 
 def run(net: Net, x: np.ndarray, top: str) -> np.ndarray:

@@ -14,11 +14,11 @@ h5py = pytest.importorskip("h5py")
 
 from PIL import Image  # noqa: E402
 
-from ddl.caffe import schema, textio  # noqa: E402
-from ddl.caffe.images import read_image, resize_linear  # noqa: E402
-from ddl.caffe.layer_check import forward, single_layer  # noqa: E402
+from ddl.caffe.data.images import read_image, resize_linear  # noqa: E402
+from ddl.caffe.formats import protofile, schema  # noqa: E402
 from ddl.caffe.layers.base import LayerError  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
+from ddl.caffe.layers.check import forward, single_layer  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
 
 RNG = np.random.default_rng(2)
 
@@ -160,7 +160,7 @@ def test_python_layers_run_through_pycaffes_protocol(tmp_path: Path, monkeypatch
             'layer { name: "ip" type: "InnerProduct" bottom: "x" top: "h" inner_product_param { num_output: 3 weight_filler { type: "gaussian" } } }\n'
             'layer { name: "py" type: "Python" bottom: "h" top: "y" python_param { module: "my_layers" layer: "Scaler" param_str: "3" } }\n'
             'layer { name: "loss" type: "EuclideanLoss" bottom: "y" bottom: "x" top: "l" }\n')
-    net = Net(textio.parse_text(text, schema.NetParameter()), schema.TEST, quiet=True)
+    net = Net(protofile.parse_text(text, schema.NetParameter()), schema.TEST, quiet=True)
     assert net.shapes["y"] == (2, 3)
     loss, blobs = net.forward()
     h = blobs["h"].detach().numpy()
@@ -172,13 +172,13 @@ def test_python_layers_run_through_pycaffes_protocol(tmp_path: Path, monkeypatch
     np.testing.assert_allclose(w.grad.numpy(), ref, rtol=1e-4)
     assert "caffe" in sys.modules
     with pytest.raises(LayerError, match="python_param.module 'nowhere' cannot be imported"):
-        Net(textio.parse_text(text.replace('"my_layers" layer: "Source"', '"nowhere" layer: "Source"'), schema.NetParameter()), schema.TEST)
+        Net(protofile.parse_text(text.replace('"my_layers" layer: "Source"', '"nowhere" layer: "Source"'), schema.NetParameter()), schema.TEST)
     with pytest.raises(LayerError, match="has no class 'Nope'"):
-        Net(textio.parse_text(text.replace('layer: "Source"', 'layer: "Nope"'), schema.NetParameter()), schema.TEST)
+        Net(protofile.parse_text(text.replace('layer: "Source"', 'layer: "Nope"'), schema.NetParameter()), schema.TEST)
 
 
 def test_read_image_errors_are_clear(tmp_path: Path) -> None:
     bad = tmp_path / "x.jpg"
     bad.write_bytes(b"not an image")
-    with pytest.raises(textio.CaffeFormatError, match="cannot read image"):
+    with pytest.raises(protofile.CaffeFormatError, match="cannot read image"):
         read_image(bad)

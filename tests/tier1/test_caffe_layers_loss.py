@@ -10,8 +10,8 @@ pytest.importorskip("google.protobuf")
 
 from pathlib import Path  # noqa: E402
 
-from ddl.caffe import blobs, schema, textio  # noqa: E402
-from ddl.caffe.layer_check import forward, gradients, numeric_check, single_layer  # noqa: E402
+from ddl.caffe.formats import blobs, protofile, schema  # noqa: E402
+from ddl.caffe.layers.check import forward, gradients, numeric_check, single_layer  # noqa: E402
 
 RNG = np.random.default_rng(3)
 
@@ -74,7 +74,7 @@ def test_infogain_loss_with_internal_softmax_from_file_and_bottom(tmp_path: Path
     x, lab = RNG.standard_normal((4, 3)), np.array([0.0, 2, 1, 2])
     h = np.abs(RNG.standard_normal((3, 3)))
     src = tmp_path / "H.binaryproto"
-    textio.write_binary(src, blobs.from_array(h.reshape(1, 1, 3, 3).astype(np.float32)))
+    protofile.write_binary(src, blobs.from_array(h.reshape(1, 1, 3, 3).astype(np.float32)))
     la = single_layer(f'name: "i" type: "InfogainLoss" bottom: "x" bottom: "l" top: "o" infogain_loss_param {{ source: "{src}" }}', [x.shape, lab.shape])
     p = np.exp(x) / np.exp(x).sum(1, keepdims=True)
     hf = h.astype(np.float32).astype(np.float64)

@@ -8,9 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("google.protobuf")
 
-from ddl.caffe import schema  # noqa: E402
-from ddl.caffe.layer_check import forward, gradients, numeric_check, single_layer  # noqa: E402
+from ddl.caffe.formats import schema  # noqa: E402
 from ddl.caffe.layers.base import LayerError  # noqa: E402
+from ddl.caffe.layers.check import forward, gradients, numeric_check, single_layer  # noqa: E402
 
 RNG = np.random.default_rng(7)
 X = RNG.standard_normal((2, 3, 4, 5))

@@ -8,8 +8,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("google.protobuf")
 
-from ddl.caffe.layer_check import forward, gradients, numeric_check, single_layer  # noqa: E402
 from ddl.caffe.layers.base import LayerError  # noqa: E402
+from ddl.caffe.layers.check import forward, gradients, numeric_check, single_layer  # noqa: E402
 
 RNG = np.random.default_rng(11)
 

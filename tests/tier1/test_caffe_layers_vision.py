@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("google.protobuf")
 
-from ddl.caffe import schema  # noqa: E402
-from ddl.caffe.layer_check import forward, gradients, numeric_check, single_layer  # noqa: E402
+from ddl.caffe.formats import schema  # noqa: E402
+from ddl.caffe.layers.check import forward, gradients, numeric_check, single_layer  # noqa: E402
 
 RNG = np.random.default_rng(5)
 
@@ -238,6 +238,21 @@ def test_batchnorm_train_gradient_checks_numerically() -> None:
     la.update_stats = False                                   # type: ignore[attr-defined]
     numeric_check(la, [x], params=False)
 
+
+
+def test_batchnorm_train_with_one_value_per_channel_is_caffes_zero() -> None:
+    # MobileNet-SSD's deploy net under `time` (TRAIN): batch 1 and 1x1 maps. Caffe normalizes by the batch
+    # statistics of one value: top (x - x) / sqrt(0 + eps) = 0, and the bottom diff is 0 too.
+    x = RNG.standard_normal((1, 3, 1, 1))
+    la = single_layer('name: "b" type: "BatchNorm" bottom: "x" top: "y"', [x.shape], phase=schema.TRAIN)
+    np.testing.assert_array_equal(forward(la, [x])[0], np.zeros_like(x))
+    (g,), _ = gradients(la, [x], [RNG.standard_normal(x.shape)])
+    np.testing.assert_array_equal(g, np.zeros_like(x))
+    # Two forwards ran (moving_average_fraction 0.999): factor 1 + 0.999, sums of the means, variances 0.
+    factor = 1 + 0.999
+    np.testing.assert_allclose(la.blobs[2].detach().numpy(), [factor], rtol=1e-6)
+    np.testing.assert_allclose(la.blobs[0].detach().numpy(), factor * x.reshape(-1), rtol=1e-6)
+    np.testing.assert_array_equal(la.blobs[1].detach().numpy(), np.zeros(3))
 
 def test_upsample_nearest_and_segnet_unpooling() -> None:
     x = RNG.standard_normal((1, 2, 3, 4))

@@ -13,9 +13,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 
 import ddl.caffe  # noqa: E402
-from ddl.caffe import caffemodel, cli, schema, textio  # noqa: E402
-from ddl.caffe.blobs import load_weights  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
+from ddl.caffe.command import cli  # noqa: E402
+from ddl.caffe.formats import caffemodel, protofile, schema  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
+from ddl.caffe.net.weights import load_weights  # noqa: E402
 
 DEPLOY = """
 name: "mini"
@@ -34,7 +35,7 @@ layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
 def _trained(tmp: Path) -> tuple[Net, Path, Path]:
     proto = tmp / "deploy.prototxt"
     proto.write_text(DEPLOY)
-    net = Net(textio.read_net(proto), schema.TEST, quiet=True)
+    net = Net(protofile.read_net(proto), schema.TEST, quiet=True)
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in net.params:
@@ -46,12 +47,12 @@ def _trained(tmp: Path) -> tuple[Net, Path, Path]:
 
 def test_streamed_caffemodel_is_protobufs_wire_format_and_costs_no_copies(tmp_path: Path) -> None:
     net, _, weights = _trained(tmp_path)
-    parsed = textio.read_binary(weights, schema.NetParameter())      # protobuf itself reads what we stream
+    parsed = protofile.read_binary(weights, schema.NetParameter())      # protobuf itself reads what we stream
     assert [lp.name for lp in parsed.layer] == [la.name for la in net.layers]
     conv = parsed.layer[1]
     assert conv.type == "Convolution" and list(conv.blobs[0].shape.dim) == [8, 3, 3, 3]
     np.testing.assert_array_equal(np.asarray(conv.blobs[0].data, np.float32).reshape(8, 3, 3, 3), net.layers[1].blobs[0].detach().numpy())
-    big = Net(textio.parse_text('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 4000 } } }\n'
+    big = Net(protofile.parse_text('layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 4000 } } }\n'
                                 'layer { name: "fc" type: "InnerProduct" bottom: "x" top: "y" inner_product_param { num_output: 3000 } }',
                                 schema.NetParameter()), schema.TEST, quiet=True)
     size = 4000 * 3000 * 4
@@ -87,10 +88,10 @@ layers { layer { name: "pool1" type: "pool" pool: MAX kernelsize: 2 stride: 2 } 
 
 
 def test_v0_and_v1_nets_and_weights_upgrade_like_caffes_tools(tmp_path: Path) -> None:
-    v1 = textio.parse_text(V1_NET, schema.NetParameter())
+    v1 = protofile.parse_text(V1_NET, schema.NetParameter())
     assert [(lp.name, lp.type) for lp in v1.layer] == [("input", "Input"), ("conv", "Convolution"), ("relu", "ReLU"), ("pool", "Pooling")]
     assert [(p.lr_mult, p.decay_mult) for p in v1.layer[1].param] == [(1, 1), (2, 0)]
-    v0 = textio.parse_text(V0_NET, schema.NetParameter())
+    v0 = protofile.parse_text(V0_NET, schema.NetParameter())
     assert [lp.name for lp in v0.layer] == ["input", "conv1", "pool1"]          # the padding layer folds into conv1
     conv = v0.layer[1]
     assert list(conv.convolution_param.pad) == [1] and conv.bottom[0] == "data" and not conv.convolution_param.bias_term
@@ -197,5 +198,5 @@ def test_export_of_a_train_val_net_exits_0_and_failures_leave_no_file(tmp_path: 
 def test_caffemodel_reader_rejects_other_files(tmp_path: Path) -> None:
     junk = tmp_path / "junk.caffemodel"
     junk.write_bytes(b"\xff" * 64)
-    with pytest.raises(textio.CaffeFormatError, match="junk.caffemodel"), caffemodel.CaffemodelReader(junk) as r:
+    with pytest.raises(protofile.CaffeFormatError, match="junk.caffemodel"), caffemodel.CaffemodelReader(junk) as r:
         list(r.layers())

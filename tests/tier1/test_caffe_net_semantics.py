@@ -12,12 +12,13 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("h5py")
 
-from ddl.caffe import cli, schema, textio  # noqa: E402
+from ddl.caffe.command import cli  # noqa: E402
+from ddl.caffe.formats import protofile, schema  # noqa: E402
 from ddl.caffe.layers.base import LayerError  # noqa: E402
-from ddl.caffe.lr_policy import LrPolicyError  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
-from ddl.caffe.solver import Solver  # noqa: E402
-from ddl.caffe.timing import LayerRunner, time_net  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
+from ddl.caffe.net.timing import LayerRunner, time_net  # noqa: E402
+from ddl.caffe.solver.lr_policy import LrPolicyError  # noqa: E402
+from ddl.caffe.solver.solver import Solver  # noqa: E402
 
 BRANCHY = """
 name: "branchy"
@@ -32,7 +33,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 
 
 def _net(text: str, phase: int = schema.TRAIN, **kw: object) -> Net:
-    net = Net(textio.parse_text(text, schema.NetParameter()), phase, quiet=True, **kw)  # type: ignore[arg-type]
+    net = Net(protofile.parse_text(text, schema.NetParameter()), phase, quiet=True, **kw)  # type: ignore[arg-type]
     cli.generate_inputs(net, torch.Generator().manual_seed(0))
     return net
 
@@ -76,6 +77,27 @@ def test_force_backward_gives_input_diffs_and_lr_mult_zero_gives_none() -> None:
     assert plain.layer_by_name("a").blobs[0].grad is None     # type: ignore[union-attr]
 
 
+
+def test_backward_needs_follow_caffes_analysis_with_blobs_read_twice_and_in_place() -> None:
+    # Caffe splits a blob read by several layers and skips it only when every reader does: "ip" read by an
+    # Accuracy (no backward) and by the loss still needs its diff; an in-place ReLU's bottom is judged by the
+    # readers of its own version; what reaches no loss needs nothing; force_backward needs everything it can.
+    text = BRANCHY.replace("PD_A", "").replace(
+        'layer { name: "loss"', 'layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "acc" }\n'
+        'layer { name: "relu" type: "ReLU" bottom: "c1" top: "c1" }\n'
+        'layer { name: "side" type: "InnerProduct" bottom: "c1" top: "side" inner_product_param { num_output: 2 } }\n'
+        'layer { name: "loss"')
+    for phase in (schema.TRAIN, schema.TEST):
+        net = _net(text, phase)
+        layer_need, bottom_need = net.backward_needs()
+        need = dict(zip([la.name for la in net.layers], zip(layer_need, bottom_need, strict=True), strict=True))
+        assert need["ip"] == (True, [True]) and need["acc"] == (False, [False, False]) and need["loss"] == (True, [True, False])
+        assert need["relu"] == (False, [False]) and need["side"] == (False, [False])     # nothing under a loss reads them
+        assert need["c1"] == (True, [False]) and need["in"] == (False, [])
+    forced = _net(text.replace('name: "branchy"', 'name: "branchy" force_backward: true'))
+    layer_need, bottom_need = forced.backward_needs()
+    assert all(layer_need) and bottom_need[[la.name for la in forced.layers].index("c1")] == [True]
+
 def test_net_state_stages_from_the_file_and_the_caller() -> None:
     text = ('name: "s" state { stage: "deploy" }\n'
             'layer { name: "in" type: "Input" top: "x" input_param { shape { dim: 1 dim: 2 } } }\n'
@@ -106,36 +128,36 @@ def _solver(tmp: Path, extra: str) -> Path:
 
 
 def test_one_test_net_per_test_iter_with_their_states(tmp_path: Path) -> None:
-    sp = textio.read_solver(_solver(tmp_path, 'test_iter: 2 test_iter: 3 test_interval: 3 test_state { stage: "one" } test_state { stage: "two" }'))
+    sp = protofile.read_solver(_solver(tmp_path, 'test_iter: 2 test_iter: 3 test_interval: 3 test_state { stage: "one" } test_state { stage: "two" }'))
     solver = Solver(sp)
     assert len(solver.test_nets) == 2
     assert [la.name for la in solver.test_nets[1].layers] == ["d", "ip", "ip2", "loss"]
     assert "ip2" not in [la.name for la in solver.test_nets[0].layers]
-    with pytest.raises(textio.CaffeFormatError, match="2 test_state entries for 3 test nets"):
-        Solver(textio.read_solver(_solver(tmp_path, 'test_iter: 1 test_iter: 1 test_iter: 1 test_interval: 3 test_state { } test_state { }')))
+    with pytest.raises(protofile.CaffeFormatError, match="2 test_state entries for 3 test nets"):
+        Solver(protofile.read_solver(_solver(tmp_path, 'test_iter: 1 test_iter: 1 test_iter: 1 test_interval: 3 test_state { } test_state { }')))
 
 
 def test_hdf5_snapshots_and_resume_match_an_uninterrupted_run(tmp_path: Path) -> None:
-    whole = Solver(textio.read_solver(_solver(tmp_path, "snapshot_format: HDF5 snapshot_after_train: false")))
+    whole = Solver(protofile.read_solver(_solver(tmp_path, "snapshot_format: HDF5 snapshot_after_train: false")))
     whole.solve()
-    half = Solver(textio.read_solver(_solver(tmp_path, "snapshot: 3 snapshot_format: HDF5 snapshot_after_train: false")))
+    half = Solver(protofile.read_solver(_solver(tmp_path, "snapshot: 3 snapshot_format: HDF5 snapshot_after_train: false")))
     half.sp.max_iter = 3
     half.solve()
     state = tmp_path / "snap_iter_3.solverstate.h5"
     assert state.exists() and (tmp_path / "snap_iter_3.caffemodel.h5").exists()
-    resumed = Solver(textio.read_solver(_solver(tmp_path, "snapshot_format: HDF5 snapshot_after_train: false")))
+    resumed = Solver(protofile.read_solver(_solver(tmp_path, "snapshot_format: HDF5 snapshot_after_train: false")))
     resumed.solve(str(state))
     for a, b in zip(whole.params, resumed.params, strict=True):
         assert torch.equal(a.tensor, b.tensor)
-    with pytest.raises(textio.CaffeFormatError, match="not a Caffe HDF5 solver state|cannot read"):
+    with pytest.raises(protofile.CaffeFormatError, match="not a Caffe HDF5 solver state|cannot read"):
         resumed.restore(str(tmp_path / "snap_iter_3.caffemodel.h5"))
 
 
 @pytest.mark.parametrize(("extra", "error", "match"), [
-    ('regularization_type: "L3"', textio.CaffeFormatError, "regularization_type 'L3'"),
+    ('regularization_type: "L3"', protofile.CaffeFormatError, "regularization_type 'L3'"),
     ('lr_policy: "plateau"', LrPolicyError, "lr_policy 'plateau' is unknown"),
-    ('test_iter: 2', textio.CaffeFormatError, "no positive test_interval"),
-    ('snapshot: 2 snapshot_prefix: "/proc/nope/x"', textio.CaffeFormatError, "cannot write snapshots"),
+    ('test_iter: 2', protofile.CaffeFormatError, "no positive test_interval"),
+    ('snapshot: 2 snapshot_prefix: "/proc/nope/x"', protofile.CaffeFormatError, "cannot write snapshots"),
     ('type: "Adamax"', ValueError, "solver type 'Adamax' is unknown"),
 ])
 def test_misconfigured_solvers_fail_before_iteration_0(tmp_path: Path, extra: str, error: type, match: str) -> None:
@@ -146,7 +168,7 @@ def test_misconfigured_solvers_fail_before_iteration_0(tmp_path: Path, extra: st
     path.write_text(text + " " + extra)
     started = []
     with pytest.raises(error, match=match):
-        Solver(textio.read_solver(path)).solve(on_iter=started.append)
+        Solver(protofile.read_solver(path)).solve(on_iter=started.append)
     assert started == []
 
 
@@ -215,7 +237,7 @@ def test_gpu_flag_is_accepted(caplog: pytest.LogCaptureFixture) -> None:
 def test_commands_keep_freed_memory_for_reuse() -> None:
     import subprocess
     import sys
-    code = ("import resource, sys, numpy as np\nfrom ddl.caffe.memory import reuse_freed_memory\n"
+    code = ("import resource, sys, numpy as np\nfrom ddl.caffe.command.memory import reuse_freed_memory\n"
             "ok = reuse_freed_memory() if sys.argv[1] == 'reuse' else True\n"
             "a = np.ones(1 << 26, np.uint8); del a\n"
             "f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt; b = np.ones(1 << 26, np.uint8)\n"
@@ -230,7 +252,7 @@ def test_commands_keep_freed_memory_for_reuse() -> None:
 
 
 def test_a_bottom_whose_maker_a_stage_rule_leaves_out_names_the_rule() -> None:
-    parse_text = textio.parse_text
+    parse_text = protofile.parse_text
     net = parse_text("""
         layer { name: "d" type: "DummyData" top: "x" include { phase: TEST stage: "on-train" } dummy_data_param { shape { dim: 2 dim: 3 } } }
         layer { name: "f" type: "Flatten" bottom: "x" top: "y" }""", schema.NetParameter())

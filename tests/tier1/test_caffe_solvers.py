@@ -11,8 +11,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("lmdb")
 
-from ddl.caffe import convert, lr_policy, schema, textio  # noqa: E402
-from ddl.caffe.solver import Solver  # noqa: E402
+from ddl.caffe.data import convert  # noqa: E402
+from ddl.caffe.formats import protofile, schema  # noqa: E402
+from ddl.caffe.solver import lr_policy  # noqa: E402
+from ddl.caffe.solver.solver import Solver  # noqa: E402
 
 NET = """
 name: "tiny"
@@ -28,8 +30,8 @@ Y = RNG.standard_normal((4, 2))
 
 def solver_param(extra: str) -> object:
     extra = extra if "base_lr" in extra else "base_lr: 0.1 " + extra
-    sp = textio.parse_text(f"lr_policy: \"step\" gamma: 0.5 stepsize: 2 display: 0 random_seed: 3 snapshot_after_train: false {extra}", schema.SolverParameter())
-    sp.net_param.CopyFrom(textio.parse_text(NET, schema.NetParameter()))
+    sp = protofile.parse_text(f"lr_policy: \"step\" gamma: 0.5 stepsize: 2 display: 0 random_seed: 3 snapshot_after_train: false {extra}", schema.SolverParameter())
+    sp.net_param.CopyFrom(protofile.parse_text(NET, schema.NetParameter()))
     return sp
 
 
@@ -141,16 +143,16 @@ def test_lr_policies_over_iterations() -> None:
         'lr_policy: "multistep" gamma: 0.5 stepvalue: 10 stepvalue: 25 stepvalue: 26': lambda it: 0.1 * 0.5 ** sum(it >= v for v in (10, 25, 26)),
     }
     for text, ref in cases.items():
-        sp = textio.parse_text(base + text, schema.SolverParameter())
+        sp = protofile.parse_text(base + text, schema.SolverParameter())
         lr_policy.check(sp)
         step = 0
         for it in range(100):
             rate, step = lr_policy.learning_rate(sp, it, step)
             assert rate == pytest.approx(ref(it), rel=1e-6), (text, it)
     with pytest.raises(lr_policy.LrPolicyError, match="needs gamma, stepsize"):
-        lr_policy.check(textio.parse_text('lr_policy: "step"', schema.SolverParameter()))
+        lr_policy.check(protofile.parse_text('lr_policy: "step"', schema.SolverParameter()))
     with pytest.raises(lr_policy.LrPolicyError, match="'cosine' is unknown"):
-        lr_policy.check(textio.parse_text('lr_policy: "cosine"', schema.SolverParameter()))
+        lr_policy.check(protofile.parse_text('lr_policy: "cosine"', schema.SolverParameter()))
 
 
 DATA_NET = """
@@ -168,10 +170,10 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 def test_snapshot_then_resume_is_bit_identical(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     convert.from_arrays(tmp_path / "db", rng.integers(0, 255, (10, 1, 5, 5)).astype(np.uint8), rng.integers(0, 3, 10))
-    net = textio.parse_text(DATA_NET.replace("SRC", str(tmp_path / "db")), schema.NetParameter())
+    net = protofile.parse_text(DATA_NET.replace("SRC", str(tmp_path / "db")), schema.NetParameter())
 
     def make(prefix: str, max_iter: int) -> Solver:
-        sp = textio.parse_text(f'base_lr: 0.05 momentum: 0.9 weight_decay: 0.001 lr_policy: "step" gamma: 0.5 stepsize: 3 '
+        sp = protofile.parse_text(f'base_lr: 0.05 momentum: 0.9 weight_decay: 0.001 lr_policy: "step" gamma: 0.5 stepsize: 3 '
                                f'max_iter: {max_iter} snapshot: 3 random_seed: 42 type: "Adam" '
                                f'snapshot_prefix: "{tmp_path / prefix}"', schema.SolverParameter())
         sp.net_param.CopyFrom(net)
@@ -187,7 +189,7 @@ def test_snapshot_then_resume_is_bit_identical(tmp_path: Path) -> None:
     for a, b in zip(whole.params, second.params, strict=True):
         assert np.array_equal(a.tensor.detach().numpy(), b.tensor.detach().numpy()), a.layer
     assert not np.array_equal(whole.params[0].tensor.detach().numpy(), first.params[0].tensor.detach().numpy())
-    state = textio.read_binary(tmp_path / "part_iter_3.solverstate", schema.SolverState())
+    state = protofile.read_binary(tmp_path / "part_iter_3.solverstate", schema.SolverState())
     assert state.iter == 3 and len(state.history) == 2 * len(first.params)
     assert state.learned_net.endswith("part_iter_3.caffemodel")
 
@@ -199,7 +201,7 @@ def test_snapshot_then_resume_is_bit_identical(tmp_path: Path) -> None:
     ('type: "RMSProp" rms_decay: 1.0', "rms_decay must lie in [0, 1)"),
 ])
 def test_adaptive_solvers_refuse_what_caffe_refuses(extra: str, words: str) -> None:
-    from ddl.caffe.textio import CaffeFormatError
+    from ddl.caffe.formats.errors import CaffeFormatError
     with pytest.raises(CaffeFormatError, match=words.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
         Solver(solver_param(f"max_iter: 1 {extra}"))
 

@@ -11,7 +11,7 @@ pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("lmdb")
 
-from ddl.caffe import zoo  # noqa: E402
+from tools.caffe import zoo  # noqa: E402
 
 TRAIN_VAL = """
 name: "LeNet"
@@ -68,10 +68,10 @@ layer { name: "loss" type: "ContrastiveLoss" bottom: "fa" bottom: "fb" bottom: "
 
 
 def test_sliced_data_gets_one_image_per_slice_top(tmp_path: Path) -> None:
-    from ddl.caffe import schema
-    from ddl.caffe.net import Net
-    from ddl.caffe.textio import parse_text
-    from ddl.caffe.zoo_data import point_at_synthetic_data
+    from ddl.caffe.formats import schema
+    from ddl.caffe.formats.protofile import parse_text
+    from ddl.caffe.net.net import Net
+    from tools.caffe.zoo_data import point_at_synthetic_data
     p = parse_text(SIAMESE.replace('name: "pairs"', 'name: "mnist_siamese"'), schema.NetParameter())
     point_at_synthetic_data(p, tmp_path)
     net = Net(p, schema.TRAIN, quiet=True)
@@ -79,10 +79,10 @@ def test_sliced_data_gets_one_image_per_slice_top(tmp_path: Path) -> None:
 
 
 def test_input_batch_is_set_in_every_input_form() -> None:
-    from ddl.caffe import schema
-    from ddl.caffe.net import Net
-    from ddl.caffe.textio import parse_text
-    from ddl.caffe.zoo_data import set_input_batch
+    from ddl.caffe.formats import schema
+    from ddl.caffe.formats.protofile import parse_text
+    from ddl.caffe.net.net import Net
+    from tools.caffe.zoo_data import set_input_batch
     p = schema.NetParameter()                       # legacy input_dim, as a V1 deploy file writes it (built unparsed)
     p.input.extend(["a", "b"])
     p.input_dim.extend([10, 3, 8, 8, 7, 1, 2, 2])
@@ -101,9 +101,9 @@ def test_input_batch_is_set_in_every_input_form() -> None:
 
 
 def test_deploy_weights_without_fillers_are_made_nonzero() -> None:
-    from ddl.caffe import schema
-    from ddl.caffe.net import Net
-    from ddl.caffe.textio import parse_text
+    from ddl.caffe.formats import schema
+    from ddl.caffe.formats.protofile import parse_text
+    from ddl.caffe.net.net import Net
     net = Net(parse_text(DEPLOY, schema.NetParameter()), schema.TEST, quiet=True)
     assert not any(bool(la.blobs[0].any()) for la in net.layers if la.blobs)       # Caffe's default filler: constant 0
     zoo.random_weights(net)
@@ -129,9 +129,9 @@ def test_a_solver_trains_the_net_beside_it_when_two_share_a_name(tmp_path: Path)
     ("CIFAR10_quick", "", (3, 32, 32)),
 ])
 def test_generated_record_shape(name: str, means: str, expected: tuple[int, int, int]) -> None:
-    from ddl.caffe import schema
-    from ddl.caffe.textio import parse_text
-    from ddl.caffe.zoo_data import guess_image_shape
+    from ddl.caffe.formats import schema
+    from ddl.caffe.formats.protofile import parse_text
+    from tools.caffe.zoo_data import guess_image_shape
     lp = parse_text(f'layer {{ name: "d" type: "Data" top: "data" transform_param {{ crop_size: 224 {means} }} }}',
                     schema.NetParameter()).layer[0]
     if name.startswith(("LeNet", "mnist", "CIFAR")):

@@ -161,19 +161,19 @@ def test_the_sampler_deals_the_rest_of_the_epoch_over_a_new_world(monkeypatch: p
 
 def test_caffe_readers_continue_the_record_stream_over_a_new_world() -> None:
     pytest.importorskip("lmdb")
-    from ddl.caffe.data import LmdbReader
-    from ddl.caffe.elastic import reshard
+    from ddl.caffe.data.database import DatumReader
+    from ddl.caffe.solver.elastic import reshard
     from ddl.runtime.elastic.position import DataPosition
 
     source = ROOT / "examples" / "caffe" / "data" / "digits_train_lmdb"
-    every = LmdbReader(source)
+    every = DatumReader(source)
     stream = [every.next_raw()[0] for _ in range(60)]  # the records in the order one rank reads them
 
-    layers = [types.SimpleNamespace(name="d", reader=LmdbReader(source, rank=r, size=3)) for r in range(3)]
+    layers = [types.SimpleNamespace(name="d", reader=DatumReader(source, rank=r, size=3)) for r in range(3)]
     for layer in layers:
         for _ in range(5):
             layer.reader.next_raw()
-    after = [types.SimpleNamespace(name="d", reader=LmdbReader(source, rank=r, size=2)) for r in range(2)]
+    after = [types.SimpleNamespace(name="d", reader=DatumReader(source, rank=r, size=2)) for r in range(2)]
     for r, layer in enumerate(after):
         reshard([layer], {"d": DataPosition(processed=15)}, rank=r, size=2)
     got = [[layer.reader.next_raw()[0] for _ in range(4)] for layer in after]

@@ -16,9 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SKIPPED = {".venv", "build", "site", ".git", "__pycache__", "node_modules"}
 #: Pairs that another issue removes; each names it. The lead drops a line when it lands.
-KNOWN_PAIRS: set[frozenset[str]] = {
-    frozenset({"ddl.caffe.textio", "ddl.caffe.upgrade"}),  # fixed by issue 28
-}
+KNOWN_PAIRS: set[frozenset[str]] = set()
 
 
 def _package_dirs() -> dict[Path, str]:

@@ -12,8 +12,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ddl.caffe import schema, textio  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
+from ddl.caffe.formats import protofile, schema  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +35,7 @@ layer { name: "prob" type: "Softmax" bottom: "fc" top: "prob" }
 def test_fine_tuning_on_two_ranks_equals_one_process(tmp_path: Path) -> None:
     proto = tmp_path / "deploy.prototxt"
     proto.write_text(DEPLOY)
-    net = Net(textio.read_net(proto), schema.TEST, quiet=True)
+    net = Net(protofile.read_net(proto), schema.TEST, quiet=True)
     with torch.no_grad():
         bn = net.layer_by_name("bn1")
         assert bn is not None

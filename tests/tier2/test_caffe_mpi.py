@@ -16,8 +16,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("lmdb")
 pytest.importorskip("sklearn")
 
-from ddl.caffe import cli, convert, schema, textio  # noqa: E402
-from ddl.caffe.net import Net  # noqa: E402
+from ddl.caffe.command import cli  # noqa: E402
+from ddl.caffe.data import convert  # noqa: E402
+from ddl.caffe.formats import protofile, schema  # noqa: E402
+from ddl.caffe.net.net import Net  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,7 +36,7 @@ layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip" bottom: "label" top: "
 
 
 def _weights(path: Path) -> list[np.ndarray]:
-    m = textio.read_binary(path, schema.NetParameter())
+    m = protofile.read_binary(path, schema.NetParameter())
     return [np.asarray(b.data, np.float32) for lp in m.layer for b in lp.blobs]
 
 
@@ -78,8 +80,8 @@ def test_two_ranks_equal_one_rank_with_iter_size_two(runs: tuple[Path, str]) -> 
     assert log2.count("Optimization Done.") == 2 and "Using 2 rank(s) of ddl (topology 2, algorithm multiring)" in log2
     assert cli.main(["train", "--solver", str(tmp / "one.prototxt")]) == 0
     two, one = _weights(tmp / "two_iter_8.caffemodel"), _weights(tmp / "one_iter_8.caffemodel")
-    sp = textio.read_solver(tmp / "one.prototxt")
-    init = Net(textio.read_net(tmp / "net.prototxt"), schema.TRAIN, gen=torch.Generator().manual_seed(sp.random_seed), quiet=True)
+    sp = protofile.read_solver(tmp / "one.prototxt")
+    init = Net(protofile.read_net(tmp / "net.prototxt"), schema.TRAIN, gen=torch.Generator().manual_seed(sp.random_seed), quiet=True)
     start = [p.tensor.detach().numpy().ravel() for p in init.params]
     assert max(float(np.abs(a - b).max()) for a, b in zip(one, start, strict=True)) > 1e-2   # training moved them
     # Same 8 samples per step, same averaged gradient; only float32 summation order differs.

@@ -7,8 +7,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import schema
-from .base import Layer
+from ddl.caffe.formats import schema
+from ddl.caffe.layers.base import Layer
 
 
 class ReLU(Layer):

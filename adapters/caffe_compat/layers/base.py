@@ -6,7 +6,9 @@ from typing import Any
 
 import torch
 
-from ..fillers import fill
+from ddl.caffe.layers.fillers import fill
+
+MANY = 1 << 16          # max_bottoms/max_tops of types that take any number
 
 
 class LayerError(ValueError):

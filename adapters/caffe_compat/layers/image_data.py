@@ -7,21 +7,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import schema
-from ..blobs import to_array
-from ..data import Transformer
-from ..images import read_image, resize_linear
-from ..textio import read_binary
-from .data_layers import _DataLayer
+from ddl.caffe.data.images import read_image, resize_linear
+from ddl.caffe.data.transform import Transformer
+from ddl.caffe.formats import schema
+from ddl.caffe.formats.blobs import to_array
+from ddl.caffe.formats.protofile import read_binary
+from ddl.caffe.layers.inputs import DataLayer
 
 
-def _deprecated_transform(layer: _DataLayer, p: object) -> None:
+def _deprecated_transform(layer: DataLayer, p: object) -> None:
     if any(p.HasField(f) for f in ("scale", "mean_file", "crop_size", "mirror")):      # type: ignore[attr-defined]
         raise layer.error("the deprecated scale/mean_file/crop_size/mirror here are not read; move them to "
                           "transform_param (or run 'ddl-caffe upgrade', which does)")
 
 
-class ImageData(_DataLayer):
+class ImageData(DataLayer):
     """``source`` lists '<path> <label>' lines (paths under ``root_folder``); images decoded BGR, resized, transformed."""
 
     type = "ImageData"
@@ -89,7 +89,7 @@ class ImageData(_DataLayer):
         return [torch.from_numpy(xs), torch.from_numpy(ys)][: len(self.top)]
 
 
-class WindowData(_DataLayer):
+class WindowData(DataLayer):
     """R-CNN windows: '# i / path / channels / height / width / n / n lines of label overlap x1 y1 x2 y2'; each batch
     draws fg_fraction foreground (overlap >= fg_threshold) and the rest background windows, warped to crop_size."""
 

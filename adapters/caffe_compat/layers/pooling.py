@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .. import schema
-from .base import Layer
+from ddl.caffe.formats import schema
+from ddl.caffe.layers.base import Layer
 
 MAX, AVE, STOCHASTIC = 0, 1, 2
 CEIL, FLOOR = 0, 1
@@ -35,6 +36,39 @@ class Window:
     ceil: bool
 
 
+class _MaxPool2d(torch.autograd.Function):
+    """MAX pooling on the CPU, forward channels-last and backward NCHW from the same first-maximum indices (Caffe's
+    tie rule): PyTorch's NCHW forward kernel is 4-8x slower than its channels-last one, and its NCHW backward
+    3-10x faster (measured, one thread: GoogLeNet's pool1 8.4 ms forward NCHW against 1.9 channels-last)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, kernel: tuple[int, int], stride: tuple[int, int], pad: tuple[int, int],
+                ceil: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.contiguous()
+        y, idx = F.max_pool2d(x.contiguous(memory_format=torch.channels_last), kernel, stride, pad, ceil_mode=ceil,
+                              return_indices=True)
+        y, idx = y.contiguous(), idx.contiguous()
+        ctx.save_for_backward(x, idx)
+        ctx.geometry = (kernel, stride, pad, ceil)
+        ctx.mark_non_differentiable(idx)
+        return y, idx
+
+    @staticmethod
+    def backward(ctx: Any, gy: torch.Tensor, _: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, idx = ctx.saved_tensors
+        kernel, stride, pad, ceil = ctx.geometry
+        gx = torch.ops.aten.max_pool2d_with_indices_backward(gy.contiguous(), x, kernel, stride, pad, (1, 1), ceil, idx)
+        return gx, None, None, None, None
+
+
+def _max_pool(x: torch.Tensor, w: Window) -> tuple[torch.Tensor, torch.Tensor]:
+    if x.device.type == "cpu" and x.dim() == 4:
+        y, idx = _MaxPool2d.apply(x, w.kernel, w.stride, w.pad, w.ceil)  # type: ignore[no-untyped-call]
+        return y, idx
+    y, idx = F.max_pool2d(x, w.kernel, w.stride, w.pad, ceil_mode=w.ceil, return_indices=True)
+    return y, idx
+
+
 def pool2d(x: torch.Tensor, w: Window, method: int, *, gen: torch.Generator | None = None, train: bool = False,
            with_mask: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Pool (N, C, H, W) as Caffe does; returns (top, max-pool mask as float indices h*W+w or None).
@@ -50,11 +84,8 @@ def pool2d(x: torch.Tensor, w: Window, method: int, *, gen: torch.Generator | No
     mask = None
     if fast:
         if method == MAX:
-            if with_mask:
-                y, idx = F.max_pool2d(x, w.kernel, w.stride, w.pad, ceil_mode=w.ceil, return_indices=True)
-                mask = idx
-            else:
-                y = F.max_pool2d(x, w.kernel, w.stride, w.pad, ceil_mode=w.ceil)
+            y, idx = _max_pool(x, w)
+            mask = idx if with_mask else None
         else:
             y = F.avg_pool2d(x, w.kernel, w.stride, w.pad, ceil_mode=w.ceil, count_include_pad=True)
         if tuple(y.shape[2:]) == (oh, ow):
@@ -65,7 +96,7 @@ def pool2d(x: torch.Tensor, w: Window, method: int, *, gen: torch.Generator | No
     far_w = max(pw, (ow - 1) * sw + kw - wd - pw)
     xp = F.pad(x, (pw, far_w, ph, far_h), value=-math.inf if method == MAX else 0.0)
     if method == MAX:
-        y, idx = F.max_pool2d(xp, w.kernel, w.stride, 0, return_indices=True)
+        y, idx = _max_pool(xp, Window(w.kernel, w.stride, (0, 0), w.out, False))
         y = y[:, :, :oh, :ow]
         if with_mask:
             idx = idx[:, :, :oh, :ow]

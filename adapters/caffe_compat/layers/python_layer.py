@@ -9,10 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import pycaffe, schema
-from .base import Layer
-
-MANY = 1 << 16
+from ddl.caffe.formats import schema
+from ddl.caffe.layers import pycaffe
+from ddl.caffe.layers.base import MANY, Layer
 
 
 def _user_class(layer: Layer, module: str, name: str) -> Any:

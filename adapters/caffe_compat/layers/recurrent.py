@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .base import Layer
+from ddl.caffe.layers.base import Layer
 
 
 def lstm_unit(c_prev: torch.Tensor, gates: torch.Tensor, cont: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -2,26 +2,34 @@
 
 from __future__ import annotations
 
-from . import (
-            activations,
-            common,
-            data_layers,
-            image_data,
-            loss,
-            loss_extra,
-            mvn,
-            pooling,
-            python_layer,
-            recurrent,
-            shape_ops,
-            ssd,
-            upsample,
-            vision,
+from ddl.caffe.layers import (
+    accuracy,
+    activations,
+    convolution,
+    database,
+    detection,
+    dropout,
+    eltwise,
+    hdf5,
+    image_data,
+    inputs,
+    linear,
+    loss,
+    normalization,
+    pooling,
+    python_layer,
+    recurrent,
+    reduction,
+    reshape,
+    routing,
+    selection,
+    softmax,
+    upsample,
 )
-from .base import Layer
+from ddl.caffe.layers.base import Layer
 
-_MODULES = (activations, common, data_layers, image_data, loss, loss_extra, mvn, pooling, python_layer, recurrent,
-            shape_ops, ssd, upsample, vision)
+_MODULES = (accuracy, activations, convolution, database, detection, dropout, eltwise, hdf5, image_data, inputs,
+            linear, loss, normalization, pooling, python_layer, recurrent, reduction, reshape, routing, selection, softmax, upsample)
 
 LAYERS: dict[str, type[Layer]] = {
     cls.type: cls

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .base import Layer
+from ddl.caffe.layers.base import Layer
 
 
 class Upsample(Layer):

@@ -2,7 +2,7 @@
 
 import sys
 
-from ddl.caffe.cli import main
+from ddl.caffe.command.cli import main
 
 for solver in sys.argv[1:]:
     code = main(["train", "--solver", solver, "--ddl", "-mode r:2", "--threads", "1"])

@@ -1,0 +1,1 @@
+"""A Caffe net leaving Caffe: ONNX models, a ``torch.nn.Module`` (``ddl.caffe.load``) and PyTorch state_dicts."""

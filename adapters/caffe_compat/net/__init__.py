@@ -1,0 +1,1 @@
+"""A Caffe net on torch: layers wired by blob name, weights copied in and out, per-layer timing."""
