@@ -41,6 +41,7 @@ _LAZY: dict[str, str] = {
                      "init", "is_initialized", "local_rank", "local_size", "rank", "shutdown", "size", "topology"),
                     "ddl.runtime.process"),
     "Compression": "ddl.engine.compression",
+    "PowerSGD": "ddl.engine.powersgd",
     **dict.fromkeys(("DDLError", "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError",
                      "NotInitializedError", "RemoteError", "SettingsMismatchError", "TopologyError",
                      "WorldMismatchError"), "ddl.base.errors"),
@@ -63,6 +64,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
     from ddl.base.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
     from ddl.engine.compression import Compression
     from ddl.engine.handle import GroupHandle, Handle
+    from ddl.engine.powersgd import PowerSGD
     from ddl.runtime.api import (
         allgather,
         allgather_async,
@@ -141,7 +143,7 @@ def __dir__() -> list[str]:
 # A literal, for type checkers; a test checks it names exactly the lazy names.
 __all__ = [
     "Adasum", "Average", "Compression", "DDLError", "GroupHandle", "Handle", "HorovodInternalError",
-    "HostsUpdatedInterrupt", "Max", "Min", "MismatchError", "NotInitializedError", "ProcessSet", "Product",
+    "HostsUpdatedInterrupt", "Max", "Min", "MismatchError", "NotInitializedError", "PowerSGD", "ProcessSet", "Product",
     "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "WorldMismatchError",
     "add_process_set", "allgather",
     "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async", "alltoall",

@@ -18,6 +18,7 @@ from typing import Any
 
 from ddl import Adasum, Average, Max, Min, MismatchError, Product, Sum
 from ddl.base.errors import HorovodInternalError
+from ddl.engine.powersgd import PowerSGD
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
 
@@ -75,4 +76,6 @@ __all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "handle_average_backwards_compatibility",
     "join", "local_rank_op", "local_size_op", "process_set_included_op", "rank_op", "reducescatter",
     "refs_to_vars", "size_op", "vars_to_refs",
+    # ddl's own: PowerSGD for DistributedGradientTape and the Keras optimizers
+    "PowerSGD",
 ]

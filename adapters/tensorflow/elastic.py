@@ -71,6 +71,10 @@ class _VariablesState(ObjectState):
 class TensorFlowKerasState(_VariablesState):
     """State of a Keras model and its optimizer (built first if needed), and plain values.
 
+    A ``DistributedOptimizer``'s stateful hook (PowerSGD) is kept too: what the ranks share
+    of it (call counts, Q) comes from the commit, each rank's error feedback restarts at zero.
+    ``LocalSGD`` and ``DiLoCo`` keep their anchors and counters as optimizer variables.
+
     Args:
         model: a built Keras model.
         optimizer: its optimizer (default: ``model.optimizer``, so compile first).
@@ -93,6 +97,9 @@ class TensorFlowKerasState(_VariablesState):
         object.__setattr__(self, "optimizer", optimizer)
         self._saved_shards: dict[str, np.ndarray] = {}
         super().__init__(**values)
+        hook = getattr(optimizer, "hook_state", None)
+        if _tracks(hook):  # PowerSGD's shared state (call counts, Q); its rank-local errors restart at zero
+            self._objects["optimizer.hook_state"] = hook
 
     def _variables(self) -> list[Any]:
         seen: set[int] = set()

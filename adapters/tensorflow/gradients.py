@@ -15,6 +15,7 @@ from ddl.engine.compression import as_compressor
 from ddl.runtime import api
 
 from .bridge import host_call
+from .hooked import HookedReducer
 
 Gradient = Any  # a tf.Tensor, a tf.IndexedSlices or None
 
@@ -79,12 +80,15 @@ def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp
     (:func:`fused_allreduce`). ``tf.IndexedSlices`` (from ``Embedding`` or
     ``tf.gather``) are allgathered as indices and values — with Average the values are
     divided by the world size — unless ``sparse_as_dense`` densifies them first.
-    At one rank nothing is reduced and nothing is copied.
+    At one rank nothing is reduced and nothing is copied — unless ``compression`` is a
+    :class:`~ddl.tensorflow.hooked.HookedReducer` (a stateful hook such as PowerSGD), which
+    changes the values at any size: the dense gradients then go through its hook.
     """
     rop = check_gradient_op(op)
-    comp = as_compressor(compression)
+    hooked = compression if isinstance(compression, HookedReducer) else None
+    comp = as_compressor(None if hooked is not None else compression)
     size = ddl.size() if process_set is None else int(process_set.size() or 1)
-    if size == 1:
+    if size == 1 and hooked is None:
         return [tf.convert_to_tensor(g) if sparse_as_dense and isinstance(g, tf.IndexedSlices) else g for g in grads]
     dense: list[tuple[int, tf.Tensor]] = []
     sparse: list[tuple[int, tf.IndexedSlices]] = []
@@ -101,7 +105,10 @@ def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp
     nd = len(dense)
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        outs = fused_allreduce(arrays[:nd], op=rop, name=name, compression=comp, process_set=process_set)
+        if hooked is not None:
+            outs = hooked.reduce(arrays[:nd], name=name, op=rop, process_set=process_set) if nd else []
+        else:
+            outs = fused_allreduce(arrays[:nd], op=rop, name=name, compression=comp, process_set=process_set)
         for k in range(len(sparse)):
             values, indices = arrays[nd + 2 * k], arrays[nd + 2 * k + 1]
             vals = api.allgather(values, name=f"{name}.s{k}.values", process_set=process_set)

@@ -13,6 +13,7 @@ from ddl.runtime import api
 
 from .bridge import host_call
 from .gradients import check_gradient_op, name_for, reduce_gradients
+from .hooked import as_reduction
 
 
 class DistributedGradientTape:
@@ -43,7 +44,7 @@ class DistributedGradientTape:
             raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got {type(gradtape).__name__}")
         self._tape = gradtape
         self._op = check_gradient_op(op)
-        self._compression = compression
+        self._compression = as_reduction(compression)  # a stateful hook keeps its state with the tape
         self._sparse_as_dense = bool(sparse_as_dense)
         self._process_set = None if process_set is None or process_set.process_set_id == 0 else process_set
         self._local: set[Any] = set()

@@ -18,6 +18,7 @@ from typing import Any
 
 from ddl import Adasum, Average, Max, Min, MismatchError, Product, Sum
 from ddl.base.errors import HorovodInternalError
+from ddl.engine.powersgd import PowerSGD
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
 
@@ -47,6 +48,7 @@ from .collectives import (
     synchronize,
 )
 from .compression import Compression
+from .local_sgd import DiLoCo, LocalSGD
 from .movement import (  # type: ignore[assignment]
     allgather,
     allgather_async,
@@ -88,4 +90,6 @@ __all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     "grouped_allreduce_async_", "grouped_reducescatter", "grouped_reducescatter_async", "join", "poll",
     "reducescatter", "reducescatter_async", "sparse_allreduce_async", "synchronize",
     "ZeroRedundancyOptimizer",  # ddl's: torch.distributed.optim's, sharding over ddl's ranks
+    # ddl's own: training over slow links
+    "DiLoCo", "LocalSGD", "PowerSGD",
 ]

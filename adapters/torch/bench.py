@@ -7,7 +7,8 @@ adam`` trains with Adam, whose update the sharded mode divides among the ranks. 
 
 Two models, an MLP of about 5 M parameters and a CNN whose single-process step computes
 for about ``--cnn-step-ms``, are trained on synthetic batches at each world size in
-``--ranks`` (default 1 and 2), one thread per process. Contenders run in interleaved
+``--ranks`` (default 1 and 2), one thread per process. ``--hook fp16,powersgd:4`` adds
+ddl.torch with those communication hooks (``ddl.torch+HOOK``). Contenders run in interleaved
 rounds so machine noise hits them alike; a round's time is the slowest rank's. Prints a
 table with the step-time ratio ddl/DDP, the scaling efficiency (throughput at p ranks
 over p times the throughput of one undistributed process) and ddl.torch against its
@@ -87,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory", action="store_true",
                         help="measure optimizer-state bytes and peak RSS per rank, sharded and not, instead "
                              "(see python -m ddl.torch.bench_memory --help)")
+    parser.add_argument("--hook", default="", metavar="LIST",
+                        help="also time ddl.torch with these communication hooks, e.g. fp16,powersgd:4 (PowerSGD "
+                             "from its first step; contenders ddl.torch+HOOK)")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
@@ -107,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(args.models.split(",")) - set(MODELS)
     if unknown:
         parser.error(f"unknown model(s) {sorted(unknown)}; choose from {sorted(MODELS)}")
+    try:
+        _hooks(args.hook)
+    except ValueError as exc:
+        parser.error(str(exc))
     runs: list[dict[str, Any]] = []
     batch = args.cnn_batch
     for p in ranks:
@@ -115,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             proc = relaunch(p, ["-m", "ddl.torch.bench", "--worker", str(out), "--models", args.models, "--mlp-batch", str(args.mlp_batch),
                              "--cnn-batch", str(batch), "--cnn-step-ms", str(args.cnn_step_ms),
                                 "--rounds", str(args.rounds), "--steps", str(args.steps), "--device", args.device,
-                                "--optimizer", args.optimizer, *(["--zero"] if args.zero else [])])
+                                "--optimizer", args.optimizer, *(["--zero"] if args.zero else []),
+                                *(["--hook", args.hook] if args.hook else [])])
             if proc.returncode != 0 or not out.exists():
                 print(f"ddl bench torch: the {p}-rank run failed (exit {proc.returncode})", file=sys.stderr)
                 return 1
@@ -145,7 +154,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         p = run["size"]
         for model, per in run["step_s"].items():
             batch = run["batch"][model]
-            for c in [c for c in [*CONTENDERS, ZERO] if c in per]:
+            for c in [c for c in [*CONTENDERS, ZERO] if c in per] + [c for c in per if c.startswith("ddl.torch+")]:
                 t = per[c]
                 rows.append({
                     "model": model, "params": run["params"][model], "ranks": p, "contender": c,
@@ -153,14 +162,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
                     "scaling_efficiency": base[model] / t if model in base else None,
                     "vs_ddp": t / per["DDP-gloo"],
                     "vs_floor": t / (per["none"] + run["allreduce_s"][model]) if c == "ddl.torch" and p > 1 else None,
-                    "vs_ddl": t / per["ddl.torch"] if c == ZERO else None,
+                    "vs_ddl": t / per["ddl.torch"] if c == ZERO or c.startswith("ddl.torch+") else None,
                 })
     return {"rows": rows, "threads_per_process": 1, "date": time.strftime("%Y-%m-%d"),
             "torch": torch.__version__}
 
 
 def format_table(report: dict[str, Any]) -> str:
-    head = (f"{'model':6} {'params':>8} {'ranks':>5} {'contender':14} {'batch':>5} {'step ms':>9} "
+    head = (f"{'model':6} {'params':>8} {'ranks':>5} {'contender':22} {'batch':>5} {'step ms':>9} "
             f"{'samples/s':>10} {'efficiency':>10} {'vs DDP':>7} {'vs floor':>8} {'vs ddl':>7}")
     extra = "".join(f", {k} {report[k]}" for k in ("optimizer",) if k in report)
     load = report.get("load_average")
@@ -170,12 +179,12 @@ def format_table(report: dict[str, Any]) -> str:
         eff = "" if r["scaling_efficiency"] is None else f"{r['scaling_efficiency']:.3f}"
         floor = "" if r.get("vs_floor") is None else f"{r['vs_floor']:.3f}"
         vs_ddl = "" if r.get("vs_ddl") is None else f"{r['vs_ddl']:.3f}"
-        lines.append(f"{r['model']:6} {r['params'] / 1e6:7.2f}M {r['ranks']:5d} {r['contender']:14} "
+        lines.append(f"{r['model']:6} {r['params'] / 1e6:7.2f}M {r['ranks']:5d} {r['contender']:22} "
                      f"{r['batch_per_rank']:5d} {r['step_ms']:9.2f} {r['samples_per_s']:10.1f} {eff:>10} "
                      f"{r['vs_ddp']:7.3f} {floor:>8} {vs_ddl:>7}")
     lines.append("efficiency: throughput at p ranks / (p x one undistributed process); "
                  "vs DDP: step time / DDP-gloo step time; vs floor: ddl.torch's step / (the no-communication "
-                 "step + one ddl.allreduce of the model's gradient bytes); vs ddl: the sharded step / the "
+                 "step + one ddl.allreduce of the model's gradient bytes); vs ddl: the sharded (or hooked) step / the "
                  "unsharded ddl.torch step; all in the same rounds")
     return "\n".join(lines)
 
@@ -209,14 +218,15 @@ def _worker(args: argparse.Namespace) -> int:
         x = torch.randn(batch, *shape, generator=gen).to(device)
         y = torch.randint(0, 10, (batch,), generator=gen).to(device)
         steppers: dict[str, Callable[[], None]] = {}
-        contenders = [*CONTENDERS, *([ZERO] if args.zero else [])]
+        hooks = _hooks(args.hook)
+        contenders = [*CONTENDERS, *([ZERO] if args.zero else []), *hooks]
         for c in contenders:
             torch.manual_seed(0)
             model = build().to(device)
             opt: torch.optim.Optimizer = OPTIMIZERS[args.optimizer](model.parameters())
-            if c in ("ddl.torch", ZERO):
+            if c in ("ddl.torch", ZERO) or c in hooks:
                 opt = dt.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
-                                              shard_optimizer_state=c == ZERO)
+                                              shard_optimizer_state=c == ZERO, compression=hooks.get(c))
             elif c == "DDP-gloo":
                 model = DistributedDataParallel(model)
             steppers[c] = _stepper(model, opt, x, y)
@@ -250,6 +260,17 @@ def _worker(args: argparse.Namespace) -> int:
         Path(args.worker).write_text(json.dumps(result))
     dt.shutdown()
     return 0
+
+
+def _hooks(text: str) -> dict[str, Any]:
+    """``--hook``'s contenders, ``ddl.torch+HOOK`` -> the hook.
+
+    Raises:
+        ValueError: an unknown hook.
+    """
+    from ddl.tools.plan_hooks import parse_hook
+
+    return {f"ddl.torch+{word}": parse_hook(word, "--hook") for word in text.split(",") if word}
 
 
 def _stepper(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> Callable[[], None]:

@@ -27,6 +27,7 @@ from ddl.runtime.elastic import ObjectState, State, run, updates_pending, world_
 from ddl.runtime.elastic.position import DataPosition
 from ddl.runtime.process import rank, size
 
+from .optimizer import DistributedOptimizer
 from .sharded_optimizer import ShardedOptimizer
 
 
@@ -152,10 +153,25 @@ class _ShardedOptimizerHandler(_Handler):
                                for i, blob in entries.items()}
 
 
+class _HookedOptimizerHandler(_Handler):
+    """A DistributedOptimizer with a stateful hook: the hook's shared state (PowerSGD's call
+    counts and Q) is kept beside the optimizer's; its rank-local errors restart at zero."""
+
+    def save(self) -> None:
+        self.saved = {"optimizer": copy.deepcopy(self.value.state_dict()),
+                      "hook": copy.deepcopy(self.value.hook_state.state_dict())}
+
+    def restore(self) -> None:
+        self.value.load_state_dict(copy.deepcopy(self.saved["optimizer"]))
+        self.value.hook_state.load_state_dict(copy.deepcopy(self.saved["hook"]))
+
+
 def _handler_for(value: Any) -> _Handler | None:
     if isinstance(value, ShardedOptimizer):
         return _ShardedOptimizerHandler(value)
     kinds = (torch.nn.Module, torch.optim.Optimizer, torch.optim.lr_scheduler.LRScheduler, ElasticSampler)
+    if isinstance(value, DistributedOptimizer) and callable(getattr(value.hook_state, "state_dict", None)):
+        return _HookedOptimizerHandler(value)
     return _Handler(value) if isinstance(value, kinds) else None
 
 
@@ -163,9 +179,12 @@ class TorchState(ObjectState):
     """State of a PyTorch training: models, optimizers, LR schedulers, samplers, and plain values.
 
     Each keyword whose value is a ``torch.nn.Module``, ``torch.optim.Optimizer`` (a
-    ``DistributedOptimizer`` too), LR scheduler or :class:`ElasticSampler` is kept through
-    its ``state_dict``; any other value is a plain attribute (``state.epoch``). Assigning
-    such an object anew (``state.model = other``) tracks the new one.
+    ``DistributedOptimizer``, ``LocalSGD`` or ``DiLoCo`` too), LR scheduler or
+    :class:`ElasticSampler` is kept through its ``state_dict``; any other value is a plain
+    attribute (``state.epoch``). Assigning such an object anew (``state.model = other``)
+    tracks the new one. A ``DistributedOptimizer``'s stateful hook (PowerSGD) is kept with
+    it: what the ranks share (call counts, Q) comes from the commit, and each rank's error
+    feedback starts again at zero.
 
     A sharded optimizer (``shard_optimizer_state=True``) is kept as its parts: each rank's
     saved copy holds its own parameters' state, each host's commit every rank's (one

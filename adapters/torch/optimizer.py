@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -10,7 +11,8 @@ from typing import Any
 import ddl
 import torch
 from ddl.base.ops import ReduceOp, as_op
-from ddl.engine.compression import as_compressor
+from ddl.engine.compression import Compressor
+from ddl.engine.hooks import as_hook
 from ddl.engine.naming import call_site_name, manifest_name
 from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB
 from ddl.runtime import api
@@ -39,7 +41,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
     Args:
         optimizer: any ``torch.optim.Optimizer``.
         named_parameters: ``model.named_parameters()``, used to name parameters in errors.
-        compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16`` on the wire.
+        compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16`` on the wire, or a
+            stateful communication hook such as ``ddl.PowerSGD(rank=4)`` (its state is
+            :attr:`hook_state`; see also :meth:`register_comm_hook`).
         backward_passes_per_step: backward passes accumulated locally per reduction.
             Gradients are summed over the passes (scale the loss by 1/k for a mean).
             For a count that varies from step to step use ``no_sync()`` instead.
@@ -69,6 +73,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         >>> opt = ddl.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
         ...                                      named_parameters=model.named_parameters())  # doctest: +SKIP
     """
+
+    hook_state: Any  # the stateful hook's state (PowerSGD's), None with a plain compressor
 
     def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
         # op=ddl.Adasum is a different algorithm (Horovod's _DistributedAdasumOptimizer):
@@ -122,8 +128,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if shard_optimizer_state:
             _check_shardable(optimizer, compression, process_set)
         self.__dict__["optimizer"] = optimizer
+        hook = as_hook(compression)
+        self.__dict__["hook_state"] = None if isinstance(hook, Compressor) else hook.new_state()
         self._options = Options(
-            compression=as_compressor(compression), backward_passes_per_step=backward_passes_per_step,
+            compression=hook, backward_passes_per_step=backward_passes_per_step,
             op=reduce_op, gradient_predivide_factor=float(gradient_predivide_factor),
             bucket_cap_mb=float(bucket_cap_mb), first_bucket_mb=float(first_bucket_mb),
             sparse_as_dense=bool(sparse_as_dense or shard_optimizer_state),  # sharded: owners re-sparsify
@@ -188,10 +196,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __getstate__(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer, "options": self._options,
                 "names": [self._names[p] for p in _all_params(self.optimizer)], "prefix": self._prefix,
-                "order": self._reducer.agreed, "outside": self._outside}
+                "order": self._reducer.agreed, "outside": self._outside, "hook_state": self.hook_state}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__["optimizer"] = state["optimizer"]
+        self.__dict__["hook_state"] = state.get("hook_state")
         self._options = state["options"]
         self._outside = state.get("outside", False)
         params = _all_params(self.optimizer)
@@ -231,7 +240,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """The reducer for ``params`` (``check``: a collective call is allowed, as at construction)."""
         outside = self.__dict__.get("_outside", False)
         return Reducer([] if outside else params, self._names, self._options, prefix, order=order,
-                       no_sync=self.__dict__.get("_no_sync", False))
+                       no_sync=self.__dict__.get("_no_sync", False), hook_state=self.hook_state)
 
     def _next_prefix(self) -> str:
         self._version += 1
@@ -253,6 +262,40 @@ class DistributedOptimizer(torch.optim.Optimizer):
             >>> # ddl plan ... --model pkg.mod:factory --order order.json
         """
         return None if self._reducer.agreed is None else list(self._reducer.agreed)
+
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        """Reduce the gradient buckets with ``hook(state, bucket)`` (DDP's ``register_comm_hook``).
+
+        ``hook`` is a stateful hook object (``ddl.PowerSGD(...)``, with ``state`` from its
+        ``new_state()``, or None to make one) or a compressor (``state`` unused). Call it
+        before the first backward pass, on every rank alike.
+
+        Example:
+            >>> hook = ddl.PowerSGD(rank=4, start_iter=10)                  # doctest: +SKIP
+            >>> opt.register_comm_hook(hook.new_state(), hook)              # doctest: +SKIP
+        """
+        if self._reducer.in_flight():
+            raise RuntimeError("register_comm_hook() while gradient allreduces are in flight; call step() first")
+        checked = as_hook(hook)
+        if isinstance(checked, Compressor):
+            state = None
+        elif state is None:
+            state = checked.new_state()
+        self.__dict__["hook_state"] = state
+        self._options = dataclasses.replace(self._options, compression=checked)
+        self._attach(prefix=self._prefix, check=False, order=self._reducer.agreed)
+
+    def compression_stats(self) -> dict[str, float]:
+        """The communication hook's statistics (PowerSGD's: elements before and after, their ratio).
+
+        Raises:
+            RuntimeError: the optimizer has no stateful hook, or its hook keeps no statistics.
+        """
+        stats = getattr(self.hook_state, "compression_stats", None)
+        if stats is None:
+            raise RuntimeError(f"compression_stats(): this optimizer reduces with {self._options.compression!r}, "
+                               "which keeps no statistics; pass compression=ddl.PowerSGD(...)")
+        return stats()  # type: ignore[no-any-return]
 
     def synchronize(self) -> None:
         """Finish every bucket's allreduce and write the averaged gradients into ``.grad``.
@@ -392,7 +435,12 @@ def _check_shardable(optimizer: torch.optim.Optimizer, compression: Any, process
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("shard_optimizer_state=True cannot shard LBFGS: its step looks at every parameter at once "
                          "(a flat view of all of them); use it unsharded")
-    if as_compressor(compression).wire is not None:
+    hook = as_hook(compression)
+    if not isinstance(hook, Compressor):
+        raise ValueError(f"shard_optimizer_state=True cannot take a communication hook ({hook.name}): its "
+                         "gradients reach their owners by a reduce-scatter, which a hook such as PowerSGD does "
+                         "not produce; drop one of the two")
+    if hook.wire is not None:
         raise ValueError("shard_optimizer_state=True reduces gradients in their own dtype; drop compression= "
                          "(or train unsharded to compress them)")
     if process_set is not None and process_set.process_set_id != 0:

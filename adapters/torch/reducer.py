@@ -10,6 +10,7 @@ import ddl
 import torch
 from ddl.base.ops import ReduceOp
 from ddl.engine.compression import Compressor
+from ddl.engine.hooks import CommHook, Future, GradBucket, apply_hook, is_identity
 from ddl.runtime import api
 from ddl.runtime.process_sets import global_process_set
 
@@ -29,7 +30,7 @@ _current_node: Callable[[], object] = getattr(torch._C, "_current_autograd_node"
 class Options:
     """The DistributedOptimizer's reduction settings (see its docstring)."""
 
-    compression: Compressor
+    compression: Compressor | CommHook  # a wire compressor, or a stateful hook (ddl.PowerSGD)
     backward_passes_per_step: int
     op: ReduceOp
     gradient_predivide_factor: float
@@ -62,8 +63,10 @@ class Reducer:
     """
 
     def __init__(self, params: Sequence[torch.Tensor], names: dict[torch.Tensor, str], options: Options,
-                 prefix: str, *, order: list[int] | None = None, no_sync: bool = False) -> None:
+                 prefix: str, *, order: list[int] | None = None, no_sync: bool = False, hook_state: Any = None) -> None:
         self.options = options
+        self.hook_state = hook_state  # a stateful hook's state (the optimizer's, kept across reducers)
+        self._hooked: list[Future] = []  # stateful hooks' futures in flight, moved on as gradients arrive
         self.names = names
         self.prefix = prefix
         self.trainable = [p for p in params if p.requires_grad]
@@ -156,6 +159,8 @@ class Reducer:
                 pass  # not inside a backward pass (a hook called by hand): synchronize() starts the rest
         if self._landing:
             self._submit_landed()
+        if self._hooked:  # start a hook's next collective as soon as its last one is done
+            self._hooked = [f for f in self._hooked if not f.done()]
         n = self.passes[p]
         if n == 0 and self._observed is not None:
             self._observed.append(self.index[p])
@@ -181,7 +186,7 @@ class Reducer:
         opts = self.options
         grads = [p.grad for p in bucket.params]
         densify = opts.sparse_as_dense and any(g is not None and g.is_sparse for g in grads)
-        if opts.size() == 1 and opts.compression.wire is None and not densify:
+        if opts.size() == 1 and is_identity(opts.compression) and not densify:
             bucket.handle = _LOCAL  # one rank: the average is the gradient itself (a sparse one too)
             return
         with torch.no_grad():
@@ -237,8 +242,16 @@ class Reducer:
                 bucket.buffer.div_(factor)
                 op = ReduceOp.SUM
         view = host_view(bucket.buffer)
-        bucket.handle = api.allreduce_async(view, op=op, name=bucket.name, process_set=opts.process_set,
-                                            compression=opts.compression, inplace=True)
+        if isinstance(opts.compression, Compressor):
+            bucket.handle = api.allreduce_async(view, op=op, name=bucket.name, process_set=opts.process_set,
+                                                compression=opts.compression, inplace=True)
+            return
+        # A stateful hook: the gradients, then the presence flags (uncompressed, as a vector).
+        shapes = (*(tuple(p.shape) for p in bucket.params), (view.size - bucket.numel,))
+        grad_bucket = GradBucket(bucket.index, bucket.name, view, shapes, op, api.collectives(opts.process_set))
+        future = apply_hook(opts.compression, self.hook_state, grad_bucket)
+        bucket.handle = future
+        self._hooked.append(future)
 
     # -- at step() -----------------------------------------------------------------------
     def synchronize(self, extra: Sequence[Bucket] = ()) -> None:
@@ -353,6 +366,7 @@ class Reducer:
         self._backward_passes = 0
         self._armed = False
         self._landing = []
+        self._hooked = []
         if self._observed is not None:
             self._observed = []
 

@@ -47,7 +47,8 @@ from ddl.reduction.buckets import (
 from ddl.reduction.partition import partition_by_bytes, segment_bounds
 from ddl.reduction.segments import ALLREDUCE, choose_gradient_exchange, exchange_time
 from ddl.reduction.step_plan import StepPlan, landing_times, plan_step, price
-from ddl.tools.plan_models import ModelSpecError, gradient_sizes
+from ddl.tools import plan_hooks
+from ddl.tools.plan_models import ModelSpecError, gradient_shapes, gradient_sizes
 
 __all__ = ["STATE_PER_PARAMETER", "BucketRun", "PlanError", "ShardedBucketRun", "StepPlan", "build_cost_model",
            "link_bound", "main", "make_plan", "memory_lines", "parse_bandwidth", "parse_latency", "parse_link",
@@ -334,6 +335,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--update-ms", type=float, default=0.0,
                    help="of --step-ms, the optimizer update's part (one rank, unsharded): sharding divides it")
     p.add_argument("--bytes", help="also price single allreduces of these sizes, e.g. 8192,1048576")
+    p.add_argument("--modes", metavar="LIST",
+                   help="with --model and --step-ms, also price training modes side by side: sync, fp16, bf16, "
+                        "powersgd:R, localsgd:H[:HOOK][+overlap], diloco:H[:HOOK][+overlap] (see ddl.tools.plan_hooks)")
+    p.add_argument("--flop-rate", type=float, default=plan_hooks.DEFAULT_FLOP_RATE, metavar="FLOPS",
+                   help="multiply-adds per second a rank's core gives PowerSGD's products (--modes)")
+    p.add_argument("--memory-rate", type=float, default=plan_hooks.DEFAULT_MEMORY_RATE, metavar="BYTES",
+                   help="bytes per second a rank's element-wise passes move (hooks' errors, DiLoCo's deltas; --modes)")
     p.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
     return p
 
@@ -394,6 +402,20 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
         lines += more
     elif args.step_ms and not sizes:
         raise PlanError("--step-ms needs --model (the gradients to reduce)")
+    if args.modes:
+        if not (args.model and args.step_ms):
+            raise PlanError("--modes needs --model and --step-ms (the step's compute)")
+        shapes, _ = gradient_shapes(args.model)
+        try:
+            more, rows = plan_hooks.mode_lines(
+                args.modes.split(","), shapes, args.itemsize, topology, model, step=args.step_ms / 1e3,
+                backward_fraction=args.backward_fraction, flop_rate=args.flop_rate, memory_rate=args.memory_rate,
+                first_cap=int(args.first_bucket_mb * 2**20), cap=int(args.bucket_mb * 2**20),
+                fusion_threshold=args.fusion_threshold)
+        except plan_hooks.ModeError as exc:
+            raise PlanError(str(exc)) from None
+        lines += more
+        record["modes"] = rows
     return lines, record
 
 

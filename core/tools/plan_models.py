@@ -22,20 +22,27 @@ class ModelSpecError(ValueError):
     """The model could not be read; the message says what was given and what is accepted."""
 
 
-def resnet50_sizes() -> list[int]:
-    """ResNet-50 (He et al. 2015, torchvision layout) trainable tensors: 25,557,032 parameters."""
-    sizes = [64 * 3 * 7 * 7, 64, 64]  # conv1, bn1 weight and bias
+def resnet50_shapes() -> list[tuple[int, ...]]:
+    """ResNet-50's trainable tensors (He et al. 2015, torchvision layout: conv kernels (out, in, kh, kw))."""
+    shapes: list[tuple[int, ...]] = [(64, 3, 7, 7), (64,), (64,)]  # conv1, bn1 weight and bias
     inplanes = 64
     for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
         for b in range(blocks):
-            sizes += [width * inplanes, width, width, width * width * 9, width, width, 4 * width * width, 4 * width, 4 * width]
+            shapes += [(width, inplanes, 1, 1), (width,), (width,), (width, width, 3, 3), (width,), (width,),
+                       (4 * width, width, 1, 1), (4 * width,), (4 * width,)]
             if b == 0:
-                sizes += [4 * width * inplanes, 4 * width, 4 * width]  # downsample conv and bn
+                shapes += [(4 * width, inplanes, 1, 1), (4 * width,), (4 * width,)]  # downsample conv and bn
             inplanes = 4 * width
-    return [*sizes, 1000 * 2048, 1000]
+    return [*shapes, (1000, 2048), (1000,)]
+
+
+def resnet50_sizes() -> list[int]:
+    """ResNet-50 (He et al. 2015, torchvision layout) trainable tensors: 25,557,032 parameters."""
+    return [math.prod(s) for s in resnet50_shapes()]
 
 
 BUILTIN = {"resnet50": resnet50_sizes}
+BUILTIN_SHAPES = {"resnet50": resnet50_shapes}
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -90,6 +97,11 @@ def _fields(data: bytes) -> list[tuple[int, int, int | bytes]]:
 
 def onnx_sizes(path: str | Path) -> list[int]:
     """Element counts of an ONNX model's floating-point initializers (not BN statistics)."""
+    return [math.prod(s) for s in onnx_shapes(path)]
+
+
+def onnx_shapes(path: str | Path) -> list[tuple[int, ...]]:
+    """Shapes of an ONNX model's floating-point initializers (not BN statistics)."""
     try:
         data = Path(path).read_bytes()
         graph = next(v for f, w, v in _fields(data) if f == 7 and w == 2)
@@ -98,7 +110,7 @@ def onnx_sizes(path: str | Path) -> list[int]:
     except OSError as exc:
         raise ModelSpecError(f"cannot read ONNX file {path} ({exc})") from None
     assert isinstance(graph, bytes)
-    sizes = []
+    sizes: list[tuple[int, ...]] = []
     for field, wire, tensor in _fields(graph):
         if field != 5 or wire != 2:
             continue
@@ -119,7 +131,7 @@ def onnx_sizes(path: str | Path) -> list[int]:
             elif f == 8 and w == 2:
                 name = bytes(v).decode("utf-8", "replace")  # type: ignore[arg-type]
         if dtype in _FLOAT_TYPES and not any(word in name for word in _BUFFER_WORDS):
-            sizes.append(math.prod(dims))
+            sizes.append(tuple(dims))
     if not sizes:
         raise ModelSpecError(f"{path}: the ONNX graph has no floating-point initializers (weights)")
     return sizes
@@ -154,3 +166,38 @@ def gradient_sizes(spec: str) -> tuple[list[int], str]:
     if ":" in spec:
         return torch_sizes(spec), f"torch {spec}"
     return parse_sizes(spec), "sizes given"
+
+
+def parse_shapes(text: str) -> list[tuple[int, ...]]:
+    """``"2048x64,2048"``: shapes (``AxB`` is a matrix of A rows), as :func:`parse_sizes` reads them."""
+    parse_sizes(text)  # its checks and messages
+    return [tuple(int(d) for d in word.lower().split("x")) for word in text.replace(",", " ").split()]
+
+
+def torch_shapes(target: str) -> list[tuple[int, ...]]:
+    """``package.module:factory``: the shapes of its trainable parameters."""
+    module_name, _, attr = target.partition(":")
+    try:
+        model = getattr(importlib.import_module(module_name), attr)()
+    except (ImportError, AttributeError) as exc:
+        raise ModelSpecError(f"cannot load torch module {target!r} ({exc}); give package.module:factory") from None
+    return [tuple(int(d) for d in p.shape) for p in model.parameters() if p.requires_grad]
+
+
+def gradient_shapes(spec: str) -> tuple[list[tuple[int, ...]], str]:
+    """Like :func:`gradient_sizes`, with each tensor's shape (what PowerSGD sees as a matrix).
+
+    Sizes in a file or inline are read as shapes (``2048x1000`` is 2048 rows of 1000).
+    """
+    if spec in BUILTIN_SHAPES:
+        return BUILTIN_SHAPES[spec](), f"built-in {spec}"
+    if spec.endswith(".onnx"):
+        return onnx_shapes(spec), f"ONNX {spec}"
+    if spec.startswith("@"):
+        try:
+            return parse_shapes(Path(spec[1:]).read_text()), f"sizes from {spec[1:]}"
+        except OSError as exc:
+            raise ModelSpecError(f"cannot read sizes file {spec[1:]} ({exc})") from None
+    if ":" in spec:
+        return torch_shapes(spec), f"torch {spec}"
+    return parse_shapes(spec), "sizes given"

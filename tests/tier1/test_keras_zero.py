@@ -57,6 +57,8 @@ def test_what_sharding_cannot_do_is_refused() -> None:
             dk.DistributedOptimizer(inner, shard_optimizer_state=True)
     with pytest.raises(ValueError, match="gradient_accumulation_steps"):
         dk.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2, shard_optimizer_state=True)
+    with pytest.raises(ValueError, match="cannot take a communication hook"):
+        dk.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=ddl.PowerSGD(rank=2), shard_optimizer_state=True)
 
 
 def test_a_checkpoint_round_trips_and_training_goes_on_alike(tmp_path: Path) -> None:

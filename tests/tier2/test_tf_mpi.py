@@ -21,6 +21,11 @@ CASES = ["fit-sgd-momentum-broadcast-from-different-inits", "fit-adam-broadcast-
 SHARDED = ["sharded-fit-sgd-momentum-wd", "sharded-fit-adam", "sharded-fit-adamw", "sharded-fit-adagrad",
            "sharded-tape-adam", "sharded-checkpoint-saved=4-resumed", "sharded-elastic-committed=4-synced"]
 
+#: PowerSGD, LocalSGD and DiLoCo (worker_tf.py's last checks, with the others at 2 ranks).
+SLOW_CASES = ["keras-localsgd-period-1", "keras-diloco-period-1-outer-sgd-lr-1",
+              "keras-powersgd-full-rank-no-error-feedback", "keras-powersgd-rank-1",
+              "keras-diloco-period-3-overlap-2-powersgd"]
+
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -40,6 +45,8 @@ def test_tf_ranks_train_like_one_process(np_: int, references: Path) -> None:
     assert ("PASS tensorflow all checks" in proc.stdout) == (np_ == 2), proc.stdout
     seen = re.findall(rf"EQUIV (\S+) ranks={np_} max_abs_diff=\S+ .*? identical=yes", proc.stdout)
     assert seen == CASES + SHARDED, proc.stdout
+    slow = re.findall(rf"SLOWLINKS (\S+) ranks={np_} max_abs_diff=\S+ identical=yes", proc.stdout)
+    assert slow == (SLOW_CASES if np_ == 2 else []), proc.stdout
 
 
 @pytest.mark.parametrize("np_", [3, 1])

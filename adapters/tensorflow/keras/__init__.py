@@ -15,6 +15,7 @@ import keras
 
 import tensorflow as tf
 from ddl.base.ops import ReduceOp
+from ddl.engine.powersgd import PowerSGD
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
 from ddl.tensorflow import Average, Compression, Sum, broadcast_variables
@@ -24,6 +25,7 @@ from ddl.tensorflow.sync_batch_norm import SyncBatchNormalization
 from . import callbacks
 from . import checkpoint as checkpoint  # save / load: sharded, at any world size
 from . import elastic as elastic  # Horovod's hvd.elastic: KerasState and its callbacks
+from .local_sgd import DiLoCo, LocalSGD
 from .optimizer import DistributedOptimizer
 
 
@@ -92,4 +94,6 @@ __all__ = [  # noqa: RUF022 - grouped as Horovod's own list
     "Average", "Compression", "DistributedOptimizer", "Sum", "SyncBatchNormalization", "allgather", "allreduce",
     "broadcast", "broadcast_global_variables", "broadcast_variables", "callbacks", "load_model",
     "reducescatter",
+    # ddl's own: training over slow links
+    "DiLoCo", "LocalSGD", "PowerSGD",
 ]

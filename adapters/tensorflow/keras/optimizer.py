@@ -11,11 +11,11 @@ from keras.src.utils import tracking  # the decorator Keras's own LossScaleOptim
 import ddl
 import tensorflow as tf
 from ddl.base.ops import ReduceOp
-from ddl.engine.compression import as_compressor
 from ddl.engine.naming import manifest_name
 from ddl.reduction.partition import partition_by_bytes
 
 from ..gradients import check_gradient_op, name_for, reduce_gradients
+from ..hooked import HookedReducer, as_reduction, hook_config, hook_from_config
 from .sharding import gather_from_owners, reduce_to_owners
 
 
@@ -52,7 +52,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
             fused host call; a predivide factor changes nothing in exact arithmetic).
         process_set: reduce over this ``ddl.ProcessSet`` only.
         op: ``ddl.Average`` (default) or ``ddl.Sum`` over ranks.
-        compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16`` on the wire.
+        compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16`` on the wire, or
+            a stateful communication hook such as ``ddl.PowerSGD(rank=4)`` (its state:
+            :attr:`hook_state`; kernels are seen as (everything else) x output dimension).
         sparse_as_dense: reduce ``tf.IndexedSlices`` (Embedding) as dense tensors instead
             of allgathering their rows.
         shard_optimizer_state: ZeRO stage 1: each rank builds the wrapped optimizer (its
@@ -97,7 +99,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
         self.sparse_as_dense = bool(sparse_as_dense)
         self._op = check_gradient_op(op)
-        self._compression = as_compressor(compression)
+        self._compression = as_reduction(compression)
         self._process_set = None if process_set is None or process_set.process_set_id == 0 else process_set
         self._prefix = ""  # from the variables, at build
         self._computed_for: tuple[Any, ...] | None = None  # what compute_gradients last reduced
@@ -119,6 +121,23 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         else:
             self.inner_optimizer.build(var_list)
         super().build(var_list)
+
+    @property
+    def hook_state(self) -> Any:
+        """The stateful hook's state (PowerSGD's), None with a plain compressor."""
+        return self._compression.state if isinstance(self._compression, HookedReducer) else None
+
+    def compression_stats(self) -> dict[str, float]:
+        """The hook's statistics (PowerSGD's: elements before and after compression, their ratio).
+
+        Raises:
+            RuntimeError: no stateful hook.
+        """
+        stats = getattr(self.hook_state, "compression_stats", None)
+        if stats is None:
+            raise RuntimeError("compression_stats(): this optimizer has no stateful hook; pass "
+                               "compression=ddl.PowerSGD(...)")
+        return stats()  # type: ignore[no-any-return]
 
     @property
     def variables(self) -> list[Any]:
@@ -297,7 +316,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
             "backward_passes_per_step": self.backward_passes_per_step,
             "average_aggregated_gradients": self.average_aggregated_gradients,
             "op": self._op.value,
-            "compression": self._compression.name,
+            "compression": hook_config(self._compression),
             "sparse_as_dense": self.sparse_as_dense,
             "shard_optimizer_state": self.shard_optimizer_state,
         }
@@ -306,6 +325,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
     def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
+        config["compression"] = hook_from_config(config.get("compression"))
         return cls(inner, **config)
 
 
@@ -320,7 +340,12 @@ def _check_shardable(optimizer: Any, backward_passes_per_step: int, compression:
     if backward_passes_per_step > 1:
         raise ValueError("shard_optimizer_state=True takes backward_passes_per_step=1; accumulate with the wrapped "
                          "optimizer's gradient_accumulation_steps instead")
-    if as_compressor(compression).wire is not None:
+    reduction = as_reduction(compression)
+    if isinstance(reduction, HookedReducer):
+        raise ValueError(f"shard_optimizer_state=True cannot take a communication hook ({reduction.hook.name}): its "
+                         "gradients reach their owners by a reduce-scatter, which a hook such as PowerSGD does not "
+                         "produce; drop one of the two")
+    if reduction.wire is not None:
         raise ValueError("shard_optimizer_state=True reduces gradients in their own dtype; drop compression=")
     if process_set is not None and process_set.process_set_id != 0:
         raise ValueError("shard_optimizer_state=True shards over every rank; drop process_set=")

@@ -430,6 +430,41 @@ for mode, fn in (("eager", weighted_grads), ("graph", tf.function(weighted_grads
     # allgather's gradient: the ranks' output gradients averaged (Horovod 0.28.1), then this rank's rows.
     assert np.array_equal(g_rows, np.full((R + 1, 2), (P + 1) / 2)), (mode, g_rows)
 
+# Slow links: Keras's LocalSGD and DiLoCo at period 1 and PowerSGD at full rank without
+# error feedback train as one process does; the inexact settings leave every rank alike.
+def train_slow(make_wrapper, *, synchronize: bool = False) -> keras.Model:
+    model = build(mlp, 0)
+    opt = make_wrapper()
+    model.compile(optimizer=opt, loss=LOSS)
+    model.fit(shard(X, B), shard(Y, B), batch_size=B // P, epochs=1, shuffle=False, verbose=0)
+    if synchronize:
+        opt.synchronize()
+    return model
+
+
+def check_slow(label: str, make_wrapper, *, atol: float | None, synchronize: bool = False) -> None:
+    got = train_slow(make_wrapper, synchronize=synchronize)
+    weights = np.concatenate([w.reshape(-1) for w in got.get_weights()])
+    assert len(set(dtf.allgather_object(hashlib.sha256(weights.tobytes()).hexdigest()))) == 1, \
+        f"{label}: ranks hold different weights"
+    if R == 0:  # the replicas are alike: rank 0 compares with one process
+        ref = np.concatenate([w.reshape(-1) for w in reference("slowlinks-sgd", train_fit, mlp, sgd, {})])
+        diff = float(np.abs(weights - ref).max())
+        assert (diff <= atol) if atol is not None else diff > 1e-4, f"{label}: {diff}"
+        print(f"SLOWLINKS {label} ranks={P} max_abs_diff={diff:.2e} identical=yes", flush=True)
+    dtf.barrier()
+
+
+check_slow("keras-localsgd-period-1", lambda: dk.LocalSGD(sgd(), period=1), atol=1e-6)
+check_slow("keras-diloco-period-1-outer-sgd-lr-1",
+           lambda: dk.DiLoCo(sgd(), keras.optimizers.SGD(1.0), period=1), atol=1e-6)
+check_slow("keras-powersgd-full-rank-no-error-feedback", lambda: dk.DistributedOptimizer(
+    sgd(), compression=ddl.PowerSGD(rank=16, start_iter=0, min_compression_rate=0, error_feedback=False)), atol=1e-5)
+check_slow("keras-powersgd-rank-1", lambda: dk.DistributedOptimizer(sgd(), compression=ddl.PowerSGD(rank=1, start_iter=2)),
+           atol=None)
+check_slow("keras-diloco-period-3-overlap-2-powersgd", lambda: dk.DiLoCo(
+    sgd(), period=3, overlap=2, compression=ddl.PowerSGD(rank=2, start_iter=0)), atol=None, synchronize=True)
+
 dtf.shutdown()
 if R == 0:
     print("PASS tensorflow all checks", flush=True)

@@ -1,0 +1,254 @@
+"""``ddl plan --modes``: the step and the bytes per step of plain, compressed, PowerSGD, local SGD and DiLoCo training.
+
+Every mode is priced from what its hook really sends (:func:`ddl.engine.hooks.traffic`)
+on the same cost model as the plain step:
+
+- ``sync``, ``fp16``, ``bf16``: the plain plan (:func:`~ddl.reduction.step_plan.plan_step`)
+  with the wire's element size;
+- ``powersgd:R``: ``ddl.torch``'s buckets, each, once its gradients have landed, sends
+  PowerSGD's two allreduces one after the other on the one engine, with its matrix
+  products (at ``flop_rate``) before, between and after them; the products run on the
+  rank's core, so they add to the step;
+- ``localsgd:H[:HOOK]``, ``diloco:H[:HOOK]`` (``+overlap``: the average travels during
+  the next H steps): H steps of compute, then one round of pseudo-gradients through HOOK
+  (none, fp16, bf16, powersgd-R) in 25 MiB buckets, spread over the H steps.
+
+Bytes per step are what crosses one host's port: 2(h-1)/h of each allreduce's bytes on
+h hosts (the bandwidth-optimal algorithms'), without packet headers and the engine's
+own negotiation.
+
+Example:
+    ddl plan --topology 1x4 --link 100mbit:200us --model 2048x64,2048,2048x2048,2048,10x2048,10 \\
+        --step-ms 40 --modes sync,powersgd:4,diloco:20:fp16
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from ddl.base.config import DEFAULT_FUSION_BYTES, DEFAULT_SEGMENT_BYTES
+from ddl.base.topology import Topology
+from ddl.engine.compression import Compression, Compressor
+from ddl.engine.hooks import CommHook, Traffic, traffic
+from ddl.engine.powersgd import PowerSGD
+from ddl.reduction import calibration, cost
+from ddl.reduction.buckets import (
+    BUCKET_BYTES,
+    FIRST_BUCKET_BYTES,
+    FLAGS_PER_TENSOR,
+    gradient_buckets,
+    plan_buckets,
+)
+from ddl.reduction.step_plan import landing_times, plan_step, price
+
+__all__ = ["DEFAULT_FLOP_RATE", "DEFAULT_MEMORY_RATE", "Mode", "ModeError", "ModePlan", "mode_lines", "parse_hook", "parse_mode", "plan_mode", "predict_mode"]
+
+#: Multiply-adds per second a rank's core gives PowerSGD's products when none is measured.
+DEFAULT_FLOP_RATE = 10e9
+#: Bytes per second a rank's element-wise passes (errors, deltas, copies) read and write.
+DEFAULT_MEMORY_RATE = 5e9
+
+
+class ModeError(ValueError):
+    """A ``--modes`` entry that is not one of the forms the module docstring lists."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """One way of training: gradients every step through ``hook`` (``period`` 1), or local
+    SGD / DiLoCo every ``period`` steps with pseudo-gradients through ``hook``."""
+
+    label: str
+    kind: str  # "step", "localsgd" or "diloco"
+    hook: Compressor | CommHook
+    period: int = 1
+    overlap: int = 0
+
+
+def parse_hook(text: str, where: str = "hook") -> Compressor | CommHook:
+    """``none``, ``fp16``, ``bf16``, ``powersgd:R`` (or ``powersgd-R``) as a hook; PowerSGD
+    from its first step (``start_iter=0``: the steady state is what is priced and timed).
+
+    Raises:
+        ModeError: anything else.
+
+    Example:
+        >>> parse_hook("powersgd:4")
+        ddl.PowerSGD(rank=4, start_iter=0, min_compression_rate=2, error_feedback=True, warm_start=True)
+    """
+    name, _, arg = text.replace("-", ":").partition(":")
+    if name in ("none", "sync"):
+        return Compression.none
+    if name in ("fp16", "bf16"):
+        return getattr(Compression, name)  # type: ignore[no-any-return]
+    if name == "powersgd":
+        try:
+            return PowerSGD(rank=int(arg or 1), start_iter=0)
+        except ValueError:
+            raise ModeError(f"{where}: powersgd takes a whole rank, e.g. powersgd:4; got {text!r}") from None
+    raise ModeError(f"{where}: unknown hook {text!r}; use none, fp16, bf16 or powersgd:R")
+
+
+def parse_mode(text: str) -> Mode:
+    """``sync``, ``fp16``, ``bf16``, ``powersgd:R``, ``localsgd:H[:HOOK][+overlap]`` or
+    ``diloco:H[:HOOK][+overlap]`` (HOOK: none, fp16, bf16, powersgd-R).
+
+    Raises:
+        ModeError: anything else (the message shows the forms).
+
+    Example:
+        >>> parse_mode("diloco:20:fp16").period
+        20
+    """
+    body, plus, flag = text.strip().partition("+")
+    if plus and flag != "overlap":
+        raise ModeError(f"mode {text!r}: the only suffix is +overlap")
+    name, _, rest = body.partition(":")
+    if name in ("sync", "fp16", "bf16", "powersgd"):
+        if plus:
+            raise ModeError(f"mode {text!r}: +overlap is for localsgd and diloco")
+        return Mode(text, "step", parse_hook(body, f"mode {text!r}"))
+    if name in ("localsgd", "diloco"):
+        period_text, _, hook_text = rest.partition(":")
+        try:
+            period = int(period_text)
+        except ValueError:
+            period = 0
+        if period < 1:
+            raise ModeError(f"mode {text!r}: give the period, e.g. {name}:20 or {name}:20:fp16")
+        return Mode(text, name, parse_hook(hook_text or "none", f"mode {text!r}"), period, period if plus else 0)
+    raise ModeError(f"unknown mode {text!r}; use sync, fp16, bf16, powersgd:R, localsgd:H[:HOOK][+overlap] or "
+                    "diloco:H[:HOOK][+overlap]")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModePlan:
+    """A mode's predicted average step: its time, the communication and hook work in it,
+    and the bytes that cross one host's port per step."""
+
+    label: str
+    step_s: float
+    comm_s: float
+    hook_compute_s: float
+    link_bytes: float
+    wire_bytes: float
+
+
+def _port_share(topology: Topology) -> float:
+    h = topology.cross_size
+    return 2 * (h - 1) / h if h > 1 else 0.0
+
+
+def _round_time(topology: Topology, t: Traffic, model: cost.CostModel) -> float:
+    return sum(price("auto", topology, max(1, r.count), r.itemsize, model) for r in t.rounds)
+
+
+def plan_mode(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topology: Topology,
+              model: cost.CostModel, *, step: float, backward_fraction: float = 2 / 3,
+              flop_rate: float = DEFAULT_FLOP_RATE, memory_rate: float = DEFAULT_MEMORY_RATE,
+              first_cap: int = FIRST_BUCKET_BYTES, cap: int = BUCKET_BYTES,
+              fusion_threshold: int = DEFAULT_FUSION_BYTES) -> ModePlan:
+    """The average step of ``mode`` for gradients of ``shapes`` (``step``: the step's compute, seconds).
+
+    Example:
+        >>> plan_mode(parse_mode("diloco:20"), [(10, 10)], 4, topo, model, step=0.05).step_s  # doctest: +SKIP
+    """
+    numels = [math.prod(s) for s in shapes]
+    share = _port_share(topology)
+    if mode.kind == "step" and isinstance(mode.hook, Compressor):
+        wire = traffic(mode.hook, [(1,)], itemsize).rounds[0].itemsize
+        planned = plan_step(numels, wire, topology, model, step=step, backward_fraction=backward_fraction,
+                            first_cap=first_cap, cap=cap, fusion_threshold=fusion_threshold)
+        comm = sum(r.end - r.start for r in planned.reductions)
+        sent = float(sum(r.count for r in planned.reductions) * wire)
+        return ModePlan(mode.label, max(step, planned.end), comm, 0.0, share * sent, float(sent))
+    if mode.kind == "step":
+        return _hooked_step(mode, shapes, itemsize, topology, model, step=step, backward_fraction=backward_fraction,
+                            flop_rate=flop_rate, memory_rate=memory_rate, first_cap=first_cap, cap=cap)
+    # Local SGD / DiLoCo: one round of pseudo-gradients per period, in HookedBuckets' buckets.
+    buckets = plan_buckets([n * itemsize for n in numels], [itemsize] * len(numels), first_cap=BUCKET_BYTES,
+                           cap=BUCKET_BYTES, order=list(range(len(numels))))
+    comm, hook_s, sent = 0.0, 0.0, 0.0
+    # A round's own passes over the weights: the deltas, the copy at its start, the outer
+    # update (DiLoCo's optimizer reads and writes more), the weights put back.
+    passes = (20.0 if mode.kind == "diloco" else 12.0) * itemsize
+    for members in buckets:
+        t = traffic(mode.hook, [tuple(shapes[i]) for i in members], itemsize)
+        comm += _round_time(topology, t, model)
+        hook_s += t.flops / flop_rate + (t.memory_bytes + passes * sum(numels[i] for i in members)) / memory_rate
+        sent += t.nbytes
+    hidden = mode.overlap * step  # the inner steps the round travels behind
+    per_round = hook_s + max(0.0, comm - hidden)
+    return ModePlan(mode.label, step + per_round / mode.period, comm / mode.period, hook_s / mode.period,
+                    share * sent / mode.period, sent / mode.period)
+
+
+def _hooked_step(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topology: Topology,
+                 model: cost.CostModel, *, step: float, backward_fraction: float, flop_rate: float,
+                 memory_rate: float, first_cap: int, cap: int) -> ModePlan:
+    """A stateful hook on ``ddl.torch``'s buckets: each bucket's rounds once it has landed."""
+    numels = [math.prod(s) for s in shapes]
+    buckets = gradient_buckets(numels, [itemsize] * len(numels), first_cap=first_cap, cap=cap)
+    lands = landing_times([n * itemsize for n in numels], step=step, backward_fraction=backward_fraction)
+    ready = sorted((max(lands[i] for i in b.members), k) for k, b in enumerate(buckets))
+    engine_free = end = comm = hook_s = sent = 0.0
+    for at, k in ready:
+        members = buckets[k].members
+        layout = [tuple(shapes[i]) for i in members] + [(FLAGS_PER_TENSOR * len(members),)]
+        t = traffic(mode.hook, layout, itemsize)
+        local = t.flops / flop_rate + t.memory_bytes / memory_rate
+        work = local / (len(t.rounds) + 1)  # before, between and after the rounds
+        hook_s += local
+        clock = at + work
+        for r in t.rounds:
+            start = max(engine_free, clock)
+            took = price("auto", topology, max(1, r.count), r.itemsize, model)
+            engine_free = start + took
+            comm += took
+            sent += r.nbytes
+            clock = engine_free + work
+        end = max(end, clock)
+    return ModePlan(mode.label, max(step + hook_s, end), comm, hook_s, _port_share(topology) * sent, sent)
+
+
+def mode_lines(modes: Sequence[str], shapes: Sequence[tuple[int, ...]], itemsize: int, topology: Topology,
+               model: cost.CostModel, *, step: float, backward_fraction: float, flop_rate: float,
+               memory_rate: float, first_cap: int, cap: int,
+               fusion_threshold: int) -> tuple[list[str], list[dict[str, Any]]]:
+    """The printed table of ``--modes`` and its JSON rows."""
+    plans = [plan_mode(parse_mode(m), shapes, itemsize, topology, model, step=step,
+                       backward_fraction=backward_fraction, flop_rate=flop_rate, memory_rate=memory_rate,
+                       first_cap=first_cap, cap=cap, fusion_threshold=fusion_threshold) for m in modes]
+    base = plans[0]
+    lines = [f"modes (average step; bytes a host's port carries per step, without headers; hooks' products at "
+             f"{flop_rate / 1e9:.3g} GFLOP/s, their passes at {memory_rate / 1e9:.3g} GB/s; first mode = 1x):",
+             f"{'mode':<26} {'step ms':>9} {'comm ms':>9} {'hook ms':>8} {'MB/step':>9} {'bytes':>8} {'speed':>7}"]
+    for p in plans:
+        ratio = p.link_bytes / base.link_bytes if base.link_bytes else float("nan")
+        lines.append(f"{p.label:<26} {p.step_s * 1e3:9.1f} {p.comm_s * 1e3:9.1f} {p.hook_compute_s * 1e3:8.1f} "
+                     f"{p.link_bytes / 1e6:9.3f} {ratio:8.4f} {base.step_s / p.step_s:6.1f}x")
+    return lines, [dataclasses.asdict(p) for p in plans]
+
+
+def predict_mode(mode: str, shapes: Sequence[tuple[int, ...]], *, topology: str, calibration_file: str,
+                 step_ms: float, flop_rate: float = DEFAULT_FLOP_RATE, memory_rate: float = DEFAULT_MEMORY_RATE,
+                 itemsize: int = 4) -> dict[str, Any]:
+    """One mode priced with a calibration file ``init`` wrote (what ``emulation.slowlinks`` compares with).
+
+    Raises:
+        ModeError: a bad mode. OSError, ValueError: an unreadable calibration file.
+    """
+    from ddl.base.topology import build_topology, parse_spec
+
+    dims = parse_spec(topology).dims
+    size = math.prod(dims)
+    topo = build_topology(0, [f"host{r // dims[0]}" for r in range(size)], topology)
+    model, _ = calibration.read_model(calibration_file, segment_bytes=DEFAULT_SEGMENT_BYTES)
+    if not model.native_points:
+        model = cost.extend_native(model, topo)
+    plan = plan_mode(parse_mode(mode), shapes, itemsize, topo, model, step=step_ms / 1e3, flop_rate=flop_rate,
+                     memory_rate=memory_rate)
+    return dataclasses.asdict(plan)

@@ -1,0 +1,241 @@
+"""One rank of ``python -m emulation.slowlinks``: train to a held-out accuracy with one way of communicating.
+
+A 4.35 M-parameter MLP (64-2048-2048-10) learns scikit-learn's bundled 8x8 digits (1437
+train, 360 held out; nothing downloaded). Each rank draws its batches from its own
+shard. Modes: ``sync`` (``DistributedOptimizer``, plain or ``--compression fp16``),
+``powersgd`` (``DistributedOptimizer(compression=ddl.PowerSGD(rank=R))``), ``localsgd`` and
+``diloco`` (period H, pseudo-gradients plain, fp16 or PowerSGD, optionally overlapped).
+
+Rank 0 evaluates the held-out accuracy every ``--eval-every`` steps (periodic modes: at
+their outer steps) on its own weights, on a clock that stops while it evaluates. Each
+rank reads its own link's byte counters (it runs inside its emulated host's network
+namespace) at the start and the end of training. Before training every rank times the
+step without communication (``compute_ms``: the slowest rank's, step by step), a
+PowerSGD-shaped matrix product (``flop_rate``) and an element-wise pass
+(``memory_rate``), for ``ddl plan``. Rank 0 writes everything to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+import ddl
+import ddl.torch as dt
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m emulation.slowlinks_train", description=__doc__)
+    p.add_argument("--mode", choices=("sync", "powersgd", "localsgd", "diloco"), required=True)
+    p.add_argument("--compression", default="none", help="sync: the wire compression (none, fp16, bf16)")
+    p.add_argument("--rank", type=int, default=4, help="powersgd: the approximation rank")
+    p.add_argument("--start-iter", type=int, default=10, help="powersgd: plain steps first")
+    p.add_argument("--period", type=int, default=20, help="localsgd/diloco: inner steps per outer step")
+    p.add_argument("--pseudo", default="none", help="localsgd/diloco: none, fp16, bf16 or powersgd:R")
+    p.add_argument("--overlap", type=int, default=0, help="localsgd/diloco: inner steps the average may take")
+    p.add_argument("--steps", type=int, default=150)
+    p.add_argument("--batch", type=int, default=32, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD (momentum 0.9): sync, powersgd, localsgd")
+    p.add_argument("--inner-lr", type=float, default=1e-3, help="diloco: AdamW's")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="diloco: Nesterov SGD's (momentum 0.9)")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
+                   help="the (inner) learning rate over --steps: cosine decay to 0, or constant")
+    p.add_argument("--width", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    return p
+
+
+def model_factory(width: int = 2048) -> nn.Module:
+    """The benchmark's MLP (64-2048-2048-10: 4,349,962 parameters at the default width)."""
+    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+
+
+def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """scikit-learn's digits: 1437 training and 360 held-out images, the same split everywhere."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(d.target, dtype=torch.int64)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(1234))
+    test, train = order[:360], order[360:]
+    return x[train], y[train], x[test], y[test]
+
+
+def link_bytes() -> tuple[int, int]:
+    """(sent, received) bytes of this network namespace's interfaces but loopback."""
+    tx = rx = 0
+    for dev in Path("/sys/class/net").iterdir():
+        if dev.name == "lo":
+            continue
+        tx += int((dev / "statistics" / "tx_bytes").read_text())
+        rx += int((dev / "statistics" / "rx_bytes").read_text())
+    return tx, rx
+
+
+def hook_of(text: str) -> Any:
+    if text.startswith("powersgd"):
+        _, _, r = text.partition(":")
+        return ddl.PowerSGD(rank=int(r or 4), start_iter=0)
+    return text
+
+
+def build_optimizer(args: argparse.Namespace, model: nn.Module) -> Any:
+    sgd = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    if args.mode == "sync":
+        return dt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), compression=args.compression)
+    if args.mode == "powersgd":
+        hook = ddl.PowerSGD(rank=args.rank, start_iter=args.start_iter)
+        return dt.DistributedOptimizer(sgd, named_parameters=model.named_parameters(), compression=hook)
+    if args.mode == "localsgd":
+        return dt.LocalSGD(sgd, period=args.period, compression=hook_of(args.pseudo), overlap=args.overlap)
+    inner = torch.optim.AdamW(model.parameters(), lr=args.inner_lr, weight_decay=0.0)
+    outer = torch.optim.SGD(model.parameters(), lr=args.outer_lr, momentum=0.9, nesterov=True)
+    return dt.DiLoCo(model, inner, outer, period=args.period, compression=hook_of(args.pseudo), overlap=args.overlap)
+
+
+def flop_rate() -> float:
+    """Multiply-adds per second of a PowerSGD-shaped product (2048x2048 by 2048x4), this core."""
+    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
+    b = np.ones((2048, 4), np.float32)
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t0)
+    return 2 * 2048 * 2048 * 4 / statistics.median(times)
+
+
+def memory_rate() -> float:
+    """Bytes per second an element-wise pass over 16 MB arrays moves (read two, write one), this core."""
+    a, b = np.ones(4_194_304, np.float32), np.ones(4_194_304, np.float32)
+    times = []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        np.add(a, b, out=a)
+        times.append(time.perf_counter() - t0)
+    return 3 * a.nbytes / statistics.median(times)
+
+
+def main() -> int:
+    args = parser().parse_args()
+    dt.init()
+    torch.set_num_threads(1)  # one core per rank: the emulated hosts share the machine
+    rank, size = dt.rank(), dt.size()
+    xtr, ytr, xte, yte = digits()
+    shard = torch.arange(rank, len(ytr), size)
+    torch.manual_seed(args.seed)
+    model = model_factory(args.width)
+    loss_fn = nn.functional.cross_entropy
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(args.seed * 100003 + step * 101 + rank)
+        idx = shard[torch.randint(len(shard), (args.batch,), generator=g)]
+        return xtr[idx], ytr[idx]
+
+    # The step without communication, on a copy, every rank at once as in training: a
+    # synchronous step waits for the slowest rank, so each step's time is the slowest's.
+    alone = copy.deepcopy(model)
+    alone_opt = torch.optim.SGD(alone.parameters(), lr=0.0)
+    mine = []
+    for step in range(14):
+        x, y = batch(step)
+        dt.barrier()
+        t0 = time.perf_counter()
+        alone_opt.zero_grad()
+        loss_fn(alone(x), y).backward()
+        alone_opt.step()
+        mine.append(time.perf_counter() - t0)
+    slowest = np.max(np.array(dt.allgather_object(mine[2:])), axis=0)
+    compute_ms = float(np.median(slowest)) * 1e3
+    rate, memory = flop_rate(), memory_rate()
+    del alone, alone_opt
+
+    dt.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = build_optimizer(args, model)
+    periodic = args.mode in ("localsgd", "diloco")
+    eval_every = args.period if periodic else args.eval_every
+    scheduled = opt.optimizer if args.mode == "diloco" else opt
+    scheduler = None
+    if args.schedule == "cosine":
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            scheduled, lambda s: 0.5 * (1 + math.cos(math.pi * min(s, args.steps) / args.steps)))
+    # Steady state, where bytes and step times are compared with ddl plan: after PowerSGD's plain
+    # steps and the first step's set-up; whole periods for local SGD and DiLoCo.
+    if periodic:
+        steady = (args.period, args.steps - args.steps % args.period)
+    else:
+        steady = ((args.start_iter if args.mode == "powersgd" else 0) + 1, args.steps)
+    if not steady[0] < steady[1]:
+        raise SystemExit(f"--steps {args.steps} leaves no steady steps (from {steady[0]} to {steady[1]})")
+
+    def evaluate() -> float:
+        with torch.no_grad():
+            return float((model(xte).argmax(1) == yte).float().mean())
+
+    curve: list[tuple[int, float, float]] = [(0, 0.0, evaluate())]
+    step_times: list[float] = []
+    dt.barrier()
+    counters0 = link_bytes()
+    clock = 0.0
+    steady_counters = [counters0, counters0]
+    for step in range(args.steps):
+        x, y = batch(10_000 + step)
+        if step == steady[0]:
+            steady_counters[0] = link_bytes()
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        if scheduler is not None:
+            scheduler.step()
+        spent = time.perf_counter() - t0
+        if step + 1 == steady[1]:
+            steady_counters[1] = link_bytes()
+        step_times.append(spent)
+        clock += spent
+        if rank == 0 and ((step + 1) % eval_every == 0 or step + 1 == args.steps):
+            curve.append((step + 1, clock, evaluate()))
+            print(f"step {step + 1:4d}  {clock:8.2f} s  held-out accuracy {curve[-1][2]:.4f}", flush=True)
+    if periodic:
+        t0 = time.perf_counter()
+        opt.synchronize()  # every rank to the same weights (a round if steps were left over)
+        clock += time.perf_counter() - t0
+    counters1 = link_bytes()
+    moved = (counters1[0] - counters0[0], counters1[1] - counters0[1])
+    final = evaluate()
+    weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    spread = float((dt.allgather(weights[None]) - weights).abs().max())  # 0: identical replicas
+    steady_moved = [b - a for a, b in zip(steady_counters[0], steady_counters[1], strict=True)]
+    everyone = dt.allgather_object({"rank": rank, "host": os.uname().nodename, "link_bytes": moved,
+                                    "steady_link_bytes": steady_moved,
+                                    "compute_ms": compute_ms, "flop_rate": rate, "memory_rate": memory,
+                                    "mean_step_s": statistics.fmean(step_times)})
+    if rank == 0:
+        stats = opt.compression_stats() if args.mode == "powersgd" else None
+        record = {"args": vars(args), "ranks": size, "parameters": sum(p.numel() for p in model.parameters()),
+                  "shapes": [list(p.shape) for p in model.parameters()], "curve": curve, "train_seconds": clock,
+                  "step_times": step_times, "steady": steady, "final_accuracy": final, "replica_spread": spread, "per_rank": everyone,
+                  "compression_stats": stats, "load_average": os.getloadavg()}
+        Path(args.out).write_text(json.dumps(record, indent=1))
+        print(f"done: {args.steps} steps in {clock:.1f} s, final held-out accuracy {final:.4f}, replicas differ by "
+              f"{spread:g}", flush=True)
+    dt.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
