@@ -144,6 +144,9 @@ class Exchange:
         self.payload_out = self._send[HEADER_WORDS * 8 :]
         self.payloads = [self._recv[q * RECORD_BYTES + HEADER_WORDS * 8 : (q + 1) * RECORD_BYTES]
                          for q in range(0 if self.compact else p)]
+        # Every cycle gathers these same two buffers: prepared once where MPI can (MPI-4).
+        prepare = getattr(comm, "persistent_allgather", None)
+        self._gather = prepare(self._send, self._recv) if prepare is not None and not self.compact and p > 1 else None
 
     def run(self, digest: int, length: int, *, stop: bool = False, inline: int = 0, due: bool = False) -> None:
         """Exchange this rank's header (its payload must already be in :attr:`payload_out`)."""
@@ -155,7 +158,24 @@ class Exchange:
             return
         head = self._send_words
         head[DIGEST], head[LENGTH], head[STOP], head[INLINE], head[DUE] = digest, length, int(stop), inline, int(due)
-        self.comm.allgather_buffer(self._send, self._recv)
+        if self._gather is not None:
+            self._gather()
+        else:
+            self.comm.allgather_buffer(self._send, self._recv)
+
+    def run_one(self, digest: int, inline: int, due: bool) -> bool:
+        """:meth:`run` for one request in gathered mode, then :meth:`all_hold`: the lean
+        path's whole exchange in one call (its per-call Python is most of a small call)."""
+        head = self._send_words
+        head[DIGEST], head[LENGTH], head[STOP], head[INLINE], head[DUE] = digest, 1, 0, inline, int(due)
+        if self._gather is not None:
+            self._gather()
+        else:
+            self.comm.allgather_buffer(self._send, self._recv)
+        words = self._recv_words
+        if self.size == 2:
+            return words[DIGEST] == words[STRIDE + DIGEST] == digest and words[LENGTH] == words[STRIDE + LENGTH] == 1
+        return all_hold(words, self.size, digest, 1)
 
     def verdict(self, digest: int, length: int) -> Verdict:
         """The verdict of the last :meth:`run` for a rank holding ``digest`` over ``length`` requests."""

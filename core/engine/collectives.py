@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import pickle
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, Literal, NoReturn
 
 import numpy as np
 
 from ddl.base import dtypes
 from ddl.base.ops import ReduceOp, as_op
 from ddl.base.topology import Topology
-from ddl.engine import join
+from ddl.engine import join, small_lane
 from ddl.engine.compression import Compression, as_compressor
 from ddl.engine.engine import Engine
 from ddl.engine.fusion import Request
@@ -39,6 +39,8 @@ class Collectives:
         # checks: later calls of a training step skip them. Per instance, like the engine.
         self._checked: dict[tuple[np.dtype, Any], tuple[ReduceOp, str]] = {}
         self._runnable: set[str] = set()  # algorithm names that passed the checks on this topology
+        # (dtype, shape, op as passed, in place) -> the small synchronous call's lane, or False.
+        self._lanes: dict[tuple[Any, ...], small_lane.Lane | Literal[False]] = {}
 
     @property
     def topology(self) -> Topology:
@@ -65,6 +67,10 @@ class Collectives:
                   algorithm: str | None = None, compression: Any = None, prescale: float = 1.0,
                   postscale: float = 1.0) -> np.ndarray:
         """See :func:`ddl.allreduce`."""
+        if algorithm is None and compression is None and prescale == 1.0 and postscale == 1.0:
+            out = self._small_now(x, op, name, False)
+            if out is not None:
+                return out
         if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
             return self._adasum([x], name, "allreduce", single=True).wait()  # type: ignore[no-any-return]
         return self._allreduce_now(self._allreduce_request(x, op, name, algorithm, compression, False,
@@ -74,10 +80,51 @@ class Collectives:
                    algorithm: str | None = None, compression: Any = None, prescale: float = 1.0,
                    postscale: float = 1.0) -> np.ndarray:
         """See :func:`ddl.allreduce_`."""
+        if algorithm is None and compression is None and prescale == 1.0 and postscale == 1.0:
+            out = self._small_now(x, op, name, True)
+            if out is not None:
+                return out
         if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
             return self._adasum([x], name, "allreduce", single=True, inplace=True).wait()  # type: ignore[no-any-return]
         return self._allreduce_now(self._allreduce_request(x, op, name, algorithm, compression, True,
                                                            prescale, postscale))
+
+    def _small_now(self, x: Any, op: Any, name: str | None, inplace: bool) -> np.ndarray | None:
+        """A small synchronous allreduce through its prepared lane (:mod:`ddl.engine.small_lane`);
+        None: no lane for it, or the engine is busy here (nothing done, no name taken)."""
+        if type(x) is not np.ndarray or (inplace and not x.flags.writeable):
+            return None
+        # Keyed by the op object's identity (hashing an enum member runs Python code);
+        # the lane keeps the object, so an id reused by another op cannot match it.
+        key = (x.dtype, x.shape, id(op), inplace)
+        lane = self._lanes.get(key)
+        if lane is None or lane is not False and lane.passed is not op:
+            lane = self._lanes[key] = self._new_lane(x, op, inplace)
+        if lane is False:
+            return None
+        got = self.engine.run_lane(lane, x, name)
+        if got is None or type(got) is np.ndarray:
+            return got
+        return got.wait()  # type: ignore[union-attr,no-any-return]
+
+    def _new_lane(self, x: np.ndarray, op: Any, inplace: bool) -> small_lane.Lane | Literal[False]:
+        """This call signature's lane, or False where it cannot take one (the usual path then
+        runs it, and refuses what its checks refuse)."""
+        eng = self.engine
+        if len(self._lanes) > 256:
+            self._lanes.clear()
+        if not small_lane.eligible(x, eng.exchange.compact, self.ctx.config.algorithm) \
+                or op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
+            return False
+        try:
+            reduction_input(x, op, "allreduce", writable=inplace)
+        except (TypeError, ValueError):
+            return False
+
+        def request(arr: np.ndarray, name: str) -> Request:
+            return self._allreduce_request(arr, op, name, None, None, inplace)
+
+        return small_lane.build(request(x, "lane"), op, eng._inline_views(x), request) or False
 
     def _allreduce_now(self, req: Request) -> np.ndarray:
         """A synchronous allreduce: the engine's lean path when it is free, else the queue."""

@@ -42,6 +42,7 @@ from ddl.engine.fusion import Request
 from ddl.engine.handle import Handle
 from ddl.engine.naming import ThreadNamer
 from ddl.engine.negotiation import Descriptor
+from ddl.engine.small_lane import Lane
 from ddl.engine.timeline import Timeline
 from ddl.engine.watchdog import StallWatch
 
@@ -77,6 +78,7 @@ class Engine:
         self._wake = threading.Condition(self._lock)
         self._baton = threading.Lock()
         self._digests: dict[Descriptor, int] = {}
+        self._name_digests: dict[str, int] = {}
         self._lean_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, list[np.ndarray]]] = {}
         self._stop = False
         self._finished = False
@@ -413,6 +415,60 @@ class Engine:
         finally:
             self._baton.release()
         return True
+
+    def run_lane(self, lane: Lane, x: np.ndarray, name: str | None) -> np.ndarray | Handle | None:
+        """:meth:`run_alone` for a prepared small call (:mod:`ddl.engine.small_lane`): the
+        same cycle and the same bits, with no request built unless the others hold
+        something else. Returns the result, a handle to wait on (the call joined the
+        queue after this cycle's verdict was carried out), or None (engine busy here or
+        tracing: nothing done, no name taken; the caller goes the usual way)."""
+        if self.timeline is not None or self._thread is None or not self._baton.acquire(blocking=False):
+            return None
+        try:
+            if self._pending or self._stop or self._finished or self._failure is not None \
+                    or self._interrupted is not None:
+                return None
+            if name is None:
+                stem, count = self.names.next_count_excluded()  # the baton excludes catch_up
+                d = (lane.body ^ negotiation.counted_digest(stem, count)) & negotiation.MASK
+            else:
+                stem, count = name, -1
+                d = (lane.body ^ self._name_digest(name)) & negotiation.MASK
+            ex = self.exchange
+            try:
+                lane.staged[...] = x
+                held = ex.run_one(d, lane.nbytes, time.monotonic() >= self.watch.next_check)
+                self.cycles += 1
+                if held:
+                    self.inline_cycles += 1
+                    out = fusion.reduce_with(lane.parts, lane.combine, lane.average, x if lane.inplace else None)
+                    if self.watch.watching:
+                        self.watch.done((name or f"{stem}{count}",))
+                    return out
+                # Other ranks hold something else: go on as the queued request would.
+                req = lane.request(x, name or f"{stem}{count}")
+                start = time.perf_counter()
+                req.submitted, req.digest = start, d
+                req.handle._waiter = self
+                with self._lock:
+                    self._in_flight.add(req.name)
+                    self._pending.append(req)
+                self._act(ex.verdict(d, 1), [req], False, lane.nbytes, start)
+            except BaseException as exc:  # the failure report names this collective
+                self._fail(exc, [])
+            finally:
+                self._last_cycle = time.perf_counter()
+        finally:
+            self._baton.release()
+        return req.handle
+
+    def _name_digest(self, name: str) -> int:
+        d = self._name_digests.get(name)
+        if d is None:
+            if len(self._name_digests) > 65536:
+                self._name_digests.clear()
+            d = self._name_digests[name] = negotiation.name_digest(name)
+        return d
 
     def _inline_views(self, arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """Typed, shaped views of this rank's outgoing payload and of every rank's incoming one."""

@@ -36,7 +36,7 @@ from ddl.engine.negotiation import Descriptor
 from ddl.engine.timeline import Timeline
 from ddl.reduction.buckets import SOLO_BYTES, FusionItem, fuse
 
-__all__ = ["SOLO_BYTES", "Request", "execute", "finish_inline", "inline_bytes", "pack_inline", "reduce_payloads",
+__all__ = ["SOLO_BYTES", "Request", "execute", "finish_inline", "inline_bytes", "pack_inline", "reduce_payloads", "reduce_with",
            "trace_inline"]
 
 
@@ -130,13 +130,17 @@ def reduce_payloads(parts: list[np.ndarray], op: ReduceOp, into: np.ndarray | No
     """Every rank's part (two or more) reduced in rank order, into ``into`` or a new array,
     divided for Average: the one order both the inline and the lean path use, so every
     rank gets the same bits on either."""
-    combine = ufunc(op)
+    return reduce_with(parts, ufunc(op), op is ReduceOp.AVERAGE, into)
+
+
+def reduce_with(parts: list[np.ndarray], combine: Callable[..., np.ndarray], average: bool, into: np.ndarray | None) -> np.ndarray:
+    """:func:`reduce_payloads` with the op's ufunc already looked up (the lean path's)."""
     if into is None:  # an array even for 0-d parts (a ufunc would return a scalar)
         into = np.empty(parts[0].shape, np.result_type(parts[0].dtype, parts[1].dtype))
     out = combine(parts[0], parts[1], out=into)
     for part in parts[2:]:
         combine(out, part, out=out)
-    if op is ReduceOp.AVERAGE:
+    if average:
         dtypes.divide(out, len(parts))
     return out  # type: ignore[no-any-return]
 

@@ -32,15 +32,33 @@ class ThreadNamer:
             ValueError: another live thread of this process has the same name and
                 also submits unnamed collectives, so their requests cannot be told apart.
         """
-        mine = getattr(self._local, "mine", None)
-        thread = threading.current_thread()
-        if mine is None or mine[0] != thread.name:  # first call here, or the thread was renamed
-            mine = self._local.mine = self._claim(thread)
+        stem, n = self.next_count()
+        return f"{stem}{n}"
+
+    def next_count(self) -> tuple[str, int]:
+        """The next name for the calling thread as (stem, count): ``f"{stem}{count}"``
+        is :meth:`next`'s name (the lean path formats it only when it needs it)."""
+        mine = self._mine()
         cell = mine[2]
         with self._lock:  # catch_up may raise the count from the thread running a cycle
             cell[0] += 1
             n = cell[0]
-        return f"{mine[1]}{n}"
+        return mine[1], n
+
+    def next_count_excluded(self) -> tuple[str, int]:
+        """:meth:`next_count` for a caller that already excludes :meth:`catch_up` (the
+        engine runs it only inside a cycle, under the baton the lean path holds): no lock."""
+        mine = self._mine()
+        cell = mine[2]
+        cell[0] += 1
+        return mine[1], cell[0]
+
+    def _mine(self) -> tuple[str, str, list[int], threading.Thread]:
+        mine: tuple[str, str, list[int], threading.Thread] | None = getattr(self._local, "mine", None)
+        if mine is None or mine[3].name != mine[0]:  # first call in this thread, or it was renamed
+            thread = threading.current_thread()
+            mine = self._local.mine = (*self._claim(thread), thread)
+        return mine
 
     def catch_up(self, name: str) -> None:
         """Count ``name``, another rank's unnamed request, as made here too.

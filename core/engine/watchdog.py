@@ -28,6 +28,11 @@ class StallWatch:
         self._stop_warned = 0.0
         self.next_check = 0.0
 
+    @property
+    def watching(self) -> bool:
+        """Whether some name is being timed (only then does :meth:`done` have work)."""
+        return bool(self._since)
+
     def due(self, now: float) -> bool:
         """Whether this rank wants the full lists gathered this cycle (rate-limited)."""
         return now >= self.next_check

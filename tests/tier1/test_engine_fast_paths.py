@@ -289,6 +289,73 @@ def test_grouped_allreduce_refuses_a_non_list_on_every_rank() -> None:
 
 
 @pytest.mark.parametrize("size", [2, 3])
+def test_repeated_small_calls_run_through_a_prepared_lane(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """From the second call of a signature on, a small synchronous allreduce runs through its
+    lane: no request built, one lane per (dtype, shape, op, in place), the same bits as the
+    queued path, and the unnamed-call counter advanced as the queued path advances it."""
+    made = _count_requests(monkeypatch)
+    lanes: list[str] = []
+    real = Engine.run_lane
+
+    def spy(self: Engine, lane: Any, x: np.ndarray, name: str | None) -> Any:
+        got = real(self, lane, x, name)
+        if got is not None:
+            lanes.append(name or "unnamed")
+        return got
+
+    monkeypatch.setattr(Engine, "run_lane", spy)
+
+    def fn(c: Collectives) -> tuple[list[np.ndarray], int, str]:
+        r = c.topology.rank
+        x = np.linspace(-1, 1, 7, dtype=np.float32) * (r + 1)
+        out = []
+        for _ in range(3):
+            out.append(c.allreduce(x, op=ddl.Sum))
+            out.append(c.allreduce(x, op=ddl.Average, name="avg"))
+            y = x.copy()
+            out.append(c.allreduce_(y, op=ddl.Max))
+        out.append(c.allreduce_async(x, op=ddl.Sum, name="queued").wait())
+        return out, len(c._lanes), c.engine.names.next()
+
+    results = run_engines(size, fn)
+    for out, n_lanes, next_name in results:
+        assert n_lanes == 3
+        assert next_name == "#7"  # six unnamed lane calls counted, as the queued path counts them
+        for k in range(0, 9, 3):
+            np.testing.assert_array_equal(out[k], out[9])  # lane == queued, bit for bit
+    assert made == ["queued"] * size
+    assert len(lanes) == 9 * size
+
+
+def test_a_lane_call_meets_a_rank_on_the_queued_path_and_a_mismatch_on_the_next() -> None:
+    """Rank 1 holds an async request when rank 0's lane call arrives: the lane falls back to
+    the queue and both finish; a later lane call whose shapes differ is a MismatchError on
+    every rank, as on the queued path."""
+
+    def fn(c: Collectives) -> tuple[float, float, str]:
+        r = c.topology.rank
+        for _ in range(2):
+            c.allreduce(np.ones(3), op=ddl.Sum, name="warm")  # both ranks hold a lane for it
+        if r == 1:
+            h = c.allreduce_async(np.full(4, 10.0), op=ddl.Sum, name="other")
+            a = c.allreduce(np.full(3, 1.0 + r), op=ddl.Sum, name="warm")
+            b = h.wait()
+        else:
+            a = c.allreduce(np.full(3, 1.0 + r), op=ddl.Sum, name="warm")
+            b = c.allreduce(np.full(4, 10.0), op=ddl.Sum, name="other")
+        try:
+            c.allreduce(np.ones(3 + r), op=ddl.Sum, name="w")
+            c.allreduce(np.ones(3 + r), op=ddl.Sum, name="w")
+        except ddl.MismatchError as exc:
+            return float(a[0]), float(b[0]), str(exc)
+        return float(a[0]), float(b[0]), ""
+
+    for a, b, error in run_engines(2, fn):
+        assert (a, b) == (3.0, 20.0)
+        assert "'w'" in error and "(3,)" in error and "(4,)" in error
+
+
+@pytest.mark.parametrize("size", [2, 3])
 def test_scalars_take_the_lean_path(size: int) -> None:
     """A 0-d array or a numpy scalar (a loss): Sum and Average, as arrays of shape ()."""
 

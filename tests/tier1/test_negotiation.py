@@ -137,3 +137,17 @@ def test_settings_that_change_the_call_sequence_are_compared() -> None:
     assert settings_differences([base, Config(stall_timeout=5, verbose=True).sequence_settings(
         topology=None, version="1")]) == []
     assert settings_differences([base, Config().sequence_settings(topology=None, version="2")])
+
+
+def test_a_counted_name_hashes_alike_from_its_parts_and_from_its_text() -> None:
+    """The lean path hashes an unnamed call from (stem, count) without formatting its name:
+    it must get the digest every other path computes from the descriptor."""
+    for stem, count in (("#", 1), ("#", 123456789), ("#loader.", 7), ("grad.layer", 12)):
+        assert neg.name_digest(f"{stem}{count}") == neg.counted_digest(stem, count)
+    d = neg.Descriptor("allreduce", "#42", ((3,), "float32", "SUM"), "auto", "none")
+    body = neg.body_digest(d.kind, d.fields, d.algorithm, d.compression)
+    assert neg.digest(d) == (body ^ neg.counted_digest("#", 42)) & neg.MASK
+    # Distinct names, distinct digests; a count written with a leading zero is another name.
+    names = [f"#{n}" for n in range(2000)] + ["#07", "w", "w0", "w00"]
+    assert len({neg.name_digest(n) for n in names}) == len(names)
+    assert neg.name_digest("#07") != neg.name_digest("#7")
