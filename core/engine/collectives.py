@@ -41,6 +41,9 @@ class Collectives:
         self._runnable: set[str] = set()  # algorithm names that passed the checks on this topology
         # (dtype, shape, op as passed, in place) -> the small synchronous call's lane, or False.
         self._lanes: dict[tuple[Any, ...], small_lane.Lane | Literal[False]] = {}
+        # (name, dtype, shape, id(op), in place) -> (op, descriptor, digest, ReduceOp) of a
+        # named async allreduce that passed the checks (the op object guards a reused id).
+        self._signatures: dict[tuple[Any, ...], tuple[Any, Descriptor, int, ReduceOp]] = {}
 
     @property
     def topology(self) -> Topology:
@@ -56,9 +59,27 @@ class Collectives:
 
         ``wake=False``: the caller waits at once (and so runs the cycle itself).
         """
+        if name is not None and type(x) is np.ndarray and algorithm is None and compression is None \
+                and prescale == 1.0 and postscale == 1.0:
+            # A named tensor submitted again (every training step): its descriptor and
+            # digest are those of its first submission, so only the request is new.
+            key = (name, x.dtype, x.shape, id(op), inplace)
+            seen = self._signatures.get(key)
+            if seen is not None and seen[0] is op and (not inplace or x.flags.writeable):
+                _, desc, digest, rop = seen
+                req = Request("allreduce", name, desc, Handle(name), array=x, op=rop, algorithm=desc.algorithm,
+                              inplace=inplace)
+                req.digest = digest
+                return self.engine.submit(req, wake=wake)
         if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
             return self._adasum([x], name, "allreduce", single=True, inplace=inplace, wait=False)
         req = self._allreduce_request(x, op, name, algorithm, compression, inplace, prescale, postscale)
+        if name is not None and req.kind == "allreduce" and type(x) is np.ndarray and req.array is x \
+                and algorithm is None and compression is None and prescale == 1.0 and postscale == 1.0:
+            if len(self._signatures) > 65536:
+                self._signatures.clear()
+            req.digest = self.engine.digest_of(req.descriptor)
+            self._signatures[(name, x.dtype, x.shape, id(op), inplace)] = (op, req.descriptor, req.digest, req.op)
         # The synchronous calls wait at once and run the cycle themselves: waking the
         # engine thread for them would only contend with the caller.
         return self.engine.submit(req, wake=wake)

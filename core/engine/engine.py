@@ -116,7 +116,8 @@ class Engine:
         if self._failure is not None:
             raise DDLError(f"the ddl engine has stopped after an error: {self._failure}")
         req.submitted = now = time.perf_counter()
-        req.digest = self._digest(req.descriptor)
+        if not req.digest:  # 0: not computed by the caller
+            req.digest = self._digest(req.descriptor)
         if self._thread is None:
             self._execute([req])
             return req.handle
@@ -134,6 +135,10 @@ class Engine:
             if wake and self._long_sleep:
                 self._wake.notify()  # only then: waking it for every submission costs the caller
         return req.handle
+
+    def digest_of(self, descriptor: Descriptor) -> int:
+        """The digest a request of ``descriptor`` negotiates with (cached for named ones)."""
+        return self._digest(descriptor)
 
     def _digest(self, descriptor: Descriptor) -> int:
         # Training repeats the same descriptors every step: hash each one once.

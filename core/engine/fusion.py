@@ -153,12 +153,35 @@ def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline:
     ``solo=False``: large in-place tensors are fused like the rest (a cycle with joined
     ranks, whose stand-ins are not in place, must bucket exactly as the others do).
     """
-    for group in fuse([_fusion_item(req, solo) for req in ready], fusion_threshold):
+    for group in _groups(ready, fusion_threshold, solo):
         first = ready[group[0]]
         if first.kind != "allreduce":
             _run_single(first, timeline)
         else:
             _run_bucket(ctx, [ready[i] for i in group], timeline)
+
+
+#: The last few batches' groups, by what :func:`fuse` reads of them: a training step
+#: submits the same requests every step, and building 256 items costs more than a key.
+_plans: dict[tuple[Any, ...], list[list[int]]] = {}
+
+
+def _groups(ready: list[Request], fusion_threshold: int, solo: bool) -> list[list[int]]:
+    """:func:`fuse` of ``ready``, remembered for a batch seen before."""
+    if len(ready) < 8:
+        return fuse([_fusion_item(req, solo) for req in ready], fusion_threshold)
+    # The digest fixes kind, shape, dtype, op, algorithm, compression and scaling; the rest
+    # of an item is whether it is in place and contiguous, and what Average divides by.
+    key = (fusion_threshold, solo, *[(r.digest, r.inplace, r.divisor,
+                                      r.array is not None and r.array.flags.c_contiguous) for r in ready])
+    if not all(r.digest for r in ready):  # a stand-in (join) has none: plan it afresh
+        return fuse([_fusion_item(req, solo) for req in ready], fusion_threshold)
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= 16:
+            _plans.clear()
+        plan = _plans[key] = fuse([_fusion_item(req, solo) for req in ready], fusion_threshold)
+    return plan
 
 
 def _fusion_item(req: Request, solo: bool) -> FusionItem | None:

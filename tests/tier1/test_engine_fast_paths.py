@@ -368,3 +368,37 @@ def test_scalars_take_the_lean_path(size: int) -> None:
     for out in run_engines(size, fn):
         assert [o.shape for o in out] == [()] * 4
         assert [float(o) for o in out] == [want, want / size, want, want / size]
+
+
+def test_a_named_async_tensor_resubmitted_reuses_its_checks_but_not_its_data() -> None:
+    """Every step submits the same named tensors: the second step onwards reuses the first
+    submission's descriptor, yet each result is that step's sum, a changed shape under the
+    same name is checked afresh (a MismatchError when the ranks disagree), and an in-place
+    call on a read-only array is still refused on every rank."""
+
+    def fn(c: Collectives) -> tuple[list[float], str, str]:
+        r = c.topology.rank
+        sums = []
+        for step in range(3):
+            xs = [np.full(3000, float(step + i + r), np.float32) for i in range(12)]
+            hs = [c.allreduce_async(x, op=ddl.Sum, name=f"g{i}", inplace=step == 2) for i, x in enumerate(xs)]
+            sums += [float(h.wait()[0]) for h in hs]
+        mismatch = refused = ""
+        try:
+            c.allreduce_async(np.ones(5 + r, np.float32), op=ddl.Sum, name="g0").wait()
+        except ddl.MismatchError as exc:
+            mismatch = str(exc)
+        frozen = np.ones(3000, np.float32)
+        frozen.flags.writeable = False
+        try:
+            c.allreduce_async(frozen, op=ddl.Sum, name="g1", inplace=True).wait()
+        except (ValueError, TypeError, ddl.RemoteError) as exc:
+            refused = type(exc).__name__
+        return sums, mismatch, refused
+
+    results = run_engines(2, fn)
+    want = [float(2 * (step + i) + 1) for step in range(3) for i in range(12)]
+    for sums, mismatch, refused in results:
+        assert sums == want
+        assert "'g0'" in mismatch and "(5,)" in mismatch and "(6,)" in mismatch
+        assert refused

@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size (median of them)")
     parser.add_argument("--fused", type=int, default=0, metavar="N", help="also compare N async tensors with one")
     parser.add_argument("--fused-bytes", type=int, default=16 << 10, metavar="S")
+    parser.add_argument("--no-inplace", action="store_true",
+                        help="skip the in-place, back-to-back table (ddl.allreduce_ against MPI's IN_PLACE)")
     parser.add_argument("--no-gloo", "--no-peers", dest="no_peers", action="store_true",
                         help="skip the peers adapters register (torch-gloo)")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON and the PNG")
@@ -115,11 +117,13 @@ def main(argv: list[str] | None = None) -> int:
                          "busbw_GBps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": ok,
                          "auto_picked": resolved})
         del x
+    sizes_run = args.sizes or sizes(args.min_bytes, args.max_bytes)
+    inplace_rows = [] if args.no_inplace else run_inplace(comm, sizes_run, args.rounds, args.budget)
     fused_rows = run_fused(comm, args.fused, args.fused_bytes) if args.fused else []
     if rank == 0:
-        report(rows, fused_rows, p, notes, Path(args.out))
+        report(rows, fused_rows, p, notes, Path(args.out), inplace_rows)
     ddl.shutdown()
-    return 0 if all(r["correct"] for r in rows) else 1
+    return 0 if all(r["correct"] for r in rows + inplace_rows) else 1
 
 
 def ddl_allreduce(algorithm: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -134,6 +138,63 @@ def bind(fn: Callable[[np.ndarray], np.ndarray], x: np.ndarray) -> Callable[[], 
         return fn(x)
 
     return run
+
+
+def timed_loop(comm: Any, fn: Callable[[], Any], *, budget: float) -> float:
+    """Seconds per call of ``fn`` called back to back after one barrier (the slowest rank's):
+    a training loop's steady state, where a call starts as soon as the last one ended."""
+    from mpi4py import MPI
+
+    fn()
+    comm.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    first = comm.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+    calls = comm.bcast(int(max(3, min(2000, budget / max(first, 1e-7)))), root=0)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return float(comm.allreduce((time.perf_counter() - t0) / calls, op=MPI.MAX))
+
+
+def inplace_contenders(comm: Any, buf: np.ndarray) -> dict[str, Callable[[], Any]]:
+    from mpi4py import MPI
+
+    def ddl_inplace() -> None:
+        ddl.allreduce_(buf, op=ddl.Sum)
+
+    def mpi_inplace() -> None:
+        comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+
+    return {"ddl:auto in place": ddl_inplace, "MPI in place": mpi_inplace}
+
+
+def run_inplace(comm: Any, nbytes_list: list[int], rounds: int, budget: float) -> list[dict[str, Any]]:
+    """``ddl.allreduce_`` (auto) against MPI's ``Allreduce(IN_PLACE)`` on the same buffer,
+    back to back, as frameworks call them (a gradient bucket, SyncBatchNorm's statistics),
+    interleaved in rounds whose order alternates. The buffer holds zeros while timed, so
+    repeated sums stay finite; the result is checked on one call of fresh data."""
+    from mpi4py import MPI
+
+    rank, p = comm.Get_rank(), comm.Get_size()
+    out = []
+    for nbytes in nbytes_list:
+        buf = np.zeros(nbytes // 4, np.float32)
+        contenders = inplace_contenders(comm, buf)
+        per: dict[str, list[float]] = {name: [] for name in contenders}
+        for r in range(max(rounds, 2)):
+            order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
+            for name in order:
+                per[name].append(timed_loop(comm, contenders[name], budget=budget / max(rounds, 2)))
+        buf[...] = rank + 1
+        ddl.allreduce_(buf, op=ddl.Sum)
+        ok = bool(comm.allreduce(bool(np.all(buf == p * (p + 1) / 2)), op=MPI.LAND))
+        t_ddl, t_mpi = statistics.median(per["ddl:auto in place"]), statistics.median(per["MPI in place"])
+        out.append({"bytes": nbytes, "time_ddl_s": t_ddl, "time_mpi_s": t_mpi, "ratio": t_ddl / t_mpi,
+                    "ratios": [a / b for a, b in zip(per["ddl:auto in place"], per["MPI in place"], strict=True)],
+                    "correct": ok})
+    return out
 
 
 def run_fused(comm: Any, n: int, nbytes: int) -> list[dict[str, Any]]:
@@ -185,7 +246,8 @@ def run_fused(comm: Any, n: int, nbytes: int) -> list[dict[str, Any]]:
              "extra_bytes": extra, "largest_fused_bytes": min(n * nbytes, runtime.engine().fusion_threshold)}]
 
 
-def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, notes: list[str], out: Path) -> None:
+def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, notes: list[str], out: Path,
+           inplace: list[dict[str, Any]] | None = None) -> None:
     names = list(dict.fromkeys(r["contender"] for r in rows))
     print(f"allreduce float32 sum, {p} ranks — busbw GB/s (time ms); * = result wrong")
     print(f"{'size':>9} " + " ".join(f"{n:>20}" for n in names) + "   auto/best  auto picked")
@@ -210,12 +272,20 @@ def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, note
         print(f"memory: peak {f['peak_traced_bytes'] / 2**20:.2f} MiB traced during the step, results "
               f"{f['result_bytes'] / 2**20:.2f} MiB: extra {f['extra_bytes'] / 2**20:.2f} MiB = "
               f"{f['extra_bytes'] / f['largest_fused_bytes']:.2f}x the largest fused buffer")
+    if inplace:
+        print(f"in place, back to back (ddl.allreduce_ vs MPI Allreduce IN_PLACE), {p} ranks; * = result wrong")
+        print(f"{'size':>9} {'ddl us':>11} {'MPI us':>11} {'ddl/MPI':>8}  per round")
+        for r in inplace:
+            rounds = " ".join(f"{x:.2f}" for x in r["ratios"])
+            print(f"{human(r['bytes']):>9} {r['time_ddl_s'] * 1e6:11.1f} {r['time_mpi_s'] * 1e6:11.1f} "
+                  f"{r['ratio']:8.2f}{'' if r['correct'] else '*'}  {rounds}")
     summarize(rows)
     for note in notes:
         print(note)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"allreduce-np{p}"
-    stem.with_suffix(".json").write_text(json.dumps({"ranks": p, "rows": rows, "fused": fused, "notes": notes}, indent=1))
+    stem.with_suffix(".json").write_text(json.dumps({"ranks": p, "rows": rows, "fused": fused, "inplace": inplace or [],
+                                                     "notes": notes}, indent=1))
     plot(rows, names, p, stem.with_suffix(".png"))
     print(f"wrote {stem}.json and {stem}.png")
 
