@@ -186,8 +186,13 @@ class Collectives:
 
     def grouped_allreduce_async(self, xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                                 algorithm: str | None = None, compression: Any = None,
-                                wake: bool = True, prescale: float = 1.0, postscale: float = 1.0) -> Handle:
+                                wake: bool = True, prescale: float = 1.0, postscale: float = 1.0,
+                                now: bool = False) -> Handle:
         """Start one allreduce of several arrays; see :func:`ddl.grouped_allreduce_async`.
+
+        ``now``: the caller waits at once (:meth:`grouped_allreduce`, SyncBatchNorm's
+        statistics): a group of one dtype runs in the caller's own cycle, as a lone
+        synchronous allreduce does (:meth:`ddl.engine.engine.Engine.run_alone`).
 
         The arrays of each dtype are copied once into one flat private buffer, submitted
         as one request (its descriptor lists every shape, so ranks that group differently
@@ -229,7 +234,9 @@ class Collectives:
             desc = Descriptor("grouped_allreduce", sub, fields, alg, comp.name)
             req = Request("allreduce", sub, desc, Handle(sub), array=flat, op=rop, algorithm=alg,
                           compression=comp, inplace=True, prescale=float(prescale), postscale=float(postscale))
-            parts.append((positions, shapes, [arrays[i].size for i in positions], eng.submit(req, wake=wake)))
+            ran = now and len(lanes) == 1 and eng.run_alone(req)
+            parts.append((positions, shapes, [arrays[i].size for i in positions],
+                          req.handle if ran else eng.submit(req, wake=wake)))
         return GroupHandle(base, parts, len(arrays))
 
     def grouped_allreduce(self, xs: Sequence[Any], *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
@@ -238,7 +245,7 @@ class Collectives:
         """See :func:`ddl.grouped_allreduce`."""
         return self.grouped_allreduce_async(xs, op=op, name=name, algorithm=algorithm,  # type: ignore[no-any-return]
                                             compression=compression, wake=False, prescale=prescale,
-                                            postscale=postscale).wait()
+                                            postscale=postscale, now=True).wait()
 
     def _adasum(self, xs: list[Any], name: str | None, kind: str, *, single: bool, inplace: bool = False,
                 wait: bool = True) -> Handle:

@@ -402,3 +402,29 @@ def test_a_named_async_tensor_resubmitted_reuses_its_checks_but_not_its_data() -
         assert sums == want
         assert "'g0'" in mismatch and "(5,)" in mismatch and "(6,)" in mismatch
         assert refused
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_synchronous_group_of_one_dtype_runs_in_the_callers_cycle(monkeypatch: pytest.MonkeyPatch,
+                                                                    size: int) -> None:
+    """SyncBatchNorm's statistics: ``grouped_allreduce`` of a few float64 arrays queues no
+    request (small: inline in the record; large: at once as its own bucket), with the bits
+    of the queued grouped call; a group of two dtypes still goes through the queue."""
+    made = _count_requests(monkeypatch)
+
+    def fn(c: Collectives) -> list[list[np.ndarray]]:
+        r = c.topology.rank
+        small = [np.full(16, r + 0.5), np.arange(16.0) * (r + 1), np.full(16, 1e-3 * r)]
+        large = [np.linspace(0, r + 1, 3000), np.full(700, float(r))]
+        out = [c.grouped_allreduce(small, op=ddl.Sum), c.grouped_allreduce(large, op=ddl.Sum, name="big"),
+               c.grouped_allreduce_async(small, op=ddl.Sum, name="queued").wait(),
+               c.grouped_allreduce([np.ones(3, np.float32), np.ones(2)], op=ddl.Sum, name="mixed")]
+        return out
+
+    results = run_engines(size, fn)
+    for out in results:
+        for a, b in zip(out[0], out[2], strict=True):
+            np.testing.assert_array_equal(a, b)  # caller's cycle == queued, bit for bit
+        np.testing.assert_allclose(out[1][0], sum(np.linspace(0, q + 1, 3000) for q in range(size)))
+        assert [float(v[0]) for v in out[3]] == [size, size]
+    assert sorted(set(made)) == ["mixed<float32>", "mixed<float64>", "queued"]
