@@ -59,7 +59,7 @@ class Collectives:
 
         ``wake=False``: the caller waits at once (and so runs the cycle itself).
         """
-        if name is not None and type(x) is np.ndarray and algorithm is None and compression is None \
+        if name and type(x) is np.ndarray and algorithm is None and compression is None \
                 and prescale == 1.0 and postscale == 1.0:
             # A named tensor submitted again (every training step): its descriptor and
             # digest are those of its first submission, so only the request is new.
@@ -74,7 +74,7 @@ class Collectives:
         if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
             return self._adasum([x], name, "allreduce", single=True, inplace=inplace, wait=False)
         req = self._allreduce_request(x, op, name, algorithm, compression, inplace, prescale, postscale)
-        if name is not None and req.kind == "allreduce" and type(x) is np.ndarray and req.array is x \
+        if name and req.kind == "allreduce" and type(x) is np.ndarray and req.array is x \
                 and algorithm is None and compression is None and prescale == 1.0 and postscale == 1.0:
             if len(self._signatures) > 65536:
                 self._signatures.clear()

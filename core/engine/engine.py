@@ -433,11 +433,12 @@ class Engine:
             if self._pending or self._stop or self._finished or self._failure is not None \
                     or self._interrupted is not None:
                 return None
-            if name is None:
+            if not name:  # unnamed ("" too, as on the queued path): the thread's next count
                 stem, count = self.names.next_count_excluded()  # the baton excludes catch_up
                 d = (lane.body ^ negotiation.counted_digest(stem, count)) & negotiation.MASK
+                name = None
             else:
-                stem, count = name, -1
+                stem, count = "", 0
                 d = (lane.body ^ self._name_digest(name)) & negotiation.MASK
             ex = self.exchange
             try:
