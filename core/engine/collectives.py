@@ -59,18 +59,10 @@ class Collectives:
 
         ``wake=False``: the caller waits at once (and so runs the cycle itself).
         """
-        if name and type(x) is np.ndarray and algorithm is None and compression is None \
-                and prescale == 1.0 and postscale == 1.0:
-            # A named tensor submitted again (every training step): its descriptor and
-            # digest are those of its first submission, so only the request is new.
-            key = (name, x.dtype, x.shape, id(op), inplace)
-            seen = self._signatures.get(key)
-            if seen is not None and seen[0] is op and (not inplace or x.flags.writeable):
-                _, desc, digest, rop = seen
-                req = Request("allreduce", name, desc, Handle(name), array=x, op=rop, algorithm=desc.algorithm,
-                              inplace=inplace)
-                req.digest = digest
-                return self.engine.submit(req, wake=wake)
+        if name and algorithm is None and compression is None and prescale == 1.0 and postscale == 1.0:
+            again = self.resubmit(x, op, name, inplace, wake)
+            if again is not None:
+                return again
         if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
             return self._adasum([x], name, "allreduce", single=True, inplace=inplace, wait=False)
         req = self._allreduce_request(x, op, name, algorithm, compression, inplace, prescale, postscale)
@@ -83,6 +75,22 @@ class Collectives:
         # The synchronous calls wait at once and run the cycle themselves: waking the
         # engine thread for them would only contend with the caller.
         return self.engine.submit(req, wake=wake)
+
+    def resubmit(self, x: Any, op: Any, name: str, inplace: bool, wake: bool = True) -> Handle | None:
+        """A named allreduce with no algorithm, compression or scaling submitted again (every
+        training step): the descriptor and digest of its first submission, so only the
+        request is new. None: not seen before with this array's signature (submit it
+        through :meth:`allreduce_async`, whose checks then remember it)."""
+        if type(x) is not np.ndarray:
+            return None
+        seen = self._signatures.get((name, x.dtype, x.shape, id(op), inplace))
+        if seen is None or seen[0] is not op or (inplace and not x.flags.writeable):
+            return None
+        _, desc, digest, rop = seen
+        eng = self.engine
+        # Positional, digest included: this line runs once per tensor per step.
+        return eng.submit(Request("allreduce", name, desc, Handle(name, eng), None, x, rop, desc.algorithm,
+                                  Compression.none, inplace, 0.0, digest), wake=wake)
 
     def allreduce(self, x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                   algorithm: str | None = None, compression: Any = None, prescale: float = 1.0,

@@ -55,8 +55,8 @@ class Compressor:
     def compress(self, arrays: Sequence[np.ndarray], out: np.ndarray, *, divisor: int | None = None) -> None:
         """Pack ``arrays`` (flattened, in order) into ``out`` (of the wire dtype), each
         divided by ``divisor`` first where given (in its own precision, before the cast)."""
-        if divisor is None:  # one C loop over every tensor, not one numpy call each
-            np.concatenate([a.reshape(-1) for a in arrays], out=out, casting="unsafe")
+        if divisor is None:  # one C loop over every tensor (axis=None flattens each), not one numpy call each
+            np.concatenate(arrays, axis=None, out=out, casting="unsafe")
             return
         offset = 0
         for a in arrays:

@@ -133,7 +133,10 @@ class Engine:
             self._pending.append(req)
             self._last_submit = now
             if wake and self._long_sleep:
-                self._wake.notify()  # only then: waking it for every submission costs the caller
+                # Only then, and once: until the woken thread runs it still reads as
+                # asleep, and a backward pass would notify it again for every tensor.
+                self._long_sleep = False
+                self._wake.notify()
         return req.handle
 
     def digest_of(self, descriptor: Descriptor) -> int:

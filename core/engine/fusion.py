@@ -244,6 +244,7 @@ def _deliver(bucket: list[Request], fused: np.ndarray, dtype: np.dtype, comp: Co
              single: bool = False) -> None:
     """Split ``fused`` back into each request's result (views; copies only in place or to cast)."""
     offset = 0
+    cast = fused.dtype != dtype  # else each result is a view of ``fused`` (one line per tensor per step)
     for r in bucket:
         arr = r.array
         assert arr is not None
@@ -252,7 +253,8 @@ def _deliver(bucket: list[Request], fused: np.ndarray, dtype: np.dtype, comp: Co
         if arr.ndim != 1:
             out = out.reshape(arr.shape)
         offset += n
-        out = comp.decompress(out, dtype)
+        if cast:
+            out = comp.decompress(out, dtype)
         if r.inplace:
             if not (single and arr.flags.c_contiguous):
                 arr[...] = out

@@ -381,8 +381,10 @@ def test_a_named_async_tensor_resubmitted_reuses_its_checks_but_not_its_data() -
         sums = []
         for step in range(3):
             xs = [np.full(3000, float(step + i + r), np.float32) for i in range(12)]
+            xs[3] = xs[3].reshape(30, 100)  # several shapes in one fused bucket
+            xs[5] = np.full(6000, float(step + 5 + r), np.float32)[::2] if step < 2 else xs[5]  # strided
             hs = [c.allreduce_async(x, op=ddl.Sum, name=f"g{i}", inplace=step == 2) for i, x in enumerate(xs)]
-            sums += [float(h.wait()[0]) for h in hs]
+            sums += [float(h.wait().reshape(-1)[0]) for h in hs]
         mismatch = refused = ""
         try:
             c.allreduce_async(np.ones(5 + r, np.float32), op=ddl.Sum, name="g0").wait()
@@ -402,6 +404,59 @@ def test_a_named_async_tensor_resubmitted_reuses_its_checks_but_not_its_data() -
         assert sums == want
         assert "'g0'" in mismatch and "(5,)" in mismatch and "(6,)" in mismatch
         assert refused
+
+
+def test_resubmit_takes_only_a_signature_seen_before() -> None:
+    """The per-step path answers only for a name whose dtype, shape, op and in-place flag
+    passed the checks before; anything else goes back to the checked path."""
+
+    def fn(c: Collectives) -> list[Any]:
+        x = np.ones((4, 5), np.float32)
+        out: list[Any] = [c.resubmit(x, ddl.Sum, "w", False)]  # never seen: None, nothing queued
+        c.allreduce_async(x, op=ddl.Sum, name="w").wait()
+        again = c.resubmit(x * 2, ddl.Sum, "w", False)
+        out.append(None if again is None else again.wait())
+        out += [c.resubmit(x, ddl.Average, "w", False), c.resubmit(x.reshape(-1), ddl.Sum, "w", False),
+                c.resubmit(x.astype(np.float64), ddl.Sum, "w", False), c.resubmit(x, ddl.Sum, "w", True),
+                c.resubmit(x.tolist(), ddl.Sum, "w", False)]
+        return out
+
+    for out in run_engines(2, fn):
+        assert out[0] is None
+        np.testing.assert_array_equal(out[1], np.full((4, 5), 4.0, np.float32))
+        assert out[2:] == [None] * 5
+
+
+def test_submissions_during_a_backward_pass_wake_the_sleeping_engine_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Until the woken thread runs, it still reads as asleep: a burst of submissions must not
+    notify it once per tensor (each notification costs the submitting caller)."""
+    monkeypatch.setattr(engine_module, "_IDLE_MIN", 3600.0)
+    monkeypatch.setattr(engine_module, "_IDLE_MAX", 3600.0)
+
+    def fn(c: Collectives) -> tuple[int, list[float]]:
+        eng = c.engine
+        for _ in range(2000):  # the thread goes to its long sleep once nothing is pending
+            if eng._long_sleep:
+                break
+            threading.Event().wait(0.005)
+        assert eng._long_sleep
+        calls = []
+        real = eng._wake.notify
+
+        def counting(n: int = 1) -> None:
+            calls.append(n)
+            real(n)
+
+        eng._wake.notify = counting  # type: ignore[method-assign]
+        xs = [np.full(7, float(i), np.float32) for i in range(40)]
+        hs = [c.allreduce_async(x, op=ddl.Sum, name=f"burst{i}") for i, x in enumerate(xs)]
+        sums = [float(h.wait()[0]) for h in hs]
+        eng._wake.notify = real  # type: ignore[method-assign]
+        return len(calls), sums
+
+    for notified, sums in run_engines(2, fn):
+        assert 1 <= notified < 20  # once per wake-up of the thread, not once per tensor
+        assert sums == [2.0 * i for i in range(40)]
 
 
 @pytest.mark.parametrize("size", [2, 3])
