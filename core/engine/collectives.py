@@ -87,10 +87,9 @@ class Collectives:
         if seen is None or seen[0] is not op or (inplace and not x.flags.writeable):
             return None
         _, desc, digest, rop = seen
-        eng = self.engine
         # Positional, digest included: this line runs once per tensor per step.
-        return eng.submit(Request("allreduce", name, desc, Handle(name, eng), None, x, rop, desc.algorithm,
-                                  Compression.none, inplace, 0.0, digest), wake=wake)
+        return self.engine.submit(Request("allreduce", name, desc, Handle(name), None, x, rop, desc.algorithm,
+                                          Compression.none, inplace, 0.0, digest), wake=wake)
 
     def allreduce(self, x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None,
                   algorithm: str | None = None, compression: Any = None, prescale: float = 1.0,

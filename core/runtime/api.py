@@ -39,7 +39,7 @@ def allreduce_async(
             same call raises :class:`ddl.RemoteError`).
         ValueError: unknown algorithm or compression, or ``name`` already in flight.
     """
-    c = lifecycle.collectives() if process_set is None else collectives_for(process_set)
+    c = collectives(process_set)
     if name and algorithm is None and compression is None and prescale_factor == 1.0 and postscale_factor == 1.0:
         again = c.resubmit(x, op, name, inplace)  # the per-tensor, per-step case: no keyword relay
         if again is not None:
