@@ -205,6 +205,7 @@ class Solver:
         sp = self.sp
         start_iter, stop_iter = self.iter, self.iter + iters
         self.losses, self.smoothed_loss = [], 0.0
+        shown_at, shown_iter = time.perf_counter(), self.iter
         while self.iter < stop_iter:
             self._zero_diffs()
             if sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization):
@@ -224,7 +225,13 @@ class Solver:
             loss /= sp.iter_size
             self._update_smoothed_loss(loss, start_iter)
             if display and self.rank == 0:
-                log.info("Iteration %d, loss = %s", self.iter, _fmt(self.smoothed_loss))
+                # Caffe's line: iterations per second and seconds since the last display (at the first, since Step
+                # began; Caffe prints an uninitialized count there).
+                lapse = time.perf_counter() - shown_at
+                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter,
+                         _fmt(_f32((self.iter - shown_iter) / (lapse or 1))), _fmt(_f32(lapse)), sp.display,
+                         _fmt(self.smoothed_loss))
+                shown_at, shown_iter = time.perf_counter(), self.iter
                 self._log_outputs("Train", self.net, [blobs[o].detach().reshape(-1).tolist() for o in self.net.outputs])
             self.apply_update()
             self.step_seconds += time.perf_counter() - t0
