@@ -25,3 +25,15 @@ def test_caffe_and_ddl_logs_read_alike_and_only_an_outlier_is_marked() -> None:
     runs["ddl-caffe"] = ddl.replace("VALUE", "2.3")          # 0.2 outside a range 0.1 wide
     lines = table(runs)
     assert lines[-2].startswith("it 20 loss") and lines[-2].endswith("*") and lines[-1].endswith("on 1 (marked *)")
+
+
+def test_the_bench_gives_caffe_the_cpus_real_openblas_core() -> None:
+    from pathlib import Path
+
+    from tools.caffe.peer import Peer, best_core
+
+    assert best_core({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"}) == "SkylakeX"
+    assert best_core({"avx2", "fma", "sse3"}) == "Haswell"
+    assert best_core({"sse3"}) is None
+    assert Peer(Path("/x"), core="SkylakeX").env(1)["OPENBLAS_CORETYPE"] == "SkylakeX"
+    assert "OPENBLAS_CORETYPE" not in Peer(Path("/x")).env(2)

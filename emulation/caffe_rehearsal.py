@@ -1,0 +1,374 @@
+"""``python -m emulation.caffe_rehearsal``: the real ``ddl-caffe train`` on emulated hosts at IBM DDL's compute : link
+ratio, with ``layer_wise_reduce`` true and false, beside ``ddl plan``'s prediction (root, from a checkout).
+
+What runs: a ResNet-50 train_val net (``--net``: a model-zoo train_val, or a deploy net made trainable: its input
+becomes a Data layer, its Softmax a SoftmaxWithLoss, BatchNorm on batch statistics; default: the generated ResNet-50
+of ``tools.caffe.zoo_nets``) reading a local LMDB of random images, ``--batch`` images per rank, SGD with momentum, a
+few iterations, one torch thread per rank.
+
+Every emulated host shares this machine's cores, so N ranks on 2 cores each get a fraction of one, and "one rank's
+throughput" must be measured in the same state. Scaling efficiency here is therefore
+
+    efficiency = (throughput of the N-rank job) / (N x throughput of one of N ranks computing without communication)
+               = T_compute / T_step,
+
+where ``T_compute`` is the iteration time of N concurrent single-rank ``ddl-caffe train`` processes (each a world of
+one: the same cores, the same per-rank work, no communication) and ``T_step`` the N-rank job's iteration time. The
+link is then shaped so that compute : link time is IBM DDL's (``--like ddl-p100``, as ``ddl bench rehearsal``
+scales it): each host's port moves 2(H-1)/H of the gradient bytes in ``T_compute`` / 12.35. What this emulation adds
+that DDL's cluster did not have: the network stack and the allreduce's reductions run on the same two cores as the
+compute (DDL's InfiniBand moved the bytes without the CPU); the harness reports the cores' kernel and softirq shares
+beside the result.
+
+Also printed: the share of the reduction's span that ran behind backward (``ddl-caffe train``'s own figure: from the
+first bucket sent to the last result back, the part before backward ended), and ``ddl plan``'s step and efficiency for
+the same cluster (the calibration ``init`` measured there, the net's gradients, ``T_compute`` as the step), with
+overlap and without.
+
+Example:
+    python -m emulation.caffe_rehearsal --hosts 8 --ranks-per-host 2 --batch 1 --iterations 8 \\
+        --net /path/to/ResNet-50-deploy.prototxt --out bench-results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from emulation.cluster import Cluster
+from emulation.rehearsal import CoreWatch, qdisc_drops, retransmissions
+
+ROOT = Path(__file__).resolve().parents[1]
+#: One iteration's line as ddl-caffe (and Caffe) logs it with ``display: 1``, and its glog time stamp.
+_ITERATION = re.compile(r"^I\S* (\d\d):(\d\d):(\d\d\.\d+) .*\] Iteration (\d+) \(\S+ iter/s, (\S+)s/1 iters\)", re.M)
+_EXCHANGE = re.compile(r"diffs averaged (.*?): ([\d.]+) ms per iteration from the first bucket sent to the last result "
+                       r"back, ([\d.]+) ms of it after backward \(([\d.]+) % hidden")
+WARMUP = 2  # iterations left out of every timing: the first builds buffers and the ranks agree on the bucket order
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m emulation.caffe_rehearsal", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", type=int, default=8)
+    p.add_argument("--ranks-per-host", type=int, default=2)
+    p.add_argument("--net", help="a train_val or deploy prototxt (default: the generated ResNet-50)")
+    p.add_argument("--batch", type=int, default=1, help="images per rank per iteration")
+    p.add_argument("--iterations", type=int, default=8, help=f"per run; the first {WARMUP} are not timed")
+    p.add_argument("--like", default="ddl-p100", help="the cluster whose compute : link ratio to keep")
+    p.add_argument("--link", help="per-host port rate (default: scaled from the measured compute by --like)")
+    p.add_argument("--layer-wise", default="true,false", help="layer_wise_reduce settings to run, in order")
+    p.add_argument("--pace", default="auto",
+                   help="each stretch of compute lasts PACE+1 times its CPU time (emulation.paced_caffe), so that the "
+                        "ranks' compute leaves the cores to the network; auto: K+1 = 4 x ranks / cores; 0: ddl-caffe "
+                        "as it is, compute and network sharing the cores")
+    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds (compute-only, then each setting)")
+    p.add_argument("--queue", default="100ms", help="tbf latency (the port's queue), as emulation.rehearsal")
+    p.add_argument("--memory-margin", type=float, default=0.9,
+                   help="refuse to start when the ranks' estimated memory exceeds this share of MemAvailable")
+    p.add_argument("--out", default="bench-results")
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    return p
+
+
+# -- the net, its data and solvers ----------------------------------------------------------------------------------
+def trainable_net(path: str | None, batch: int, folder: Path) -> Any:
+    """The NetParameter to train: ``path`` made trainable (see the module doc) or the generated ResNet-50, its Data
+    layer reading a local LMDB of random images; TEST-phase layers dropped (the rehearsal does not test)."""
+    from ddl.caffe.formats import schema
+    from ddl.caffe.formats.protofile import parse_text, read_net
+    from ddl.caffe.formats.upgrade import upgrade_net
+    from tools.caffe import zoo_nets
+    from tools.caffe.zoo_data import point_at_synthetic_data
+
+    if path:
+        net = read_net(path)
+        upgrade_net(net, source=path)
+    else:
+        net = parse_text(zoo_nets.train_val(zoo_nets.resnet(50, batch)), schema.NetParameter())
+    kept = [lp for lp in net.layer if not any(r.HasField("phase") and r.phase == schema.TEST for r in lp.include)]
+    del net.layer[:]
+    net.layer.extend(kept)
+    for lp in list(net.layer):
+        if lp.type == "Input":
+            shape = [int(d) for d in lp.input_param.shape[0].dim]
+            data = schema.LayerParameter(name=lp.name, type="Data", top=[lp.top[0], "label"])
+            data.data_param.batch_size, data.data_param.backend = batch, 1
+            data.data_param.source = "synthetic"  # replaced by point_at_synthetic_data
+            data.transform_param.crop_size = shape[2]  # random crops of larger random images
+            data.transform_param.mean_value.extend([104, 117, 123])
+            net.layer.insert(list(net.layer).index(lp), data)
+            net.layer.remove(lp)
+        elif lp.type == "Softmax" and lp is net.layer[-1]:
+            loss = schema.LayerParameter(name="loss", type="SoftmaxWithLoss", bottom=[lp.bottom[0], "label"],
+                                         top=["loss"])
+            net.layer.remove(lp)
+            net.layer.append(loss)
+        elif lp.type == "BatchNorm":
+            lp.batch_norm_param.ClearField("use_global_stats")  # train from scratch: batch statistics, as DDL did
+    if not any(lp.type == "Data" for lp in net.layer):
+        raise SystemExit(f"caffe_rehearsal: {path or 'the net'} has no Data or Input layer to feed")
+    point_at_synthetic_data(net, folder, records=64, keep_batch=True)
+    for lp in net.layer:
+        if lp.type == "Data":
+            lp.data_param.batch_size = batch
+    return net
+
+
+def write_solvers(net: Any, folder: Path, iterations: int, settings: list[bool]) -> dict[bool, Path]:
+    """One solver per ``layer_wise_reduce`` setting: SGD with momentum, a display line per iteration, no snapshots."""
+    from google.protobuf import text_format
+
+    net_path = folder / "train_val.prototxt"
+    net_path.write_text(text_format.MessageToString(net))
+    out = {}
+    for layer_wise in settings:
+        path = folder / f"solver_lw{int(layer_wise)}.prototxt"
+        path.write_text(f'net: "{net_path}"\nbase_lr: 0.001\nmomentum: 0.9\nweight_decay: 0.0001\nlr_policy: "fixed"\n'
+                        f'display: 1\nmax_iter: {iterations}\nsnapshot: 0\nsnapshot_after_train: false\n'
+                        f'random_seed: 1\nlayer_wise_reduce: {str(layer_wise).lower()}\n')
+        out[layer_wise] = path
+    return out
+
+
+def gradient_sizes(net: Any) -> list[int]:
+    """Elements of each blob the solver reduces (learnable, lr_mult > 0), in the net's parameter order."""
+    import torch
+
+    from ddl.caffe.formats import schema
+    from ddl.caffe.net.net import Net
+
+    built = Net(net, schema.TRAIN, gen=torch.Generator().manual_seed(0), quiet=True)
+    return [p.tensor.numel() for p in built.params if p.tensor.requires_grad]
+
+
+# -- timing from the logs --------------------------------------------------------------------------------------------
+def iterations(log: str) -> list[tuple[float, int, float]]:
+    """(time of day in s, iteration, seconds since the previous display line) of every ``display: 1`` line."""
+    out = []
+    for m in _ITERATION.finditer(log):
+        h, mi, s, it, lapse = m.groups()
+        out.append((int(h) * 3600 + int(mi) * 60 + float(s), int(it), float(lapse)))
+    return out
+
+
+def steady_seconds(logs: list[str]) -> tuple[float, int]:
+    """The median iteration time over the iterations every log ran at once (after the warm-up), and how many."""
+    runs = [[x for x in iterations(log) if x[1] >= WARMUP] for log in logs]
+    if any(not r for r in runs):
+        raise RuntimeError("a run logged no timed iteration; give more --iterations")
+    start, end = max(r[0][0] for r in runs), min(r[-1][0] for r in runs)
+    common = [lapse for r in runs for (at, _, lapse) in r if start <= at - lapse and at <= end]
+    if len(common) < len(runs):  # no common window (skewed starts): every timed iteration
+        common = [lapse for r in runs for (_, _, lapse) in r]
+    return statistics.median(common), len(common)
+
+
+# -- the runs ---------------------------------------------------------------------------------------------------------
+class MemoryWatch:
+    """The largest sum of resident memory over the processes named ``ddl-caffe``/python children while a run lasts."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids, self.peak, self._stop = pids, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            total = 0
+            for pid in self.pids:
+                try:
+                    text = Path(f"/proc/{pid}/status").read_text()
+                except OSError:
+                    continue
+                m = re.search(r"RssAnon:\s+(\d+) kB", text)
+                total += int(m.group(1)) * 1024 if m else 0
+            self.peak = max(self.peak, total)
+
+
+def mem_available() -> int:
+    text = Path("/proc/meminfo").read_text()
+    return int(re.search(r"MemAvailable:\s+(\d+) kB", text).group(1)) * 1024  # type: ignore[union-attr]
+
+
+def train_cmd(solver: Path, pace: float) -> list[str]:
+    """``ddl-caffe train`` on one torch thread; paced (:mod:`emulation.paced_caffe`) when ``pace`` > 0."""
+    run = ["-m", "emulation.paced_caffe", "--pace", f"{pace:g}"] if pace > 0 else ["-m", "ddl.caffe.command.cli"]
+    return [sys.executable, *run, "train", "--solver", str(solver), "--threads", "1"]
+
+
+def auto_pace(ranks: int, cores: int) -> float:
+    """A pace that leaves three quarters of the cores free on average (``ranks`` ranks computing 1/(K+1) of the time
+    use ``ranks``/(K+1) cores) and keeps a stretch's due time beyond what the ranks' own contention and a shared
+    machine's load make it take: K+1 = 4 x ranks / cores."""
+    return float(max(0, -(-4 * ranks // cores) - 1))
+
+
+def one_rank(solver: Path, pace: float, timeout: float) -> tuple[float, int]:
+    """One rank alone: (its steady iteration time, its peak private memory in bytes)."""
+    proc = subprocess.Popen(train_cmd(solver, pace), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    with MemoryWatch([proc.pid]) as mem:
+        out, _ = proc.communicate(timeout=timeout)
+    if proc.returncode:
+        raise RuntimeError(f"one rank failed:\n{out[-3000:]}")
+    return steady_seconds([out])[0], mem.peak
+
+
+def compute_only(solver: Path, ranks: int, pace: float, timeout: float) -> tuple[float, int]:
+    """``ranks`` concurrent single-rank trainings (no communication): their steady iteration time, peak memory."""
+    procs = [subprocess.Popen(train_cmd(solver, pace), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+             for _ in range(ranks)]
+    logs = []
+    with MemoryWatch([p.pid for p in procs]) as mem:
+        for p in procs:
+            out, _ = p.communicate(timeout=timeout)
+            if p.returncode:
+                raise RuntimeError(f"a compute-only rank failed:\n{out[-3000:]}")
+            logs.append(out)
+    return steady_seconds(logs)[0], mem.peak
+
+
+def distributed(cluster: Cluster, solver: Path, calibration: Path, pace: float, timeout: float) -> dict[str, Any]:
+    """The N-rank ``ddl-caffe train`` on the cluster: steady iteration time, the exchange's own figures, harness."""
+    ranks = len(cluster.hosts) * cluster.ranks_per_host
+    argv = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(ranks), "-H", cluster.host_list(), "--calibration",
+            str(calibration), *train_cmd(solver, pace)]
+    before, drops0, resent0 = cluster.counters(), qdisc_drops(cluster), retransmissions(cluster)
+    with CoreWatch() as cores:
+        proc = subprocess.run(cluster.launch_argv(argv), env=cluster.env(), capture_output=True, text=True,
+                              timeout=timeout, cwd=ROOT)
+    after = cluster.counters()
+    log = proc.stdout + proc.stderr
+    if proc.returncode:
+        raise RuntimeError(f"the {ranks}-rank job failed ({proc.returncode}):\n{log[-4000:]}")
+    step, timed = steady_seconds([log])
+    m = _EXCHANGE.search(log)
+    return {"step_s": step, "timed_iterations": timed, "cores": cores.shares(),
+            "exchange": {"how": m.group(1), "span_ms": float(m.group(2)), "exposed_ms": float(m.group(3)),
+                         "hidden_percent": float(m.group(4))} if m else None,
+            "veth_bytes": {h: [after[h][0] - before[h][0], after[h][1] - before[h][1]] for h in after},
+            "tbf_drops": sum(qdisc_drops(cluster).values()) - sum(drops0.values()),
+            "tcp_retransmissions": retransmissions(cluster) - resent0}
+
+
+def link_rate(gradient_bytes: int, hosts: int, compute_s: float, like: str) -> float:
+    """Bytes/s per port that make compute : link time ``like``'s (the link time of one allreduce of the gradients)."""
+    from ddl.tools import plan
+    from ddl.tools.bench.rehearsal import REFERENCES, link_bound
+
+    ref = REFERENCES[like]
+    ratio = ref.step_ms / 1e3 / link_bound(gradient_bytes, ref.hosts, plan.parse_bandwidth(ref.link))
+    return 2 * (hosts - 1) / hosts * gradient_bytes / (compute_s / ratio)
+
+
+def predicted(sizes: list[int], dims: str, calibration: Path, compute_s: float) -> dict[str, float]:
+    """``ddl plan``'s step and efficiency (with overlap and without) for this cluster, net and compute."""
+    from ddl.tools import plan
+
+    args = plan.parser().parse_args(["--topology", dims, "--calibration", str(calibration), "--model",
+                                     ",".join(map(str, sizes)), "--step-ms", str(compute_s * 1e3)])
+    _, record = plan.make_plan(args)
+    step = record["step"]
+    return {"step_s": step["step_s"], "efficiency": step["efficiency"],
+            "step_no_overlap_s": step["compute_s"] + step["allreduce_s"],
+            "efficiency_no_overlap": step["efficiency_no_overlap"], "allreduce_s": step["allreduce_s"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from emulation.cluster import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        print(f"caffe_rehearsal: {reason}", file=sys.stderr)
+        return 2
+    settings = [s.strip().lower() == "true" for s in args.layer_wise.split(",")]
+    ranks = args.hosts * args.ranks_per_host
+    dims = f"{args.ranks_per_host}x{args.hosts}" if args.ranks_per_host > 1 else str(args.hosts)
+    out = Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    pace = auto_pace(ranks, os.cpu_count() or 1) if args.pace == "auto" else float(args.pace)
+    stem = f"caffe-rehearsal-{dims}-b{args.batch}-pace{pace:g}"
+    with tempfile.TemporaryDirectory(prefix="caffe-rehearsal-") as tmp:
+        work = Path(tmp)
+        net = trainable_net(args.net, args.batch, work)
+        solvers = write_solvers(net, work, args.iterations, settings)
+        sizes = gradient_sizes(net)
+        grad_bytes = 4 * sum(sizes)
+        print(f"net {net.name}: {len(sizes)} reduced blobs, {grad_bytes / 2**20:.1f} MiB; batch {args.batch} per rank; "
+              f"{ranks} ranks ({dims}); load average {os.getloadavg()[0]:.1f}", flush=True)
+        alone, private = one_rank(solvers[settings[0]], pace, args.timeout)
+        need, have = ranks * (private + grad_bytes), mem_available()  # + the exchange's bucket buffers
+        print(f"pace {pace:g}; one rank alone: {alone:.3f} s per iteration, {private / 2**20:.0f} MiB private memory; {ranks} ranks "
+              f"need ~{need / 2**30:.1f} GiB, MemAvailable {have / 2**30:.1f} GiB", flush=True)
+        if need > args.memory_margin * have:
+            print(f"caffe_rehearsal: {ranks} ranks of ~{(private + grad_bytes) / 2**20:.0f} MiB each do not fit in "
+                  f"{args.memory_margin:.0%} of the {have / 2**30:.1f} GiB available; use fewer ranks per host or a "
+                  "smaller --batch", file=sys.stderr)
+            return 3
+        record: dict[str, Any] = {"net": args.net or "generated ResNet-50 (tools.caffe.zoo_nets)", "hosts": args.hosts,
+                                  "ranks_per_host": args.ranks_per_host, "batch": args.batch, "ranks": ranks,
+                                  "gradient_bytes": grad_bytes, "blobs": len(sizes), "one_rank_s": alone,
+                                  "private_bytes": private, "like": args.like, "pace": pace, "rounds": []}
+        for r in range(args.rounds):
+            load0 = os.getloadavg()[0]
+            compute, peak = compute_only(solvers[settings[0]], ranks, pace, args.timeout)
+            rate = args.link or f"{max(1, int(link_rate(grad_bytes, args.hosts, compute, args.like) * 8 / 1e6))}mbit"
+            print(f"round {r + 1}: {ranks} ranks computing alone: {compute:.3f} s per iteration ({peak / 2**30:.1f} "
+                  f"GiB private); links {rate}", flush=True)
+            row: dict[str, Any] = {"compute_s": compute, "compute_peak_bytes": peak, "link": rate, "load_start": load0,
+                                   "runs": {}}
+            calibration = work / f"calibration-{r}.json"
+            with Cluster(hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate=rate, burst="128kb",
+                         latency=args.queue) as cluster:
+                for layer_wise in settings:
+                    got = distributed(cluster, solvers[layer_wise], calibration, pace, args.timeout)
+                    got["efficiency"] = compute / got["step_s"]
+                    row["runs"][str(layer_wise).lower()] = got
+                    hidden = got["exchange"]["hidden_percent"] if got["exchange"] else float("nan")
+                    print(f"round {r + 1}: layer_wise_reduce {str(layer_wise).lower()}: {got['step_s']:.3f} s per "
+                          f"iteration, efficiency {got['efficiency']:.1%}, {hidden:.0f} % of the reduction hidden "
+                          f"behind backward", flush=True)
+            row["plan"] = predicted(sizes, dims, calibration, compute)
+            row["load_end"] = os.getloadavg()[0]
+            record["rounds"].append(row)
+    (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
+    print("\n".join(table([record])))
+    return 0
+
+
+def table(records: list[dict[str, Any]]) -> list[str]:
+    """One row per (cluster, round, layer_wise_reduce): measured and ``ddl plan``'s figures."""
+    lines = [f"{'hosts x ranks':>13} {'batch':>5} {'pace':>4} {'link':>9} {'compute s':>9} {'layer_wise':>10} {'step s':>8} "
+             f"{'eff %':>6} {'hidden %':>8} {'plan s':>8} {'plan %':>6} {'m/p':>5} {'load':>9}"]
+    for rec in records:
+        for row in rec["rounds"]:
+            for lw, got in row["runs"].items():
+                plan_s = row["plan"]["step_s"] if lw == "true" else row["plan"]["step_no_overlap_s"]
+                plan_e = row["plan"]["efficiency"] if lw == "true" else row["plan"]["efficiency_no_overlap"]
+                hidden = got["exchange"]["hidden_percent"] if got.get("exchange") else float("nan")
+                lines.append(f"{rec['hosts']:>7} x {rec['ranks_per_host']:<3} {rec['batch']:>5} {rec['pace']:>4g} "
+                             f"{row['link']:>9} "
+                             f"{row['compute_s']:9.3f} {lw:>10} {got['step_s']:8.3f} {100 * got['efficiency']:6.1f} "
+                             f"{hidden:8.0f} {plan_s:8.3f} {100 * plan_e:6.1f} {got['step_s'] / plan_s:5.2f} "
+                             f"{row['load_start']:4.1f}-{row['load_end']:<4.1f}")
+    return lines
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
