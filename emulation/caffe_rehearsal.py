@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -206,10 +207,12 @@ def mem_available() -> int:
     return int(re.search(r"MemAvailable:\s+(\d+) kB", text).group(1)) * 1024  # type: ignore[union-attr]
 
 
-def train_cmd(solver: Path, pace: float) -> list[str]:
-    """``ddl-caffe train`` on one torch thread; paced (:mod:`emulation.paced_caffe`) when ``pace`` > 0."""
-    run = ["-m", "emulation.paced_caffe", "--pace", f"{pace:g}"] if pace > 0 else ["-m", "ddl.caffe.command.cli"]
-    return [sys.executable, *run, "train", "--solver", str(solver), "--threads", "1"]
+def train_cmd(solver: Path, pace: float, hold: Path | None = None) -> list[str]:
+    """``ddl-caffe train`` on one torch thread, paced by :mod:`emulation.paced_caffe` (``pace`` 0: not at all), held
+    before its first iteration until ``hold/go`` exists when ``hold`` is given."""
+    held = ["--hold", str(hold)] if hold is not None else []
+    return [sys.executable, "-m", "emulation.paced_caffe", "--pace", f"{pace:g}", *held, "train", "--solver",
+            str(solver), "--threads", "1"]
 
 
 def auto_pace(ranks: int, cores: int) -> float:
@@ -231,16 +234,34 @@ def one_rank(solver: Path, pace: float, timeout: float) -> tuple[float, int]:
 
 def compute_only(solver: Path, ranks: int, pace: float, timeout: float) -> tuple[float, int]:
     """``ranks`` concurrent single-rank trainings (no communication): their steady iteration time, peak memory."""
-    procs = [subprocess.Popen(train_cmd(solver, pace), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
-             for _ in range(ranks)]
-    logs = []
-    with MemoryWatch([p.pid for p in procs]) as mem:
-        for p in procs:
-            out, _ = p.communicate(timeout=timeout)
+    with tempfile.TemporaryDirectory(prefix="caffe-rehearsal-hold-") as hold:
+        procs = [subprocess.Popen(train_cmd(solver, pace, Path(hold)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, cwd=ROOT) for _ in range(ranks)]
+        # They start training together, once every one has imported torch and built its net (as a world of N
+        # ranks does in init), so no rank's timed iterations share the cores with the others' start-up.
+        logs = [""] * ranks
+        readers = [threading.Thread(target=_collect, args=(p, logs, i), daemon=True) for i, p in enumerate(procs)]
+        for t in readers:
+            t.start()
+        deadline = time.monotonic() + timeout
+        while len(list(Path(hold).glob("ready-*"))) < ranks:
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        (Path(hold) / "go").touch()
+        with MemoryWatch([p.pid for p in procs]) as mem:
+            for p, t in zip(procs, readers, strict=True):
+                p.wait(timeout=timeout)
+                t.join()
+        for p, log in zip(procs, logs, strict=True):
             if p.returncode:
-                raise RuntimeError(f"a compute-only rank failed:\n{out[-3000:]}")
-            logs.append(out)
+                raise RuntimeError(f"a compute-only rank failed:\n{log[-3000:]}")
     return steady_seconds(logs)[0], mem.peak
+
+
+def _collect(proc: subprocess.Popen[str], logs: list[str], i: int) -> None:
+    assert proc.stdout is not None
+    logs[i] = proc.stdout.read()
 
 
 def distributed(cluster: Cluster, solver: Path, calibration: Path, pace: float, timeout: float) -> dict[str, Any]:

@@ -9,6 +9,9 @@ than a core, and the network stack and the allreduce, which run on the cores, fi
 beside an accelerator. Measured in CPU time, a stretch lasts the same however busy the machine is (unless the load
 delays it past its due time). ``K = 0`` is ``ddl-caffe`` itself.
 
+``--hold DIR``: once its solver is built, the process writes ``DIR/ready-<pid>`` and waits for ``DIR/go`` (the
+rehearsal's N processes computing alone start training together).
+
 Example (what ``emulation.caffe_rehearsal --pace`` runs on every rank):
     python -m emulation.paced_caffe --pace 15 train --solver solver.prototxt --threads 1
 """
@@ -87,10 +90,33 @@ def install(k: float) -> Pacer:
     return pacer
 
 
+def hold_start(folder: str, timeout: float = 1800.0) -> None:
+    """Make every Solver wait, once built, until ``folder/go`` exists (after writing ``folder/ready-<pid>``): processes
+    started together begin training together, not while the others still import torch."""
+    import os
+    from pathlib import Path
+
+    from ddl.caffe.solver.solver import Solver
+
+    solve = Solver.solve
+
+    def held_solve(self: Solver, *args: Any, **kwargs: Any) -> None:
+        where = Path(folder)
+        (where / f"ready-{os.getpid()}").touch()
+        deadline = time.monotonic() + timeout
+        while not (where / "go").exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"paced_caffe: no {where / 'go'} after {timeout:g} s")
+            time.sleep(0.1)
+        solve(self, *args, **kwargs)
+
+    Solver.solve = held_solve  # type: ignore[method-assign]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or args[0] != "--pace":
-        print("usage: python -m emulation.paced_caffe --pace K <ddl-caffe arguments>", file=sys.stderr)
+        print("usage: python -m emulation.paced_caffe --pace K [--hold DIR] <ddl-caffe arguments>", file=sys.stderr)
         return 2
     try:
         k = float(args[1])
@@ -105,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
 
     reuse_freed_memory()
     install(k)
-    return caffe_main(args[2:])
+    rest = args[2:]
+    if rest[:1] == ["--hold"]:
+        hold_start(rest[1])
+        rest = rest[2:]
+    return caffe_main(rest)
 
 
 if __name__ == "__main__":

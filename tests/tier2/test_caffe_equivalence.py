@@ -65,14 +65,21 @@ layer { name: "ip2" type: "InnerProduct" bottom: "ip1" top: "ip2" param { lr_mul
         inner_product_param { num_output: 10 weight_filler { type: "gaussian" std: 0.1 } bias_filler { type: "constant" } } }
 layer { name: "loss" type: "SoftmaxWithLoss" bottom: "ip2" bottom: "label" top: "loss" }
 """
+# LeNet with BatchNorm + Scale after each convolution: per-rank batch statistics, so no one-process equivalence (as in
+# Caffe), but the running statistics are averaged across ranks, so the replicas stay identical.
+LENET_BN = LENET.replace('layer { name: "pool1"', 'layer { name: "bn1" type: "BatchNorm" bottom: "conv1" top: "conv1" }\n'
+                         'layer { name: "sc1" type: "Scale" bottom: "conv1" top: "conv1" scale_param { bias_term: true } }\n'
+                         'layer { name: "pool1"')
 NETS = {"lenet": (LENET, (1, 28, 28), 'base_lr: 0.01 lr_policy: "inv" gamma: 0.0001 power: 0.75 weight_decay: 0.0005'),
         "cifar": (CIFAR, (3, 32, 32), 'base_lr: 0.01 lr_policy: "fixed" weight_decay: 0.004')}
 CASES = [(net, lw, it) for net in NETS for lw in (True, False) for it in (1, 2)]
+BN_STEM = "lenet_bn_lw1_it1"
 
 
 def _solver(tmp: Path, net: str, batch: int, iter_size: int, layer_wise: bool, stem: str) -> Path:
-    text, _, rule = NETS[net]
-    model = tmp / f"{net}_b{batch}.prototxt"
+    text, _, rule = NETS[net] if net != "lenet_bn" else (LENET_BN, None, NETS["lenet"][2])
+    net = "lenet" if net == "lenet_bn" else net
+    model = tmp / f"{stem}_b{batch}.prototxt"
     model.write_text(text.replace("SRC", str(tmp / f"{net}_lmdb")).replace("BATCH", str(batch)))
     path = tmp / f"{stem}.prototxt"
     path.write_text(f'net: "{model}" {rule} momentum: 0.9 max_iter: {ITERATIONS} display: 0 random_seed: 3 '
@@ -121,6 +128,7 @@ def ranks(request: pytest.FixtureRequest, data: Path) -> tuple[int, Path]:
     out = data / f"ranks{n}"
     out.mkdir()
     solvers = [str(_solver(data, net, GLOBAL_BATCH // n, it, lw, _stem(net, lw, it))) for net, lw, it in CASES]
+    solvers.append(str(_solver(data, "lenet_bn", GLOBAL_BATCH // n, 1, True, BN_STEM)))
     env = dict(os.environ, MPIR_CVAR_ENABLE_HEAVY_YIELD="1")
     proc = subprocess.run([sys.executable, "-m", "ddl.launcher.cli", "-np", str(n), sys.executable, str(WORKER),
                            str(out), *solvers], capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
@@ -154,3 +162,9 @@ def test_layer_wise_and_after_backward_give_the_same_weights_bit_for_bit(ranks: 
         for it in (1, 2):
             a, b = (np.load(out / f"{_stem(net, lw, it)}.npz") for lw in (True, False))
             assert all(np.array_equal(a[k], b[k]) for k in a.files), f"{net} iter_size {it}"
+
+
+def test_batchnorm_statistics_are_averaged_so_replicas_stay_identical(ranks: tuple[int, Path]) -> None:
+    n, out = ranks
+    record = json.loads((out / f"{BN_STEM}.json").read_text())
+    assert len(set(record["digests"])) == 1, f"{n} ranks: the BatchNorm net's replicas differ: {record['digests']}"

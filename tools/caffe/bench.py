@@ -167,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         from tools.caffe.bench_files import measure as measure_files
         r = measure_files(a.caffemodel, rounds=a.rounds, protobuf=a.protobuf)
         print(f"{a.caffemodel}.caffemodel {r['file_mb']:.0f} MB: write {r['write_s']:.2f} s (+{r['write_extra_mb']:.0f} MB), "
-              f"read {r['read_s']:.2f} s (+{r['read_extra_mb']:.0f} MB); write/read {r['write_over_read']:.2f}, "
-              f"write extra / file {r['write_extra_over_file']:.2f}"
+              f"read {r['read_s']:.2f} s (+{r['read_extra_mb']:.0f} MB), cp of the file {r['cp_s']:.2f} s; write/read "
+              f"{r['write_over_read']:.2f}, write/cp {r['write_over_cp']:.2f}, "
+              f"write extra / file {r['write_extra_over_file']:.2f}; load {os.getloadavg()[0]:.1f}"
               + (f"; protobuf write {r['protobuf_write_s']:.2f} s (+{r['protobuf_write_extra_mb']:.0f} MB)" if a.protobuf else ""))
         Path(a.json).write_text(json.dumps({"caffemodel": a.caffemodel, **r}, indent=2))
         return 0

@@ -135,6 +135,20 @@ class DiffExchange:
         self.reducer.close()
 
 
+def average_statistics(blobs: list[torch.Tensor]) -> None:
+    """Average BatchNorm's running statistics across the ranks, in place, so that every rank holds the same model.
+
+    Each rank's forward updates them from its own batch; Caffe leaves them apart (they are no diffs, and its
+    snapshots come from rank 0). The mean over ranks of the moving means is the moving mean of the ranks' batch
+    means; the moving variances averaged lack the spread between the ranks' means, as Caffe's per-rank ones do.
+    """
+    if blobs:
+        with torch.no_grad():
+            for t, avg in zip(blobs, dt.grouped_allreduce(blobs, op=ddl.Average, name="ddl_caffe.statistics"),
+                              strict=True):
+                t.copy_(avg)
+
+
 def broadcast_parameters(params: list[Param], root_rank: int = 0) -> None:
     """Give every rank ``root_rank``'s blobs (weights and BatchNorm statistics) in one fused broadcast, after a check
     that every rank built the same blobs (a clear error on every rank otherwise)."""

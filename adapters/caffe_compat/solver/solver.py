@@ -24,7 +24,7 @@ from ddl.caffe.formats.protofile import read_binary, read_net
 from ddl.caffe.net.net import Net
 from ddl.caffe.net.weights import load_weights
 from ddl.caffe.solver import lr_policy, updates
-from ddl.caffe.solver.exchange import DiffExchange, agree_seed, broadcast_parameters
+from ddl.caffe.solver.exchange import DiffExchange, agree_seed, average_statistics, broadcast_parameters
 
 log = logging.getLogger("ddl.caffe")
 HDF5, BINARYPROTO = 0, 1
@@ -150,6 +150,8 @@ class Solver:
             tn.share_from(self.net)
             self.test_nets.append(tn)
         self.params = self.net.params
+        # BatchNorm's running statistics: each rank's forward moves them, so ranks average them after each update.
+        self.statistics = [t for la in self.net.layers if la.type == "BatchNorm" for t in la.blobs[:2]]
         self.history = [torch.zeros_like(p.tensor, requires_grad=False)
                         for _ in range(updates.history_count(self.kind, 1)) for p in self.params]
         self.iter = 0
@@ -277,6 +279,8 @@ class Solver:
                                        momentum2=_f32(sp.momentum2), delta=_f32(sp.delta),
                                        rms_decay=_f32(sp.rms_decay), t=self.iter + 1)
                 p.tensor.sub_(d)
+        if self.exchange is not None:
+            average_statistics(self.statistics)
         self.iter += 1
 
     def solve(self, resume: str | None = None, *, on_iter: Callable[[int], None] | None = None) -> None:
