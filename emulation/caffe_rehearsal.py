@@ -77,6 +77,8 @@ def parser() -> argparse.ArgumentParser:
                    help="refuse to start when the ranks' estimated memory exceeds this share of MemAvailable")
     p.add_argument("--out", default="bench-results")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
+    p.add_argument("--report", nargs="+", metavar="JSON", help="only print the table of these runs' JSON files")
+    p.add_argument("--plot", metavar="PNG", help="with --report: also plot efficiency against hosts")
     return p
 
 
@@ -310,8 +312,42 @@ def predicted(sizes: list[int], dims: str, calibration: Path, compute_s: float) 
             "efficiency_no_overlap": step["efficiency_no_overlap"], "allreduce_s": step["allreduce_s"]}
 
 
+def report(paths: list[str], plot: str | None) -> int:
+    """The table of several runs' JSON records (and, with ``plot``, efficiency against hosts)."""
+    records = [json.loads(Path(p).read_text()) for p in paths]
+    print("\n".join(table(records)))
+    if plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.4, 4.0))
+        for lw, style in (("true", "o-"), ("false", "s--")):
+            pts = sorted((rec["hosts"], 100 * row["runs"][lw]["efficiency"]) for rec in records
+                         for row in rec["rounds"] if lw in row["runs"])
+            plan = sorted((rec["hosts"], 100 * (row["plan"]["efficiency"] if lw == "true" else
+                                                row["plan"]["efficiency_no_overlap"]))
+                          for rec in records for row in rec["rounds"] if lw in row["runs"])
+            label = "layer_wise_reduce: " + lw
+            if pts:
+                ax.plot(*zip(*pts, strict=True), style, label=f"{label}, measured")
+                ax.plot(*zip(*plan, strict=True), style[0] + ":", alpha=0.6, label=f"{label}, ddl plan")
+        ax.set_xlabel("emulated hosts")
+        ax.set_ylabel("scaling efficiency, %")
+        ax.set_title("ddl-caffe train, ResNet-50, at DDL's compute : link ratio")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(plot, dpi=110)
+        print(f"wrote {plot}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.report:
+        return report(args.report, args.plot)
     from emulation.cluster import unavailable_reason
 
     reason = unavailable_reason()
