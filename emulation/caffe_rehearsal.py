@@ -7,18 +7,25 @@ of ``tools.caffe.zoo_nets``) reading a local LMDB of random images, ``--batch`` 
 few iterations, one torch thread per rank.
 
 Every emulated host shares this machine's cores, so N ranks on 2 cores each get a fraction of one, and "one rank's
-throughput" must be measured in the same state. Scaling efficiency here is therefore
+throughput" must be measured in that same state. Scaling efficiency here is therefore
 
-    efficiency = (throughput of the N-rank job) / (N x throughput of one of N ranks computing without communication)
-               = T_compute / T_step,
+    efficiency = (throughput of the N ranks together) / (N x throughput of one of the N ranks computing alone)
+               = T_alone / T_together,
 
-where ``T_compute`` is the iteration time of N concurrent single-rank ``ddl-caffe train`` processes (each a world of
-one: the same cores, the same per-rank work, no communication) and ``T_step`` the N-rank job's iteration time. The
-link is then shaped so that compute : link time is IBM DDL's (``--like ddl-p100``, as ``ddl bench rehearsal``
-scales it): each host's port moves 2(H-1)/H of the gradient bytes in ``T_compute`` / 12.35. What this emulation adds
-that DDL's cluster did not have: the network stack and the allreduce's reductions run on the same two cores as the
-compute (DDL's InfiniBand moved the bytes without the CPU); the harness reports the cores' kernel and softirq shares
-beside the result.
+both measured in one job of N ranks (``emulation.paced_caffe --alternate``): blocks of iterations where each rank
+keeps its own diffs (its diff exchange set aside) alternate with blocks where the ranks average them, all ranks
+starting each block together; the medians of each kind of block (each block's first iteration and the first
+iterations of the job left out) are ``T_alone`` and ``T_together``.
+
+Compute that leaves the cores to the network: on 2 cores, the N ranks' compute and the network stack and
+reductions of the allreduce compete for the same cores, which DDL's cluster (a GPU per rank, InfiniBand moving the
+bytes) did not. So by default every stretch of compute lasts ``--pace``+1 times the CPU time it took, the rest
+asleep (:mod:`emulation.paced_caffe`: the real trainer, its clock stretched): the ranks compute as on a device of
+their own, and the cores are mostly free for the network. ``--pace 0`` runs ``ddl-caffe`` as it is.
+
+The link keeps IBM DDL's compute : link-time ratio (``--like ddl-p100``, as ``ddl bench rehearsal`` scales it): from
+one rank's (paced) iteration time measured alone first, each host's port is shaped to move 2(H-1)/H of the gradient
+bytes in that time / 12.35.
 
 Also printed: the share of the reduction's span that ran behind backward (``ddl-caffe train``'s own figure: from the
 first bucket sent to the last result back, the part before backward ended), and ``ddl plan``'s step and efficiency for
@@ -41,7 +48,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +69,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ranks-per-host", type=int, default=2)
     p.add_argument("--net", help="a train_val or deploy prototxt (default: the generated ResNet-50)")
     p.add_argument("--batch", type=int, default=1, help="images per rank per iteration")
-    p.add_argument("--iterations", type=int, default=8, help=f"per run; the first {WARMUP} are not timed")
+    p.add_argument("--iterations", type=int, default=14, help=f"per run; the first {WARMUP} are not timed")
+    p.add_argument("--block", type=int, default=3,
+                   help="iterations per block: blocks alone (each rank's diffs its own) and together alternate, the "
+                        "first alone; each block's first iteration is not timed")
     p.add_argument("--like", default="ddl-p100", help="the cluster whose compute : link ratio to keep")
     p.add_argument("--link", help="per-host port rate (default: scaled from the measured compute by --like)")
     p.add_argument("--layer-wise", default="true,false", help="layer_wise_reduce settings to run, in order")
@@ -71,7 +80,7 @@ def parser() -> argparse.ArgumentParser:
                    help="each stretch of compute lasts PACE+1 times its CPU time (emulation.paced_caffe), so that the "
                         "ranks' compute leaves the cores to the network; auto: K+1 = 4 x ranks / cores; 0: ddl-caffe "
                         "as it is, compute and network sharing the cores")
-    p.add_argument("--rounds", type=int, default=1, help="interleaved rounds (compute-only, then each setting)")
+    p.add_argument("--rounds", type=int, default=1, help="rounds of the settings, each on a fresh cluster")
     p.add_argument("--queue", default="100ms", help="tbf latency (the port's queue), as emulation.rehearsal")
     p.add_argument("--memory-margin", type=float, default=0.9,
                    help="refuse to start when the ranks' estimated memory exceeds this share of MemAvailable")
@@ -163,16 +172,12 @@ def iterations(log: str) -> list[tuple[float, int, float]]:
     return out
 
 
-def steady_seconds(logs: list[str]) -> tuple[float, int]:
-    """The median iteration time over the iterations every log ran at once (after the warm-up), and how many."""
-    runs = [[x for x in iterations(log) if x[1] >= WARMUP] for log in logs]
-    if any(not r for r in runs):
+def steady_seconds(log: str) -> float:
+    """The median iteration time of one log after the warm-up."""
+    timed = [lapse for _, it, lapse in iterations(log) if it >= WARMUP]
+    if not timed:
         raise RuntimeError("a run logged no timed iteration; give more --iterations")
-    start, end = max(r[0][0] for r in runs), min(r[-1][0] for r in runs)
-    common = [lapse for r in runs for (at, _, lapse) in r if start <= at - lapse and at <= end]
-    if len(common) < len(runs):  # no common window (skewed starts): every timed iteration
-        common = [lapse for r in runs for (_, _, lapse) in r]
-    return statistics.median(common), len(common)
+    return statistics.median(timed)
 
 
 # -- the runs ---------------------------------------------------------------------------------------------------------
@@ -209,11 +214,11 @@ def mem_available() -> int:
     return int(re.search(r"MemAvailable:\s+(\d+) kB", text).group(1)) * 1024  # type: ignore[union-attr]
 
 
-def train_cmd(solver: Path, pace: float, hold: Path | None = None) -> list[str]:
-    """``ddl-caffe train`` on one torch thread, paced by :mod:`emulation.paced_caffe` (``pace`` 0: not at all), held
-    before its first iteration until ``hold/go`` exists when ``hold`` is given."""
-    held = ["--hold", str(hold)] if hold is not None else []
-    return [sys.executable, "-m", "emulation.paced_caffe", "--pace", f"{pace:g}", *held, "train", "--solver",
+def train_cmd(solver: Path, pace: float, block: int | None = None) -> list[str]:
+    """``ddl-caffe train`` on one torch thread, paced by :mod:`emulation.paced_caffe` (``pace`` 0: not at all);
+    with ``block``, alternating blocks of iterations alone and with the other ranks."""
+    alternating = ["--alternate", str(block)] if block else []
+    return [sys.executable, "-m", "emulation.paced_caffe", "--pace", f"{pace:g}", *alternating, "train", "--solver",
             str(solver), "--threads", "1"]
 
 
@@ -231,46 +236,27 @@ def one_rank(solver: Path, pace: float, timeout: float) -> tuple[float, int]:
         out, _ = proc.communicate(timeout=timeout)
     if proc.returncode:
         raise RuntimeError(f"one rank failed:\n{out[-3000:]}")
-    return steady_seconds([out])[0], mem.peak
+    return steady_seconds(out), mem.peak
 
 
-def compute_only(solver: Path, ranks: int, pace: float, timeout: float) -> tuple[float, int]:
-    """``ranks`` concurrent single-rank trainings (no communication): their steady iteration time, peak memory."""
-    with tempfile.TemporaryDirectory(prefix="caffe-rehearsal-hold-") as hold:
-        procs = [subprocess.Popen(train_cmd(solver, pace, Path(hold)), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, cwd=ROOT) for _ in range(ranks)]
-        # They start training together, once every one has imported torch and built its net (as a world of N
-        # ranks does in init), so no rank's timed iterations share the cores with the others' start-up.
-        logs = [""] * ranks
-        readers = [threading.Thread(target=_collect, args=(p, logs, i), daemon=True) for i, p in enumerate(procs)]
-        for t in readers:
-            t.start()
-        deadline = time.monotonic() + timeout
-        while len(list(Path(hold).glob("ready-*"))) < ranks:
-            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
-        (Path(hold) / "go").touch()
-        with MemoryWatch([p.pid for p in procs]) as mem:
-            for p, t in zip(procs, readers, strict=True):
-                p.wait(timeout=timeout)
-                t.join()
-        for p, log in zip(procs, logs, strict=True):
-            if p.returncode:
-                raise RuntimeError(f"a compute-only rank failed:\n{log[-3000:]}")
-    return steady_seconds(logs)[0], mem.peak
+def split_blocks(log: str, block: int) -> tuple[list[float], list[float]]:
+    """Rank 0's iteration times in the blocks computing alone and in those averaging diffs (``--alternate``): the
+    warm-up and each block's first iteration (the switch, the barrier) left out."""
+    alone, together = [], []
+    for _, it, lapse in iterations(log):
+        if it < WARMUP or it % block == 0:
+            continue
+        (alone if (it // block) % 2 == 0 else together).append(lapse)
+    return alone, together
 
 
-def _collect(proc: subprocess.Popen[str], logs: list[str], i: int) -> None:
-    assert proc.stdout is not None
-    logs[i] = proc.stdout.read()
-
-
-def distributed(cluster: Cluster, solver: Path, calibration: Path, pace: float, timeout: float) -> dict[str, Any]:
-    """The N-rank ``ddl-caffe train`` on the cluster: steady iteration time, the exchange's own figures, harness."""
+def distributed(cluster: Cluster, solver: Path, calibration: Path, pace: float, block: int,
+                timeout: float) -> dict[str, Any]:
+    """The N-rank ``ddl-caffe train`` on the cluster, alternating blocks alone and together: the median iteration
+    time of each, the exchange's own figures, what the links and cores did."""
     ranks = len(cluster.hosts) * cluster.ranks_per_host
     argv = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(ranks), "-H", cluster.host_list(), "--calibration",
-            str(calibration), *train_cmd(solver, pace)]
+            str(calibration), *train_cmd(solver, pace, block)]
     before, drops0, resent0 = cluster.counters(), qdisc_drops(cluster), retransmissions(cluster)
     with CoreWatch() as cores:
         proc = subprocess.run(cluster.launch_argv(argv), env=cluster.env(), capture_output=True, text=True,
@@ -279,9 +265,12 @@ def distributed(cluster: Cluster, solver: Path, calibration: Path, pace: float, 
     log = proc.stdout + proc.stderr
     if proc.returncode:
         raise RuntimeError(f"the {ranks}-rank job failed ({proc.returncode}):\n{log[-4000:]}")
-    step, timed = steady_seconds([log])
+    alone, together = split_blocks(log, block)
+    if not alone or not together:
+        raise RuntimeError(f"the {ranks}-rank job timed no iteration alone or together; give more --iterations")
     m = _EXCHANGE.search(log)
-    return {"step_s": step, "timed_iterations": timed, "cores": cores.shares(),
+    return {"compute_s": statistics.median(alone), "step_s": statistics.median(together), "alone_s": alone,
+            "together_s": together, "cores": cores.shares(),
             "exchange": {"how": m.group(1), "span_ms": float(m.group(2)), "exposed_ms": float(m.group(3)),
                          "hidden_percent": float(m.group(4))} if m else None,
             "veth_bytes": {h: [after[h][0] - before[h][0], after[h][1] - before[h][1]] for h in after},
@@ -326,8 +315,8 @@ def report(paths: list[str], plot: str | None) -> int:
         for lw, style in (("true", "o-"), ("false", "s--")):
             pts = sorted((rec["hosts"], 100 * row["runs"][lw]["efficiency"]) for rec in records
                          for row in rec["rounds"] if lw in row["runs"])
-            plan = sorted((rec["hosts"], 100 * (row["plan"]["efficiency"] if lw == "true" else
-                                                row["plan"]["efficiency_no_overlap"]))
+            plan = sorted((rec["hosts"], 100 * (row["runs"][lw]["plan"]["efficiency"] if lw == "true" else
+                                                row["runs"][lw]["plan"]["efficiency_no_overlap"]))
                           for rec in records for row in rec["rounds"] if lw in row["runs"])
             label = "layer_wise_reduce: " + lw
             if pts:
@@ -382,26 +371,22 @@ def main(argv: list[str] | None = None) -> int:
                                   "ranks_per_host": args.ranks_per_host, "batch": args.batch, "ranks": ranks,
                                   "gradient_bytes": grad_bytes, "blobs": len(sizes), "one_rank_s": alone,
                                   "private_bytes": private, "like": args.like, "pace": pace, "rounds": []}
+        rate = args.link or f"{max(1, int(link_rate(grad_bytes, args.hosts, alone, args.like) * 8 / 1e6))}mbit"
+        record["link"] = rate
         for r in range(args.rounds):
-            load0 = os.getloadavg()[0]
-            compute, peak = compute_only(solvers[settings[0]], ranks, pace, args.timeout)
-            rate = args.link or f"{max(1, int(link_rate(grad_bytes, args.hosts, compute, args.like) * 8 / 1e6))}mbit"
-            print(f"round {r + 1}: {ranks} ranks computing alone: {compute:.3f} s per iteration ({peak / 2**30:.1f} "
-                  f"GiB private); links {rate}", flush=True)
-            row: dict[str, Any] = {"compute_s": compute, "compute_peak_bytes": peak, "link": rate, "load_start": load0,
-                                   "runs": {}}
+            row: dict[str, Any] = {"load_start": os.getloadavg()[0], "runs": {}}
             calibration = work / f"calibration-{r}.json"
             with Cluster(hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate=rate, burst="128kb",
                          latency=args.queue) as cluster:
                 for layer_wise in settings:
-                    got = distributed(cluster, solvers[layer_wise], calibration, pace, args.timeout)
-                    got["efficiency"] = compute / got["step_s"]
+                    got = distributed(cluster, solvers[layer_wise], calibration, pace, args.block, args.timeout)
+                    got["efficiency"] = got["compute_s"] / got["step_s"]
+                    got["plan"] = predicted(sizes, dims, calibration, got["compute_s"])
                     row["runs"][str(layer_wise).lower()] = got
                     hidden = got["exchange"]["hidden_percent"] if got["exchange"] else float("nan")
-                    print(f"round {r + 1}: layer_wise_reduce {str(layer_wise).lower()}: {got['step_s']:.3f} s per "
-                          f"iteration, efficiency {got['efficiency']:.1%}, {hidden:.0f} % of the reduction hidden "
-                          f"behind backward", flush=True)
-            row["plan"] = predicted(sizes, dims, calibration, compute)
+                    print(f"round {r + 1}: layer_wise_reduce {str(layer_wise).lower()}: alone {got['compute_s']:.3f} "
+                          f"s, together {got['step_s']:.3f} s per iteration: efficiency {got['efficiency']:.1%}, "
+                          f"{hidden:.0f} % of the reduction hidden behind backward", flush=True)
             row["load_end"] = os.getloadavg()[0]
             record["rounds"].append(row)
     (out / f"{stem}.json").write_text(json.dumps(record, indent=1))
@@ -411,19 +396,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def table(records: list[dict[str, Any]]) -> list[str]:
     """One row per (cluster, round, layer_wise_reduce): measured and ``ddl plan``'s figures."""
-    lines = [f"{'hosts x ranks':>13} {'batch':>5} {'pace':>4} {'link':>9} {'compute s':>9} {'layer_wise':>10} {'step s':>8} "
-             f"{'eff %':>6} {'hidden %':>8} {'plan s':>8} {'plan %':>6} {'m/p':>5} {'load':>9}"]
+    lines = [f"{'hosts x ranks':>13} {'batch':>5} {'pace':>4} {'link':>9} {'layer_wise':>10} {'alone s':>8} "
+             f"{'step s':>8} {'eff %':>6} {'hidden %':>8} {'plan s':>8} {'plan %':>6} {'m/p':>5} {'load':>9}"]
     for rec in records:
         for row in rec["rounds"]:
             for lw, got in row["runs"].items():
-                plan_s = row["plan"]["step_s"] if lw == "true" else row["plan"]["step_no_overlap_s"]
-                plan_e = row["plan"]["efficiency"] if lw == "true" else row["plan"]["efficiency_no_overlap"]
+                plan = got["plan"]
+                plan_s = plan["step_s"] if lw == "true" else plan["step_no_overlap_s"]
+                plan_e = plan["efficiency"] if lw == "true" else plan["efficiency_no_overlap"]
                 hidden = got["exchange"]["hidden_percent"] if got.get("exchange") else float("nan")
                 lines.append(f"{rec['hosts']:>7} x {rec['ranks_per_host']:<3} {rec['batch']:>5} {rec['pace']:>4g} "
-                             f"{row['link']:>9} "
-                             f"{row['compute_s']:9.3f} {lw:>10} {got['step_s']:8.3f} {100 * got['efficiency']:6.1f} "
-                             f"{hidden:8.0f} {plan_s:8.3f} {100 * plan_e:6.1f} {got['step_s'] / plan_s:5.2f} "
-                             f"{row['load_start']:4.1f}-{row['load_end']:<4.1f}")
+                             f"{rec['link']:>9} {lw:>10} {got['compute_s']:8.3f} {got['step_s']:8.3f} "
+                             f"{100 * got['efficiency']:6.1f} {hidden:8.0f} {plan_s:8.3f} {100 * plan_e:6.1f} "
+                             f"{got['step_s'] / plan_s:5.2f} {row['load_start']:4.1f}-{row['load_end']:<4.1f}")
     return lines
 
 

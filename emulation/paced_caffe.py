@@ -9,8 +9,9 @@ than a core, and the network stack and the allreduce, which run on the cores, fi
 beside an accelerator. Measured in CPU time, a stretch lasts the same however busy the machine is (unless the load
 delays it past its due time). ``K = 0`` is ``ddl-caffe`` itself.
 
-``--hold DIR``: once its solver is built, the process writes ``DIR/ready-<pid>`` and waits for ``DIR/go`` (the
-rehearsal's N processes computing alone start training together).
+``--alternate B``: blocks of B iterations alternate between
+each rank computing alone (the first block) and the ranks averaging their diffs, all ranks starting each block
+together: the rehearsal's compute-only time and its step, from one job.
 
 Example (what ``emulation.caffe_rehearsal --pace`` runs on every rank):
     python -m emulation.paced_caffe --pace 15 train --solver solver.prototxt --threads 1
@@ -90,33 +91,38 @@ def install(k: float) -> Pacer:
     return pacer
 
 
-def hold_start(folder: str, timeout: float = 1800.0) -> None:
-    """Make every Solver wait, once built, until ``folder/go`` exists (after writing ``folder/ready-<pid>``): processes
-    started together begin training together, not while the others still import torch."""
-    import os
-    from pathlib import Path
-
+def alternate(block: int) -> None:
+    """Make every Solver alternate blocks of ``block`` iterations with the other ranks and without them: in the
+    first block and every other one its diffs stay its own (each rank computing alone, its exchange set aside), in
+    the others they are averaged as usual. All ranks wait for each other at each block's start, so both kinds of
+    block run with the same processes on the same cores, one after the other."""
+    import ddl
     from ddl.caffe.solver.solver import Solver
 
-    solve = Solver.solve
+    step = Solver.step
 
-    def held_solve(self: Solver, *args: Any, **kwargs: Any) -> None:
-        where = Path(folder)
-        (where / f"ready-{os.getpid()}").touch()
-        deadline = time.monotonic() + timeout
-        while not (where / "go").exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"paced_caffe: no {where / 'go'} after {timeout:g} s")
-            time.sleep(0.1)
-        solve(self, *args, **kwargs)
+    def alternating_step(self: Solver, iters: int, *, on_iter: Any = None) -> None:
+        stop = self.iter + iters
+        while self.iter < stop:
+            n = min(block - self.iter % block, stop - self.iter)
+            exchange = self.exchange
+            if exchange is not None and (self.iter // block) % 2 == 0:
+                exchange.reducer.no_sync = True  # its hooks only accumulate
+                self.exchange = None
+            if ddl.is_initialized() and ddl.size() > 1:
+                ddl.barrier()
+            try:
+                step(self, n, on_iter=on_iter)
+            finally:
+                self.exchange = exchange
 
-    Solver.solve = held_solve  # type: ignore[method-assign]
+    Solver.step = alternating_step  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2 or args[0] != "--pace":
-        print("usage: python -m emulation.paced_caffe --pace K [--hold DIR] <ddl-caffe arguments>", file=sys.stderr)
+        print("usage: python -m emulation.paced_caffe --pace K [--alternate B] <ddl-caffe arguments>", file=sys.stderr)
         return 2
     try:
         k = float(args[1])
@@ -132,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     reuse_freed_memory()
     install(k)
     rest = args[2:]
-    if rest[:1] == ["--hold"]:
-        hold_start(rest[1])
+    if rest[:1] == ["--alternate"]:
+        alternate(int(rest[1]))
         rest = rest[2:]
     return caffe_main(rest)
 

@@ -37,21 +37,19 @@ def test_a_deploy_net_is_made_trainable_and_its_gradients_counted(tmp_path: Path
     assert "layer_wise_reduce: false" in solvers[False].read_text() and "display: 1" in solvers[True].read_text()
 
 
-def test_iteration_times_come_from_the_display_lines_of_the_common_window() -> None:
-    def log(start: float, lapses: list[float]) -> str:
-        at, lines = start, []
-        for i, lapse in enumerate(lapses):
-            at += lapse
-            s = at % 60
-            lines.append(f"I1206 03:{int(at // 60):02d}:{s:09.6f} 42 solver.py:231] Iteration {i} (1 iter/s, "
-                         f"{lapse}s/1 iters), loss = 6.9")
-        return "\n".join(lines)
-
-    early, late = log(0.0, [9.0, 5.0, 2.0, 2.0, 2.0, 2.0]), log(7.0, [9.0, 5.0, 3.0, 3.0, 3.0, 3.0])
-    assert [it for _, it, _ in rehearsal.iterations(early)] == [0, 1, 2, 3, 4, 5]
-    # The warm-up iterations are left out; the early run's last ones (after the late one stopped) too.
-    seconds, count = rehearsal.steady_seconds([early, late])
-    assert count >= 2 and 2.0 <= seconds <= 3.0
+def test_iteration_times_come_from_the_display_lines_of_blocks_alone_and_together() -> None:
+    lapses = [9.0, 5.0, 2.0, 7.0, 3.0, 3.0, 8.0, 2.2, 2.1, 9.0, 3.1, 3.2, 8.0, 2.0]   # blocks of 3, the first alone
+    lines, at = [], 0.0
+    for i, lapse in enumerate(lapses):
+        at += lapse
+        lines.append(f"I1206 03:{int(at // 60):02d}:{at % 60:09.6f} 42 solver.py:231] Iteration {i} (1 iter/s, "
+                     f"{lapse}s/1 iters), loss = 6.9")
+    log = "\n".join(lines)
+    assert [it for _, it, _ in rehearsal.iterations(log)] == list(range(len(lapses)))
+    alone, together = rehearsal.split_blocks(log, 3)
+    # warm-up (0, 1) and each block's first iteration (0, 3, 6, 9, 12) left out
+    assert alone == [2.0, 2.2, 2.1, 2.0] and together == [3.0, 3.0, 3.1, 3.2]
+    assert rehearsal.steady_seconds(log) == pytest.approx(3.05)    # the median after the warm-up
 
 
 def test_the_link_keeps_ddls_compute_to_link_ratio() -> None:
