@@ -231,7 +231,7 @@ def auto_pace(ranks: int, cores: int) -> float:
 
 def one_rank(solver: Path, pace: float, timeout: float) -> tuple[float, int]:
     """One rank alone: (its steady iteration time, its peak private memory in bytes)."""
-    proc = subprocess.Popen(train_cmd(solver, pace), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+    proc = subprocess.Popen([*train_cmd(solver, pace), "--iterations", str(WARMUP + 3)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
     with MemoryWatch([proc.pid]) as mem:
         out, _ = proc.communicate(timeout=timeout)
     if proc.returncode:
