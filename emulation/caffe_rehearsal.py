@@ -288,17 +288,26 @@ def link_rate(gradient_bytes: int, hosts: int, compute_s: float, like: str) -> f
     return 2 * (hosts - 1) / hosts * gradient_bytes / (compute_s / ratio)
 
 
-def predicted(sizes: list[int], dims: str, calibration: Path, compute_s: float) -> dict[str, float]:
-    """``ddl plan``'s step and efficiency (with overlap and without) for this cluster, net and compute."""
+def predicted(sizes: list[int], hosts: int, ranks_per_host: int, calibration: Path, compute_s: float) -> dict[str, float]:
+    """``ddl plan``'s step and efficiency, with overlap and without, for this cluster (the topology its ranks saw,
+    built from their host names; the cost model ``init`` calibrated there), net and compute."""
+    from ddl.base.config import DEFAULT_SEGMENT_BYTES
+    from ddl.base.topology import build_topology
+    from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES
     from ddl.tools import plan
 
-    args = plan.parser().parse_args(["--topology", dims, "--calibration", str(calibration), "--model",
-                                     ",".join(map(str, sizes)), "--step-ms", str(compute_s * 1e3)])
-    _, record = plan.make_plan(args)
-    step = record["step"]
-    return {"step_s": step["step_s"], "efficiency": step["efficiency"],
-            "step_no_overlap_s": step["compute_s"] + step["allreduce_s"],
-            "efficiency_no_overlap": step["efficiency_no_overlap"], "allreduce_s": step["allreduce_s"]}
+    topology = build_topology(0, [f"h{r // ranks_per_host}" for r in range(hosts * ranks_per_host)], None)
+    model, _ = plan.model_from_calibration(calibration, topology, segment_bytes=DEFAULT_SEGMENT_BYTES)
+    if not model.native_points:
+        model = plan.with_native_estimate(model, topology)
+    planned = plan.plan_step(sizes, 4, topology, model, step=compute_s, backward_fraction=2 / 3,
+                             first_cap=FIRST_BUCKET_BYTES, cap=BUCKET_BYTES,
+                             inline_bytes=plan.engine_inline_bytes(topology))
+    comm = sum(r.end - r.start for r in planned.reductions)
+    step = max(compute_s, planned.end)
+    return {"step_s": step, "efficiency": compute_s / step, "step_no_overlap_s": compute_s + comm,
+            "efficiency_no_overlap": compute_s / (compute_s + comm), "allreduce_s": comm,
+            "dims": "x".join(map(str, topology.dims))}
 
 
 def report(paths: list[str], plot: str | None) -> int:
@@ -375,13 +384,13 @@ def main(argv: list[str] | None = None) -> int:
         record["link"] = rate
         for r in range(args.rounds):
             row: dict[str, Any] = {"load_start": os.getloadavg()[0], "runs": {}}
-            calibration = work / f"calibration-{r}.json"
+            calibration = out / f"{stem}-calibration-{r}.json"  # kept: ddl plan can price the run again
             with Cluster(hosts=args.hosts, ranks_per_host=args.ranks_per_host, rate=rate, burst="128kb",
                          latency=args.queue) as cluster:
                 for layer_wise in settings:
                     got = distributed(cluster, solvers[layer_wise], calibration, pace, args.block, args.timeout)
                     got["efficiency"] = got["compute_s"] / got["step_s"]
-                    got["plan"] = predicted(sizes, dims, calibration, got["compute_s"])
+                    got["plan"] = predicted(sizes, args.hosts, args.ranks_per_host, calibration, got["compute_s"])
                     row["runs"][str(layer_wise).lower()] = got
                     hidden = got["exchange"]["hidden_percent"] if got["exchange"] else float("nan")
                     print(f"round {r + 1}: layer_wise_reduce {str(layer_wise).lower()}: alone {got['compute_s']:.3f} "
