@@ -414,10 +414,13 @@ def table(records: list[dict[str, Any]]) -> list[str]:
                 plan_s = plan["step_s"] if lw == "true" else plan["step_no_overlap_s"]
                 plan_e = plan["efficiency"] if lw == "true" else plan["efficiency_no_overlap"]
                 hidden = got["exchange"]["hidden_percent"] if got.get("exchange") else float("nan")
+                # the 1-minute load average when the round began and ended, and when each job ended
+                loads = [row["load_start"], row["load_end"]] + [g["cores"].get("load_average", row["load_start"])
+                                                                for g in row["runs"].values()]
                 lines.append(f"{rec['hosts']:>7} x {rec['ranks_per_host']:<3} {rec['batch']:>5} {rec['pace']:>4g} "
                              f"{rec['link']:>9} {lw:>10} {got['compute_s']:8.3f} {got['step_s']:8.3f} "
                              f"{100 * got['efficiency']:6.1f} {hidden:8.0f} {plan_s:8.3f} {100 * plan_e:6.1f} "
-                             f"{got['step_s'] / plan_s:5.2f} {row['load_start']:4.1f}-{row['load_end']:<4.1f}")
+                             f"{got['step_s'] / plan_s:5.2f} {min(loads):4.1f}-{max(loads):<4.1f}")
     return lines
 
 
