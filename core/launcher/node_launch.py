@@ -74,7 +74,7 @@ def manual_argv(argv: list[str]) -> list[str]:
 # -- node 0 ------------------------------------------------------------------------------------
 
 def run_master(place: NodePlace, make_launch: Callable[[list[tuple[str, int]]], Launch], *, timeout: float,
-               report: Report, hostname: str | None = None) -> int:
+               report: Report, proxy_env: Mapping[str, str], hostname: str | None = None) -> int:
     """Collect the nodes, start the world over them, run proxy 0; returns the job's exit status.
 
     Args:
@@ -82,6 +82,7 @@ def run_master(place: NodePlace, make_launch: Callable[[list[tuple[str, int]]], 
         make_launch: the mpiexec launch for the joined hosts ((name, ranks) in node order).
         timeout: seconds to wait for every node to join.
         report: prints a line of ddlrun's log.
+        proxy_env: the environment of this node's own proxy, which its ranks inherit.
 
     Raises:
         NodeLaunchError: nodes missing at the timeout, the port is taken, or mpiexec printed
@@ -101,7 +102,7 @@ def run_master(place: NodePlace, make_launch: Callable[[list[tuple[str, int]]], 
         roster = _collect(server, roster, connections, timeout=timeout, report=report)
         server.close()
         launch = make_launch(hosts_argument(roster))
-        return _run_world(place, launch, connections, report=report)
+        return _run_world(place, launch, connections, report=report, proxy_env=proxy_env)
     finally:
         server.close()
         for conn in connections.values():
@@ -153,7 +154,8 @@ def _collect(server: socket.socket, roster: Roster, connections: dict[int, socke
     return roster
 
 
-def _run_world(place: NodePlace, launch: Launch, connections: dict[int, socket.socket], *, report: Report) -> int:
+def _run_world(place: NodePlace, launch: Launch, connections: dict[int, socket.socket], *, report: Report,
+               proxy_env: Mapping[str, str]) -> int:
     argv = manual_argv(launch.argv)
     report(f"all {place.nnodes} nodes joined; starting {len(argv) and argv[0]} with the manual launcher")
     mpiexec = subprocess.Popen(argv, env=launch.env, stdout=subprocess.PIPE)
@@ -172,7 +174,7 @@ def _run_world(place: NodePlace, launch: Launch, connections: dict[int, socket.s
         for rank, conn in connections.items():
             with contextlib.suppress(OSError):
                 conn.sendall(encode(Assign(tuple(reachable_proxy(proxies[rank], place.master_addr)))))
-        own = subprocess.Popen(proxies[0], env=launch.env)
+        own = subprocess.Popen(proxies[0], env=dict(proxy_env))
         pump = threading.Thread(target=_copy, args=(mpiexec.stdout, sys.stdout.buffer), daemon=True)
         pump.start()
         lost = _watch_nodes(mpiexec, connections)
@@ -322,6 +324,9 @@ def _follow(proxy: subprocess.Popen[bytes], reader: IO[bytes], *, report: Report
         return LOST_NODE_STATUS
     listener.join(timeout=DONE_GRACE_S)
     _end(proxy, grace=10.0)
+    if "gone" in outcome:
+        report(f"node 0 went away as this node's ranks ended (proxy status {proxy.returncode})")
+        return LOST_NODE_STATUS
     if "status" not in outcome:
         report(f"no status from node 0 within {DONE_GRACE_S:.0f} s after this node's ranks ended")
         code = proxy.returncode or LOST_NODE_STATUS

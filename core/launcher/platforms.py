@@ -138,18 +138,22 @@ def run_nodes(place: NodePlace, *, command: tuple[str, ...], settings: Mapping[s
         if not place.is_master:
             return run_node(place, env=base_env, timeout=timeout, report=report)
 
+        # hydra runs with -genvnone: each node's ranks keep their own environment (its DDL_HOSTNAME
+        # too), and get only what ddlrun's flags set, the same on every node.
+        own_env = {name: value for name, value in base_env.items() if not name.startswith("DDL_")}
+
         def make_launch(hosts: list[tuple[str, int]]) -> Launch:
             given: dict[str, Any] = dict(settings)
             options = LaunchOptions(np=place.np, command=command, hosts=tuple(HostSlots(n, s) for n, s in hosts),
                                     verbose=verbose, **given)
-            launch = build_launch(options, mpi=mpi, cpu_count=cpu_count, base_env=base_env,
+            launch = build_launch(options, mpi=mpi, cpu_count=cpu_count, base_env=own_env,
                                   python_executable=python_executable, is_root=is_root)
             if verbose:
                 for note in launch.notes:
                     report(note)
             return launch
 
-        return run_master(place, make_launch, timeout=timeout, report=report)
+        return run_master(place, make_launch, timeout=timeout, report=report, proxy_env=base_env)
     except NodeLaunchError as exc:
         report(f"error: {exc}")
         return NOT_READY
