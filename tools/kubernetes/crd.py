@@ -145,9 +145,8 @@ def _check_object(value: dict[str, Any], schema: Mapping[str, Any], path: str, e
             _check(item, properties[name], where, errors)
         elif isinstance(extra, Mapping):
             _check(item, extra, where, errors)
-        elif extra is True or schema.get("x-kubernetes-preserve-unknown-fields"):
-            continue
-        elif embedded and name in ("apiVersion", "kind", "metadata"):
+        elif (extra is True or schema.get("x-kubernetes-preserve-unknown-fields")
+              or embedded and name in ("apiVersion", "kind", "metadata")):
             continue
         elif properties or extra is False or schema.get("type") == "object":
             known = ", ".join(sorted(properties)) or "none"
@@ -193,10 +192,6 @@ def _bound(keyword: str, test: Any, measure: Any, words: str) -> Any:
         if size is not None and not test(size, schema[keyword]):
             errors.append(f"{path}: {words} {schema[keyword]} ({size})")
     return check
-
-
-def _length(value: Any) -> int | None:
-    return len(value) if isinstance(value, (str, list, dict)) else None
 
 
 def _number(value: Any) -> float | None:
