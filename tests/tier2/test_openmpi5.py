@@ -143,13 +143,13 @@ def mpijob(venv: Path) -> Iterator[MpiJobPods]:
 
 
 def test_an_mpijob_trains_under_open_mpi_5_with_ddlrun_and_no_flag(venv: Path, mpijob: MpiJobPods) -> None:
-    """Launcher first, workers 3 s later: ddlrun reads /etc/mpi/hostfile, waits, passes the hosts itself."""
+    """Launcher first, workers 10 s later: ddlrun reads /etc/mpi/hostfile, waits, passes the hosts itself."""
     mpijob.start_launcher()
     before = mpijob.counters()
     start = time.monotonic()
     run = mpijob.popen(mpijob.launcher, [str(venv / "bin" / "ddlrun"), "python", str(WORKERS / "worker_pods.py"),
                                          "numpy"], cwd=str(ROOT))
-    time.sleep(3)
+    time.sleep(10)
     mpijob.start_workers()
     out, err = run.communicate(timeout=240)
     print(f"Open MPI 5 MPIJob: {time.monotonic() - start:.1f} s", *equivalence(out, 3), err[-1500:], sep="\n")
