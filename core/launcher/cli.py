@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         given = typed or (pod.hosts if pod else ())
         np_, hosts, where = placement(args.np if place is None else place.np, given, job)
         where = [*(pod.notes if pod else []), *where]
-        wait = kubernetes.wait_timeout(args.wait_for_workers, on_platform=pod is not None)
+        wait = kubernetes.wait_timeout(args.wait_for_workers, on_platform=pod is not None and pod.in_mpijob)
         options = LaunchOptions(
             np=np_,
             command=tuple(command),
@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             **{field: getattr(args, field) for field in FLAGGED if field != "verbose"},
         )
         validate_options(options)
-        if not wait:
-            check_resolvable(typed)  # names the user typed; a scheduler's own are its business
+        if not wait:  # names the user typed or set (a scheduler's own are its business)
+            check_resolvable(typed or (pod.hosts if pod else ()))
     except (LaunchError, HostListError) as exc:
         if not command:
             parser.print_usage(sys.stderr)

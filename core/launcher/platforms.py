@@ -53,6 +53,7 @@ class PodHosts:
     hosts: tuple[HostSlots, ...]
     notes: list[str]
     hostfile: MpiJobHostfile
+    in_mpijob: bool  # K_MPI_JOB_ROLE=launcher: workers may not run yet, so ddlrun waits for them
 
 
 def report(line: str) -> None:
@@ -70,7 +71,7 @@ def mpijob_hosts(job: JobEnv) -> PodHosts | None:
         return None
     hosts = read_hostfile(hostfile.path)
     return PodHosts(hosts=hosts, notes=[f"hosts {format_host_list(hosts)} from {hostfile.path} ({hostfile.source})"],
-                    hostfile=hostfile)
+                    hostfile=hostfile, in_mpijob=job.mpijob_role == "launcher")
 
 
 def mpijob_discovery(args: Any, job: JobEnv) -> None:

@@ -323,6 +323,16 @@ def test_hosts_given_on_the_command_line_win_over_the_pods(
     assert argv[argv.index("-hosts") + 1] == "a:1,b:1"
 
 
+def test_a_hostfile_variable_outside_an_mpijob_is_read_but_not_waited_for(
+        launcher_pod: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("K_MPI_JOB_ROLE")
+    launcher_pod.write_text("nosuchhost.invalid:2\n")
+    monkeypatch.setattr(platforms, "probe_host", lambda *a, **k: pytest.fail("no wait outside an MPIJob"))
+    assert cli.main(["python", "t.py"]) == 2
+    assert "host 'nosuchhost.invalid' does not resolve" in capsys.readouterr().err
+    assert Recorder.launched == []
+
+
 # -- Open MPI's settings ----------------------------------------------------------------------------
 
 OMPI5 = MpiInfo(flavour="openmpi", mpiexec="/v/bin/mpirun", library="Open MPI v5.0.11, package: Open MPI")
