@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: Kubeflow Trainer's PET_* variables)")
     for name, variable in NODE_FLAGS.items():
         dash = name.replace("_", "-")
-        group.add_argument(f"--{dash}", f"--{name}", dest=name, metavar=variable.removeprefix("PET_"),
+        spellings = dict.fromkeys([f"--{dash}", f"--{name}"])  # torchrun takes both
+        group.add_argument(*spellings, dest=name, metavar=variable.removeprefix("PET_"),
                            help=f"torchrun's --{dash} ({variable})")
     parser.add_argument("--wait-for-workers", dest="wait_for_workers", type=float, metavar="SECONDS",
                         help="wait this long for the hosts to resolve and accept ssh (and, without ssh, for "
