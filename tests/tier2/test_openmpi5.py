@@ -75,7 +75,7 @@ def ddlrun(venv: Path, *args: str, timeout: float = 180, env: dict[str, str] | N
 
 def equivalence(stdout: str, ranks: int) -> list[str]:
     """Every rank trained like one process and holds the same weights; returns the lines."""
-    lines = re.findall(rf"EQUIV \w+ ranks={ranks} max_abs_diff=(\S+) identical=(\w+) digest=(\w+)", stdout)
+    lines = re.findall(rf"EQUIV \w+ ranks={ranks} max_abs_diff=([0-9.e+-]+) identical=(yes|no) digest=([0-9a-f]{{16}})", stdout)
     assert len(lines) == ranks, stdout[-3000:]
     assert all(float(diff) <= 1e-6 and same == "yes" for diff, same, _ in lines), lines
     assert len({digest for _, _, digest in lines}) == 1, lines
