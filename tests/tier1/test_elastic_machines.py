@@ -324,6 +324,20 @@ def test_the_first_world_waits_for_every_listed_slot_or_np() -> None:
     assert decide(first=False, plan=plan("h1"), hosts_starting=True) == jm.Wait()
 
 
+@covers("J1", "J3", "J5")
+def test_the_first_world_is_never_smaller_than_min_np_even_when_fewer_slots_are_listed() -> None:
+    """--min-np 3 --max-np 3 with 2 slots listed: wait for a third (not a world of 2 that exits 0),
+    and fail after --start-timeout; a host failing before any world (0 listed) starts nothing."""
+    two = plan("h1", "h2")
+    for starting in (True, False):
+        assert decide(plan=two, min_np=3, max_np=3, listed_slots=2, hosts_starting=starting) == jm.Wait()
+    finish = decide(plan=two, min_np=3, max_np=3, listed_slots=2, hosts_starting=False, elapsed=121)
+    assert isinstance(finish, jm.Finish) and finish.status == 1 and "--min-np 3 needs more" in finish.message
+    assert decide(plan=plan(), min_np=1, listed_slots=0, hosts_starting=False) == jm.Wait()
+    assert decide(plan=plan("h1", "h2", "h3"), min_np=3, max_np=3, listed_slots=3) == jm.StartWorld(
+        plan("h1", "h2", "h3"))
+
+
 @covers("J2", "J3")
 def test_after_the_start_timeout_the_first_world_starts_with_what_is_ready_or_the_job_fails() -> None:
     assert decide(plan=plan("h1", "h2"), elapsed=121, hosts_starting=True, listed_slots=4, max_np=4) == \
