@@ -48,6 +48,7 @@ from ddl.runtime.elastic.protocol import (
     Ping,
     ProtocolError,
     Quit,
+    RankBeat,
     RankLink,
     RankReport,
     Route,
@@ -166,6 +167,8 @@ class Agent:
                 if stub is not None:
                     self._to(stub, action.message)
                     self._forget(stub)
+            elif isinstance(action, machine.Log):
+                print(f"ddl agent on {self.host}: {action.text}", file=sys.stderr, flush=True)
             else:
                 print(f"ddl agent on {self.host}: {action.why}", file=sys.stderr, flush=True)
                 self.end()
@@ -225,11 +228,11 @@ class Agent:
         elif isinstance(message, RankLink):
             if message.pid in self.state.ranks:
                 self.links[message.pid] = sock
-                self._apply(machine.RankLinked(message.pid))
-        elif isinstance(message, RankReport):
+                self._apply(machine.RankLinked(message.pid, time.monotonic()))
+        elif isinstance(message, (RankReport, RankBeat)):
             pid = next((p for p, s in self.links.items() if s is sock), None)
             if pid is not None:
-                self._apply(machine.RankSaid(pid, message))
+                self._apply(machine.RankSaid(pid, message, time.monotonic()))
         return None
 
     def _to(self, sock: socket.socket, message: Message) -> None:

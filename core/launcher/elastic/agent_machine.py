@@ -23,6 +23,7 @@ from ddl.runtime.elastic.protocol import (
     Message,
     Ping,
     Quit,
+    RankBeat,
     RankEnded,
     RankProgress,
     RankReport,
@@ -50,6 +51,9 @@ TRANSITIONS: dict[str, str] = {
     "A13": "a rank told of a lost host is still there after the grace: killed",
     "A14": "a heartbeat is due: sent",
     "A15": "nothing from ddlrun for --elastic-timeout: the agent ends its host's ranks (fences itself)",
+    "A16": "a rank's own heartbeat (or any word from it) arrived: it is alive, however slow its steps",
+    "A17": "a linked rank silent for the rank bound (stopped, or not scheduled: frozen): killed, ddlrun learns "
+           "it was frozen",
 }
 
 
@@ -61,6 +65,7 @@ class RankEntry:
     linked: bool = False
     killed_because: EndCause | None = None
     kill_at: float | None = None  # told its world lost a host: killed then if still running
+    heard: float = 0.0  # its last word (link, report, beat); judged once it linked
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -96,12 +101,16 @@ class RankForked:
 @dataclasses.dataclass(frozen=True)
 class RankLinked:
     pid: int
+    at: float
 
 
 @dataclasses.dataclass(frozen=True)
 class RankSaid:
+    """A rank's report or heartbeat arrived at ``at``."""
+
     pid: int
-    report: RankReport
+    report: RankReport | RankBeat
+    at: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +173,14 @@ class EndAgent:
     why: str
 
 
-AgentAction = KillRank | TellSupervisor | TellRank | TellStub | EndAgent
+@dataclasses.dataclass(frozen=True)
+class Log:
+    """A line for the agent's output."""
+
+    text: str
+
+
+AgentAction = KillRank | TellSupervisor | TellRank | TellStub | EndAgent | Log
 
 
 def step(state: AgentState, event: AgentEvent, timing: Timing) -> tuple[AgentState, list[AgentAction]]:
@@ -184,12 +200,16 @@ def step(state: AgentState, event: AgentEvent, timing: Timing) -> tuple[AgentSta
         return state, []
     entry = known
     if isinstance(event, RankLinked):  # A8
-        state = _with(state, dataclasses.replace(entry, linked=True))
+        state = _with(state, dataclasses.replace(entry, linked=True, heard=event.at))
         return state, [TellRank(entry.pid, HostsUpdated())] if entry.world <= state.announced_world else []
-    if isinstance(event, RankSaid):  # A9
+    if isinstance(event, RankSaid):
+        state = _with(state, dataclasses.replace(entry, heard=max(entry.heard, event.at)))  # A16
         report = event.report
-        return state, [TellSupervisor(RankProgress(host=state.host, world=entry.world, rank=entry.rank,
-                                                   step=report.step, serial=report.serial, why=report.why))]
+        if isinstance(report, RankBeat):
+            return state, []
+        return state, [TellSupervisor(RankProgress(host=state.host, world=entry.world, rank=entry.rank,  # A9
+                                                   step=report.step, serial=report.serial, reason=report.reason,
+                                                   detail=report.detail))]
     if isinstance(event, StubGone):  # A10
         return _kill(state, entry, EndCause.STUB) if entry.killed_because is None else (state, [])
     if isinstance(event, StubSignalled):  # A11
@@ -222,7 +242,7 @@ def _from_supervisor(state: AgentState, message: Ping | StopWorld | AnnounceHost
                 # Its collectives raise HorovodInternalError first (elastic.run restores and
                 # leaves); one blocked inside an MPI call is killed when the grace ends.
                 state = _with(state, dataclasses.replace(entry, kill_at=at + timing.lost_grace))
-                actions.append(TellRank(entry.pid, WorldLost(why="a host of this elastic world was lost")))
+                actions.append(TellRank(entry.pid, WorldLost(world=entry.world, lost=list(message.lost))))
         else:
             state, more = _kill(state, entry, EndCause.STOP)
             actions += more
@@ -234,10 +254,16 @@ def _tick(state: AgentState, now: float, timing: Timing) -> tuple[AgentState, li
         return state, [EndAgent(f"nothing from ddlrun for {timing.fence_after:g} s; ending this host's ranks "
                                 "(it may be cut off from the job)")]
     actions: list[AgentAction] = []
-    for entry in list(state.ranks.values()):  # A13
-        if entry.kill_at is not None and now >= entry.kill_at and entry.killed_because is None:
+    for entry in list(state.ranks.values()):
+        if entry.killed_because is not None:
+            continue
+        if entry.kill_at is not None and now >= entry.kill_at:  # A13
             state, more = _kill(state, entry, EndCause.STOP)
             actions += more
+        elif entry.linked and now - entry.heard > timing.rank_silent_after:  # A17
+            state, more = _kill(state, entry, EndCause.FROZEN)
+            actions += [Log(f"rank {entry.rank} of world {entry.world} (pid {entry.pid}) sent nothing for "
+                            f"{now - entry.heard:.1f} s (frozen: stopped, or not scheduled); killing it"), *more]
     if now >= state.next_beat:  # A14
         state = dataclasses.replace(state, beats=state.beats + 1, next_beat=now + timing.beat)
         actions.append(TellSupervisor(Beat(host=state.host, seq=state.beats)))

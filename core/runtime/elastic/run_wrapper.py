@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from ddl.base.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl.runtime.elastic.link import agent_link, world_number
-from ddl.runtime.elastic.protocol import Step
+from ddl.runtime.elastic.protocol import Reason, Step
 from ddl.runtime.elastic.state import State
 from ddl.runtime.elastic.wire import RESET_EXIT
 from ddl.runtime.lifecycle import shutdown
@@ -78,10 +78,17 @@ def run(func: F) -> F:
                 raise
             if isinstance(exc, HorovodInternalError):
                 state.restore()
-                link.report(Step.RESET, serial=state.commits, why=type(exc).__name__)
+                link.report(Step.RESET, serial=state.commits, reason=Reason.COLLECTIVE_FAILED)
                 _leave_broken_world()
-            link.report(Step.RESET, serial=state.commits, why=type(exc).__name__)
+            link.report(Step.RESET, serial=state.commits, reason=Reason.HOSTS_UPDATED)
             _leave_for_next_world()
+        except Exception as exc:
+            # The program's own error: ddlrun ends the job with it (W14) rather than take this
+            # rank's exit for a lost one (W21); the exception goes on to the interpreter's hook.
+            if link is not None:
+                link.report(Step.FAILED, serial=state.commits, reason=Reason.EXCEPTION,
+                            detail=f"{type(exc).__name__}: {exc}"[:300])
+            raise
         if link is not None:
             link.report(Step.DONE, serial=state.commits)
         return result
