@@ -86,6 +86,7 @@ class Agent:
         self.links: dict[int, socket.socket] = {}  # rank pid -> its own connection
         self.state = machine.AgentState(host=host, last_heard=time.monotonic())
         self.listener: socket.socket | None = None
+        self.socket_inode: int | None = None
 
     # -- to ddlrun ---------------------------------------------------------------------
     def tell(self, message: Message) -> None:
@@ -126,6 +127,7 @@ class Agent:
         path.unlink(missing_ok=True)  # a socket left by a crashed agent of this very list entry
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
+        self.socket_inode = path.stat().st_ino
         self.listener.listen(64)
         self.selector.register(self.listener, selectors.EVENT_READ, "listener")
         self.selector.register(self.supervisor, selectors.EVENT_READ, "supervisor")
@@ -299,6 +301,12 @@ class Agent:
             time.sleep(0.02)
         if self.listener is not None:
             self.listener.close()
+        try:
+            ours = self.socket_inode is None or (self.folder / AGENT_SOCKET).stat().st_ino == self.socket_inode
+        except OSError:
+            ours = True
+        if not ours:
+            return  # a newer agent of this host took the folder over (this one was frozen meanwhile): its, now
         shutil.rmtree(self.folder, ignore_errors=True)
         parent = self.folder.parent
         with contextlib.suppress(OSError):

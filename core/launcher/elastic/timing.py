@@ -78,10 +78,10 @@ class Timing:
     def rank_silent_after(self) -> float:
         """Silence of a linked rank (its own heartbeat thread) after which its agent kills it as frozen.
 
-        Longer than a host's: a rank's beat needs the interpreter's lock, which a long call
-        into a library (a large pickle at commit) may hold for a while; a rank frozen with
-        its agent (a whole host stopped) is caught by the agent's beats first."""
-        return 2 * self.elastic_timeout
+        Longer than a host's (:attr:`lost_after`): a rank's beat needs the interpreter's lock,
+        which a long call into a library (a large pickle at a commit) may hold for a while; a
+        rank frozen with its agent (a whole host stopped) is caught by the agent's beats first."""
+        return self.elastic_timeout
 
     @property
     def settle(self) -> float:

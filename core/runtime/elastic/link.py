@@ -71,7 +71,7 @@ class AgentLink:
                           "resumes from the last commit", file=sys.stderr, flush=True)
                     if engine is not None:
                         engine.interrupt(HorovodInternalError(
-                            f"a collective failed: world {message.world} lost {lost}; elastic.run restores the "
+                            f"a collective failed: world {message.world} lost ({lost}); elastic.run restores the "
                             "last commit and the next world resumes from it"))
 
     def report(self, step: Step, *, serial: int, reason: Reason = Reason.NONE, detail: str = "") -> None:
