@@ -46,6 +46,15 @@ def _leave_for_next_world() -> None:
     os._exit(RESET_EXIT)
 
 
+def _leave_now(code: object) -> None:
+    """End this process at once with the status ``sys.exit(code)`` would give, without ``shutdown``."""
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if code is None else code if isinstance(code, int) else 1)
+
+
 def run(func: F) -> F:
     """Decorate the training function ``func(state, ...)`` of an elastic job (``hvd.elastic.run``).
 
@@ -82,6 +91,13 @@ def run(func: F) -> F:
                 _leave_broken_world()
             link.report(Step.RESET, serial=state.commits, reason=Reason.HOSTS_UPDATED)
             _leave_for_next_world()
+        except SystemExit as exc:
+            if link is None:
+                raise
+            # The program leaves mid-training (sys.exit): the others wait for it in a collective, and the
+            # agreeing shutdown at exit would wait for them; so it leaves at once, and ddlrun takes it
+            # for a lost rank (its world ends, its host is left out).
+            _leave_now(exc.code)
         except Exception as exc:
             # The program's own error: ddlrun ends the job with it (W14) rather than take this
             # rank's exit for a lost one (W21); the exception goes on to the interpreter's hook.
