@@ -262,8 +262,12 @@ class Chaos:
 
     def heal(self, hosts: tuple[str, ...], since: float) -> None:
         """List the failed hosts again after a spell off the list (a scheduler's replacement), and wait for
-        the job to grow back to every host."""
-        failed = [h for h in hosts if self.lost_since(h, since)]
+        the job to grow back to every host. A host lost that the fault did not touch is a problem of the fault."""
+        failed = [h for h in self.cluster.hosts if self.lost_since(h, since)]
+        blamed = [h for h in failed if h not in hosts]
+        if blamed and self.faults:
+            self.faults[-1].problem = f"also lost: {','.join(blamed)}"
+            self.say(f"  {','.join(blamed)} lost too, though the fault did not touch it")
         if failed:
             self.listing.write_text("".join(f"{h}:1\n" for h in self.cluster.hosts if h not in failed))
             time.sleep(2.5)  # two discovery runs see them gone
@@ -411,7 +415,11 @@ class Chaos:
         self._discovery("discovery printing garbage", "garbage", self.rng.uniform(3, 6))
 
     def kind_hanging_discovery(self) -> None:
-        self._discovery("hanging discovery", "hang", DISCOVERY_TIMEOUT + 2)
+        f = self.fault("hanging discovery", (), ends_world=False)
+        self.mode.write_text("hang\n")
+        time.sleep(3.0)  # a run starts within this and hangs until --discovery-timeout kills it
+        self.mode.write_text("ok\n")
+        self.no_world_change(f, f.at + DISCOVERY_TIMEOUT + 2.0)
 
     def kind_straggler(self) -> None:
         (h,) = self.pick()

@@ -33,7 +33,7 @@ TRANSITIONS: dict[str, str] = {
           "list known: logged when it starts failing or the reason changes; the last list is kept",
     "D4": "a list arrived after failures: logged, with how long discovery failed",
     "D5": "the first discovery failed: the job ends with the reason (no host is known)",
-    "D6": "a run took longer than --elastic-timeout: logged once per slow spell (the loop never waited for it)",
+    "D6": "a list took longer than --elastic-timeout to come: logged once per slow spell (the loop never waited)",
     "D7": "a failure repeats with the same reason: nothing new to log",
 }
 
@@ -103,11 +103,12 @@ def step(state: DiscoveryState, event: DiscoveryEvent, *, slow_after: float,
         script: the script's path, for the log lines.
     """
     actions: list[DiscoveryAction] = []
-    slow = event.seconds > slow_after
-    if slow and not state.slow:  # D6
-        actions.append(Note(f"host discovery took {event.seconds:.1f} s (the job went on meanwhile; runs start "
-                            "one after another, so new hosts are seen that much later)"))
-    state = dataclasses.replace(state, slow=slow)
+    if isinstance(event, Discovered):
+        slow = event.seconds > slow_after
+        if slow and not state.slow:  # D6
+            actions.append(Note(f"host discovery took {event.seconds:.1f} s (the job went on meanwhile; runs "
+                                "start one after another, so new hosts are seen that much later)"))
+        state = dataclasses.replace(state, slow=slow)
     if isinstance(event, DiscoveryFailed):
         if not state.known:  # D5
             return state, [*actions, FailJob(f"the first host discovery failed: {event.why}; fix {script} (it must "

@@ -28,11 +28,12 @@ TRANSITIONS: dict[str, str] = {
     "W1": "a rank was forked: counted as started",
     "W2": "a rank synced; when the last one has, the world is RUNNING (logged)",
     "W3": "rank 0's first commit is logged",
-    "W4": "a rank left after a failed collective (reason collective_failed): the others are stopped (reset)",
+    "W4": "a rank left after a failed collective (reason collective_failed): the others are stopped (reset); "
+          "a rank that ended early before it is judged at once (W14, W21, W23): it broke the collective",
     "W5": "rank 0 leaves at a commit for the next world (reason hosts_updated): logged",
     "W6": "a rank's training function returned (done): recorded",
-    "W7": "a rank was killed by a signal nobody in ddl sent, or by its agent for silence (frozen): its host "
-          "fails, the world ends (lost)",
+    "W7": "a rank was killed by a signal nobody in ddl sent: noted, judged after the settle time (MPI may crash "
+          "the survivors of a peer's loss: another end or a lost host may explain it)",
     "W8": "a rank left at a commit (status 75): the world ends (reset) and the others leave by themselves",
     "W9": "a rank ended by itself before it finished (before init, mid-step, after raising; any status but 75, "
           "or status 0 without done): noted, judged after the settle time",
@@ -53,6 +54,8 @@ TRANSITIONS: dict[str, str] = {
     "W21": "an early end no lost host explained within the settle time, of a rank that did not raise (it exited, "
            "before init or mid-step): a lost rank, its host fails, the world ends (lost)",
     "W22": "a rank's training function raised (failed): recorded with the exception, its end follows",
+    "W23": "only deaths by signal are unexplained after the settle time: their hosts fail, the world ends (lost)",
+    "W24": "a rank killed by its agent for silence (frozen): its host fails at once, the world ends (lost)",
 }
 
 
@@ -99,7 +102,7 @@ class WorldState:
     ending: Ending | None = None
     ending_since: float = 0.0
     lost_hosts: frozenset[str] = frozenset()
-    early: EarlyEnd | None = None
+    early: tuple[EarlyEnd, ...] = ()  # ranks that ended early, in the order heard; judged together
     done: frozenset[int] = frozenset()  # ranks whose training function returned
     raised: Mapping[int, str] = dataclasses.field(default_factory=dict)  # rank -> the exception it reported
     status: int = 0  # the job's status when the world ends in an error
@@ -242,6 +245,8 @@ def _progress(state: WorldState, event: RankProgress) -> tuple[WorldState, list[
     if event.step is Step.RESET and event.reason is Reason.COLLECTIVE_FAILED:  # W4
         if state.ending is not None:
             return state, []
+        if state.early:
+            return _judge(state, event.at)  # what broke the collective
         # A collective failed there: the others wait for it in one and cannot reach a commit.
         ended, actions = _end(state, Ending.RESET, event.at, StopWhy.RESET)
         return ended, [Note(f"world {state.number}: rank {event.rank} left after a failed collective "
@@ -258,21 +263,23 @@ def _progress(state: WorldState, event: RankProgress) -> tuple[WorldState, list[
 
 def _rank_ended(state: WorldState, event: RankEnded) -> tuple[WorldState, list[WorldAction]]:
     state = dataclasses.replace(state, exits={**state.exits, event.rank: RankEnd(code=event.code, cause=event.cause)})
+    if state.ending is not None:
+        return state, []  # W11
     host = state.plan.host_of(event.rank)
-    if state.ending is None and event.cause in (EndCause.SIGNAL, EndCause.FROZEN):  # W7
-        why = (f"rank {event.rank} was killed by signal {-event.code}" if event.cause is EndCause.SIGNAL else
-               f"rank {event.rank} sent no heartbeat for the rank bound (frozen: stopped, or not scheduled); "
+    if event.cause is EndCause.FROZEN:  # W24
+        why = (f"rank {event.rank} sent no heartbeat for the rank bound (frozen: stopped, or not scheduled); "
                "its agent killed it")
         failed, actions = _host_failed(state, host, why, event.at)
         return failed, [FailHost(host), *actions]
-    if state.ending is None and event.cause is EndCause.EXIT and event.code == RESET_EXIT:  # W8
+    if event.cause is EndCause.EXIT and event.code == RESET_EXIT:  # W8
         return _end(state, Ending.RESET, event.at, None)
-    if state.ending is None and state.early is None:
-        early = EarlyEnd(rank=event.rank, code=event.code, cause=event.cause, at=event.at)
-        if event.cause is EndCause.EXIT and (event.code != 0 or event.rank not in state.done):  # W9
-            return dataclasses.replace(state, early=early), []
-        if event.cause is EndCause.STUB:  # W10: MPI_Abort, or a lost host that will show within the settle time
-            return dataclasses.replace(state, early=early), []
+    early = (*state.early, EarlyEnd(rank=event.rank, code=event.code, cause=event.cause, at=event.at))
+    if event.cause is EndCause.SIGNAL:  # W7
+        return dataclasses.replace(state, early=early), []
+    if event.cause is EndCause.EXIT and (event.code != 0 or event.rank not in state.done):  # W9
+        return dataclasses.replace(state, early=early), []
+    if event.cause is EndCause.STUB:  # W10: MPI_Abort, or a lost host that will show within the settle time
+        return dataclasses.replace(state, early=early), []
     return state, []  # W11
 
 
@@ -280,14 +287,8 @@ def _tick_live(state: WorldState, event: Tick, timing: Timing) -> tuple[WorldSta
     now, n = event.now, state.plan.np
     if len(state.exits) == n and all(end.code == 0 for end in state.exits.values()):  # W13
         return _end(state, Ending.DONE, now, None)
-    early = state.early
-    if early is not None and now - early.at > timing.settle:
-        if early.cause is EndCause.STUB or early.rank in state.raised or early.rank in state.done:  # W14
-            return _program_error(state, early, now)
-        host = state.plan.host_of(early.rank)  # W21
-        failed, actions = _host_failed(state, host, f"rank {early.rank} exited with status {early.code} before it "
-                                                    "finished (a lost rank)", now)
-        return failed, [FailHost(host), *actions]
+    if state.early and now - state.early[0].at > timing.settle:
+        return _judge(state, now)
     if event.mpiexec_code is not None and len(state.exits) < n:  # W15
         since = state.mpiexec_ended_at if state.mpiexec_ended_at is not None else now
         state = dataclasses.replace(state, mpiexec_ended_at=since)
@@ -307,6 +308,30 @@ def _tick_live(state: WorldState, event: Tick, timing: Timing) -> tuple[WorldSta
             Note(f"world {state.number}: hosts changed, next world {desired}; every rank leaves at its next commit"),
             Announce(state.number)]
     return state, []
+
+
+def _judge(state: WorldState, now: float) -> tuple[WorldState, list[WorldAction]]:
+    """What the early ends of this world mean, no lost host having explained them: an error of the
+    program (W14) first; else the first rank that exited by itself is a lost rank (W21), and the
+    deaths by signal that followed are taken for what its loss did to MPI; else the hosts of the
+    ranks killed by a signal fail (W23)."""
+    for early in state.early:
+        if early.cause is EndCause.STUB or early.rank in state.raised or early.rank in state.done:  # W14
+            return _program_error(state, early, now)
+    exited = [e for e in state.early if e.cause is EndCause.EXIT]
+    if exited:  # W21
+        early = exited[0]
+        host = state.plan.host_of(early.rank)
+        failed, lost = _host_failed(state, host, f"rank {early.rank} exited with status {early.code} before it "
+                                                 "finished (a lost rank)", now)
+        return failed, [FailHost(host), *lost]
+    actions: list[WorldAction] = []  # W23
+    for early in state.early:
+        host = state.plan.host_of(early.rank)
+        if host not in state.lost_hosts:
+            state, more = _host_failed(state, host, f"rank {early.rank} was killed by signal {-early.code}", now)
+            actions += [FailHost(host), *more]
+    return state, actions
 
 
 def _program_error(state: WorldState, early: EarlyEnd, now: float) -> tuple[WorldState, list[WorldAction]]:
