@@ -85,6 +85,23 @@ class Fault:
         return max(0, self.last_step - self.resumed_after)
 
 
+@dataclasses.dataclass
+class Rejoin:
+    """A failed host listed again: seconds to the first step with it, its agent's preload, a commit interval."""
+
+    host: str
+    seconds: float | None
+    preload: float | None
+    commit_interval: float
+
+    @property
+    def beyond(self) -> float | None:
+        """Seconds past preload + one commit interval (the new world's start and sync)."""
+        if self.seconds is None:
+            return None
+        return self.seconds - (self.preload or 0.0) - self.commit_interval
+
+
 class Job:
     """``ddlrun --elastic``'s output, read by a thread, and what it says so far."""
 
@@ -170,15 +187,15 @@ class Chaos:
         self.discovery.write_text(
             "#!/bin/sh\n# the chaos run's discovery: the listing, as the mode file says\n"
             f'mode=$(cat {self.mode})\ncase "$mode" in\n'
-            '  slow*) sleep "${mode#slow }" ;;\n'
+            f'  slow*) touch {self.control}/read-mode; sleep "${{mode#slow }}" ;;\n'
             '  fail) echo "the discovery API answered 503" >&2; exit 1 ;;\n'
-            "  hang) exec sleep 100000 ;;\n"
+            f"  hang) touch {self.control}/read-mode; exec sleep 100000 ;;\n"
             '  garbage) echo "<html><body>503 Service Unavailable</body></html>"; echo "h99:many" ;;\n'
             f"esac\ncat {self.listing}\n")
         self.discovery.chmod(0o755)
         self.job: Job | None = None
         self.faults: list[Fault] = []
-        self.rejoins: list[tuple[str, float | None]] = []  # host, seconds from relisting to its first step
+        self.rejoins: list[Rejoin] = []
         self.loads: list[float] = []
 
     # -- the job -------------------------------------------------------------------------
@@ -269,19 +286,34 @@ class Chaos:
             self.faults[-1].problem = f"also lost: {','.join(blamed)}"
             self.say(f"  {','.join(blamed)} lost too, though the fault did not touch it")
         if failed:
-            self.listing.write_text("".join(f"{h}:1\n" for h in self.cluster.hosts if h not in failed))
-            time.sleep(2.5)  # two discovery runs see them gone
-            self.listing.write_text("".join(f"{h}:1\n" for h in self.cluster.hosts))
+            self.relist(failed)
             relisted = time.time()
             full = len(self.cluster.hosts)
             found = self.j.wait(lambda: next((s for s in self.j.steps if s[2] == full and s[3] >= relisted), None),
                                 120.0)
-            for host in failed:
-                self.rejoins.append((host, found[3] - relisted if isinstance(found, tuple) else None))
+            with self.j.cond:
+                recent = [t for _, _, _, t in self.j.steps[-4 * COMMIT_EVERY:]]
+                interval = COMMIT_EVERY * float(np.median(np.diff(recent))) if len(recent) > 2 else 0.0
+                for host in failed:
+                    warm = next((float(m[1]) for t, text in self.j.events if t >= relisted
+                                 and (m := re.search(rf"agent on {host} ready \(preloaded in ([\d.]+) s\)", text))),
+                                None)
+                    self.rejoins.append(Rejoin(host, found[3] - relisted if isinstance(found, tuple) else None,
+                                               warm, interval))
             if isinstance(found, tuple):
                 self.say(f"  {','.join(failed)} rejoined {found[3] - relisted:.2f} s after being listed again")
             else:
                 self.say(f"  {','.join(failed)} did not rejoin within 120 s")
+
+    def relist(self, hosts: list[str]) -> None:
+        """Leave ``hosts`` off the list until ddlrun has seen them gone, then list them again."""
+        unlisted = time.time()
+        self.listing.write_text("".join(f"{h}:1\n" for h in self.cluster.hosts if h not in hosts))
+        for host in hosts:
+            said = f"no longer lists failed host {host};"
+            if not self.j.wait(lambda said=said: self.j.event_after(said, unlisted - 1), 60.0):  # type: ignore[misc]
+                self.say(f"  ddlrun did not see {host} leave the list within 60 s")
+        self.listing.write_text("".join(f"{h}:1\n" for h in self.cluster.hosts))
 
     def signal_host(self, host: str, sig: signal.Signals) -> None:
         for pid in self.cluster.pids(host):
@@ -369,13 +401,12 @@ class Chaos:
     def _during_rejoin(self, kind: str, trigger: Callable[[str, float], bool]) -> None:
         """A host is lost and listed again; when ``trigger(host, relisted)`` holds, another host dies."""
         x = self.kind_sigkill_host()
-        self.listing.write_text("".join(f"{h}:1\n" for h in self.cluster.hosts if h != x))
-        time.sleep(2.5)
-        self.listing.write_text("".join(f"{h}:1\n" for h in self.cluster.hosts))
+        lost_at = self.faults[-1].at
+        self.relist([x])
         relisted = time.time()
         if not self.j.wait(lambda: trigger(x, relisted), 90.0):
             self.fault(kind, (), ends_world=True).problem = "the rejoin it needs never came"
-            self.heal((x,), relisted - 5)
+            self.heal((x,), lost_at)
             return
         with self.j.cond:
             world = max(self.j.worlds)
@@ -383,7 +414,7 @@ class Chaos:
         f = self.fault(kind, (y,), ends_world=True, world=world if kind.endswith("sync") else None)
         kill_host(self.cluster, y)
         self.await_recovery(f)
-        self.heal((x, y), relisted - 5)
+        self.heal((x, y), f.at)
 
     def kind_in_sync(self) -> None:
         def starting(x: str, relisted: float) -> bool:
@@ -404,9 +435,21 @@ class Chaos:
         self.mode.write_text("ok\n")
         self.no_world_change(f, time.time() + 1.0)
 
+    def _one_run(self, kind: str, mode: str, lasts: float) -> None:
+        """One discovery run misbehaves (the script says when it read the mode); the job is watched while it lasts."""
+        f = self.fault(kind, (), ends_world=False)
+        marker = self.control / "read-mode"
+        marker.unlink(missing_ok=True)
+        self.mode.write_text(mode + "\n")
+        deadline = time.time() + 10
+        while not marker.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        self.mode.write_text("ok\n")
+        self.no_world_change(f, time.time() + lasts + 1.5)
+
     def kind_slow_discovery(self) -> None:
         s = self.rng.uniform(5, 30)
-        self._discovery(f"slow discovery ({s:.0f} s)", f"slow {s:.1f}", s + 1.5)
+        self._one_run(f"slow discovery ({s:.0f} s)", f"slow {s:.1f}", s)
 
     def kind_failing_discovery(self) -> None:
         self._discovery("failing discovery", "fail", self.rng.uniform(3, 8))
@@ -415,11 +458,7 @@ class Chaos:
         self._discovery("discovery printing garbage", "garbage", self.rng.uniform(3, 6))
 
     def kind_hanging_discovery(self) -> None:
-        f = self.fault("hanging discovery", (), ends_world=False)
-        self.mode.write_text("hang\n")
-        time.sleep(3.0)  # a run starts within this and hangs until --discovery-timeout kills it
-        self.mode.write_text("ok\n")
-        self.no_world_change(f, f.at + DISCOVERY_TIMEOUT + 2.0)
+        self._one_run("hanging discovery", "hang", DISCOVERY_TIMEOUT)
 
     def kind_straggler(self) -> None:
         (h,) = self.pick()
@@ -476,7 +515,7 @@ KINDS = ("link_down", "sigkill", "sigstop_host", "flapping_link", "two_hosts", "
 class Report:
     rc: int
     faults: list[Fault]
-    rejoins: list[tuple[str, float | None]]
+    rejoins: list[Rejoin]
     finals: dict[int, tuple[int, int, str]]
     replay_diff: float | None
     tracebacks: list[str]
@@ -501,7 +540,10 @@ class Report:
 
     def summary(self) -> str:
         digests = {d for _, _, d in self.finals.values()}
-        rejoin = [s for _, s in self.rejoins if s is not None]
+        rejoin = [r.seconds for r in self.rejoins if r.seconds is not None]
+        beyond = [r.beyond for r in self.rejoins if r.beyond is not None]
+        preload = [r.preload for r in self.rejoins if r.preload is not None]
+        interval = [r.commit_interval for r in self.rejoins]
         loads = f"{min(self.loads):.1f} to {max(self.loads):.1f}" if self.loads else "-"
         return "\n".join([
             f"{len(self.faults)} faults of {len({f.kind.split(' (')[0] for f in self.faults})} kinds over "
@@ -512,7 +554,10 @@ class Report:
             f"{RECOVERY_TARGET:g} s); most steps lost {max((f.steps_lost for f in self.faults), default=0)} "
             f"(commit interval {COMMIT_EVERY})",
             f"rejoins: {len(self.rejoins)}, worst {max(rejoin, default=0):.2f} s from being listed again to a step "
-            f"with it{'' if len(rejoin) == len(self.rejoins) else ', ' + str(len(self.rejoins) - len(rejoin)) + ' never'}",
+            f"with it{'' if len(rejoin) == len(self.rejoins) else ', ' + str(len(self.rejoins) - len(rejoin)) + ' never'}"
+            f" (agent preload up to {max(preload, default=0):.2f} s, a commit interval up to "
+            f"{max(interval, default=0):.2f} s; beyond both at most {max(beyond, default=0):.2f} s: the new world's "
+            "start and sync)",
             f"final weights: {len(self.finals)} rank(s), {'identical' if len(digests) == 1 else 'DIFFERENT'} "
             f"({', '.join(sorted(digests))}); one-process replay max |diff| "
             f"{'-' if self.replay_diff is None else f'{self.replay_diff:.3g}'} (target <= 1e-6)",
@@ -596,6 +641,9 @@ def run_chaos(*, hosts: int = 4, faults: int = 10, seed: int = 0, kinds: tuple[s
             problems.append(f"{f.kind} on {','.join(f.hosts)}: recovery {f.recovery:.2f} s")
         if f.steps_lost > COMMIT_EVERY:
             problems.append(f"{f.kind}: {f.steps_lost} steps lost")
+    for r in chaos.rejoins:
+        if r.seconds is None:
+            problems.append(f"{r.host} did not rejoin")
     if len({d for _, _, d in job.finals.values()}) != 1 or len(final_steps) != 1:
         problems.append(f"final weights differ: {job.finals}")
     if diff is None or diff > 1e-6:
@@ -635,7 +683,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "rc": report.rc, "faults": [dataclasses.asdict(f) | {"recovery": f.recovery, "steps_lost": f.steps_lost}
                                         for f in report.faults],
-            "rejoins": report.rejoins, "finals": report.finals, "replay_diff": report.replay_diff,
+            "rejoins": [dataclasses.asdict(r) for r in report.rejoins], "finals": report.finals, "replay_diff": report.replay_diff,
             "tracebacks": report.tracebacks, "loads": report.loads, "seconds": report.seconds,
             "steps": report.steps, "problems": report.problems}, indent=1))
     return 0 if not report.problems else 1

@@ -138,8 +138,9 @@ def test_a_failed_host_returns_only_when_listed_again_after_leaving_the_list() -
     m.observe(hosts("a,b,c"), now=0)
     m.fail("c", now=1)
     assert [h.name for h in m.eligible()] == ["a", "b"]
-    assert m.observe(hosts("a,b,c"), now=100) == []  # still listed: a partitioned host must not come back
-    assert m.observe(hosts("a,b"), now=101) == []
+    assert m.observe(hosts("a,b,c"), now=100) == [] and m.left == []  # still listed: a partitioned host stays out
+    assert m.observe(hosts("a,b"), now=101) == [] and m.left == ["c"]  # said once (ddlrun logs it)
+    assert m.observe(hosts("a,b"), now=101.5) == [] and m.left == []
     assert m.observe(hosts("a,b,c"), now=102) == ["c"]  # the scheduler replaced or repaired it
     assert [h.name for h in m.eligible()] == ["a", "b", "c"]
 

@@ -34,5 +34,5 @@ def test_four_faults_of_four_kinds_lose_nothing() -> None:
         assert fault.steps_lost <= COMMIT_EVERY, report.table()
     assert len(report.finals) == 4 and len({d for _, _, d in report.finals.values()}) == 1, report.finals
     assert report.replay_diff is not None and report.replay_diff <= 1e-6, report.summary()
-    assert all(seconds is not None for _, seconds in report.rejoins), report.rejoins
+    assert all(r.seconds is not None for r in report.rejoins), report.rejoins
     assert not report.problems, report.summary()

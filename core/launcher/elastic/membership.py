@@ -60,14 +60,19 @@ class Membership:
         self.failed: dict[str, float] = {}  # host -> when it may return (inf: when re-listed)
         self.failures: dict[str, int] = {}
         self._unlisted_since_failure: set[str] = set()
+        #: Failed hosts the last :meth:`observe` saw leave the list (they return when listed again).
+        self.left: list[str] = []
 
     def observe(self, hosts: Iterable[HostSlots], now: float) -> list[str]:
         """Take discovery's latest list; returns the failed hosts it lets back in."""
         self.listed = tuple(hosts)
         names = {h.name for h in self.listed}
         back = []
+        self.left = []
         for host, until in list(self.failed.items()):
             if host not in names:
+                if host not in self._unlisted_since_failure:
+                    self.left.append(host)
                 self._unlisted_since_failure.add(host)
             elif host in self._unlisted_since_failure or now >= until:
                 back.append(host)

@@ -224,6 +224,8 @@ class Supervisor:
         before = {h.name for h in self.membership.eligible()}
         for host in self.membership.observe(hosts, time.monotonic()):
             self.log(f"host {host} may take part again (listed again by discovery, or its cooldown passed)")
+        for host in self.membership.left:
+            self.log(f"discovery no longer lists failed host {host}; it may take part again once listed again")
         after = {h.name for h in self.membership.eligible()}
         if after - before and not first:
             self.log(f"discovery: new host(s) {', '.join(sorted(after - before))}")
