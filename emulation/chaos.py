@@ -87,19 +87,21 @@ class Fault:
 
 @dataclasses.dataclass
 class Rejoin:
-    """A failed host listed again: seconds to the first step with it, its agent's preload, a commit interval."""
+    """A failed host listed again: seconds from the relisting until ddlrun let it back in (discovery), its
+    agent was ready (started and preloaded), and the first step of a world with it; a commit interval then."""
 
     host: str
     seconds: float | None
-    preload: float | None
+    seen: float | None
+    ready: float | None
     commit_interval: float
 
     @property
     def beyond(self) -> float | None:
-        """Seconds past preload + one commit interval (the new world's start and sync)."""
-        if self.seconds is None:
+        """Seconds past the agent's readiness + one commit interval (the next world's start and sync)."""
+        if self.seconds is None or self.ready is None:
             return None
-        return self.seconds - (self.preload or 0.0) - self.commit_interval
+        return self.seconds - self.ready - self.commit_interval
 
 
 class Job:
@@ -295,11 +297,11 @@ class Chaos:
                 recent = [t for _, _, _, t in self.j.steps[-4 * COMMIT_EVERY:]]
                 interval = COMMIT_EVERY * float(np.median(np.diff(recent))) if len(recent) > 2 else 0.0
                 for host in failed:
-                    warm = next((float(m[1]) for t, text in self.j.events if t >= relisted
-                                 and (m := re.search(rf"agent on {host} ready \(preloaded in ([\d.]+) s\)", text))),
-                                None)
+                    seen = self.j.event_after(f"host {host} may take part again", relisted - 0.5)
+                    ready = self.j.event_after(f"agent on {host} ready", relisted - 0.5)
                     self.rejoins.append(Rejoin(host, found[3] - relisted if isinstance(found, tuple) else None,
-                                               warm, interval))
+                                               None if seen is None else seen - relisted,
+                                               None if ready is None else max(0.0, ready - relisted), interval))
             if isinstance(found, tuple):
                 self.say(f"  {','.join(failed)} rejoined {found[3] - relisted:.2f} s after being listed again")
             else:
@@ -542,7 +544,8 @@ class Report:
         digests = {d for _, _, d in self.finals.values()}
         rejoin = [r.seconds for r in self.rejoins if r.seconds is not None]
         beyond = [r.beyond for r in self.rejoins if r.beyond is not None]
-        preload = [r.preload for r in self.rejoins if r.preload is not None]
+        ready = [r.ready for r in self.rejoins if r.ready is not None]
+        seen = [r.seen for r in self.rejoins if r.seen is not None]
         interval = [r.commit_interval for r in self.rejoins]
         loads = f"{min(self.loads):.1f} to {max(self.loads):.1f}" if self.loads else "-"
         return "\n".join([
@@ -555,9 +558,9 @@ class Report:
             f"(commit interval {COMMIT_EVERY})",
             f"rejoins: {len(self.rejoins)}, worst {max(rejoin, default=0):.2f} s from being listed again to a step "
             f"with it{'' if len(rejoin) == len(self.rejoins) else ', ' + str(len(self.rejoins) - len(rejoin)) + ' never'}"
-            f" (agent preload up to {max(preload, default=0):.2f} s, a commit interval up to "
-            f"{max(interval, default=0):.2f} s; beyond both at most {max(beyond, default=0):.2f} s: the new world's "
-            "start and sync)",
+            f" (seen by discovery within {max(seen, default=0):.2f} s, its agent ready within "
+            f"{max(ready, default=0):.2f} s, a commit interval up to {max(interval, default=0):.2f} s; beyond ready + "
+            f"one commit interval at most {max(beyond, default=0):.2f} s: the next world's start and sync)",
             f"final weights: {len(self.finals)} rank(s), {'identical' if len(digests) == 1 else 'DIFFERENT'} "
             f"({', '.join(sorted(digests))}); one-process replay max |diff| "
             f"{'-' if self.replay_diff is None else f'{self.replay_diff:.3g}'} (target <= 1e-6)",
