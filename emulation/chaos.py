@@ -400,7 +400,7 @@ class Chaos:
         self.await_recovery(f)
         self.heal((h,), f.at)
 
-    def _during_rejoin(self, kind: str, trigger: Callable[[str, float], bool]) -> None:
+    def _during_rejoin(self, kind: str, trigger: Callable[[str, float], bool], *, starting: bool) -> None:
         """A host is lost and listed again; when ``trigger(host, relisted)`` holds, another host dies."""
         x = self.kind_sigkill_host()
         lost_at = self.faults[-1].at
@@ -413,7 +413,7 @@ class Chaos:
         with self.j.cond:
             world = max(self.j.worlds)
             (y,) = self.rng.sample([h for h in self.j.worlds[world][1] if h != x] or [self.cluster.hosts[0]], 1)
-        f = self.fault(kind, (y,), ends_world=True, world=world if kind.endswith("sync") else None)
+        f = self.fault(kind, (y,), ends_world=True, world=world if starting else None)
         kill_host(self.cluster, y)
         self.await_recovery(f)
         self.heal((x, y), f.at)
@@ -422,13 +422,13 @@ class Chaos:
         def starting(x: str, relisted: float) -> bool:
             return any(t >= relisted and x in hosts for t, hosts in self.j.worlds.values())
 
-        self._during_rejoin("fault while a new world syncs", starting)
+        self._during_rejoin("fault while a new world syncs", starting, starting=True)
 
     def kind_while_joining(self) -> None:
         def announced(x: str, relisted: float) -> bool:
             return self.j.event_after("hosts changed, next world", relisted) is not None
 
-        self._during_rejoin("fault while a host joins", announced)
+        self._during_rejoin("fault while a host joins", announced, starting=False)
 
     def _discovery(self, kind: str, mode: str, seconds: float) -> None:
         f = self.fault(kind, (), ends_world=False)

@@ -479,6 +479,30 @@ def test_other_stops_kill_the_worlds_ranks_but_not_a_newer_worlds() -> None:
     assert actions == [am.KillRank(10)] and state.ranks[20].killed_because is None
 
 
+@covers("A18", "A4")
+def test_a_rank_forked_for_a_stopped_world_is_killed_at_once() -> None:
+    state, _ = am.step(agent(), am.FromSupervisor(StopWorld(world=3, why=StopWhy.LOST, lost=["h2"]), at=1.0), T)
+    assert state.stopped_world == 3
+    state, actions = am.step(state, am.RankForked(pid=10, world=3, rank=1), T)  # its stub came late
+    assert actions == [am.TellSupervisor(RankStarted(host="h1", world=3, rank=1, pid=10)), am.KillRank(10)]
+    assert state.ranks[10].killed_because is EndCause.STOP
+    _, actions = am.step(state, am.RankForked(pid=11, world=4, rank=1), T)  # the next world's
+    assert actions == [am.TellSupervisor(RankStarted(host="h1", world=4, rank=1, pid=11))]
+
+
+@covers("W12", "W19")
+def test_a_world_lost_while_it_starts_does_not_wait_for_ranks_never_forked() -> None:
+    """A host lost while the next world's ranks start (the chaos run's 'fault while a new world syncs'):
+    the world closes once its forked ranks are gone, not after the ending timeout."""
+    state = world()
+    for r in (0, 2):
+        state, _ = wm.step(state, wm.RankStarted(r), T)  # rank 1's stub (on h2) has not reached its agent
+    state, _ = wm.step(state, wm.HostLost("h3", "its agent's connection closed", at=1.0), T)
+    assert wm.step(state, wm.Tick(1.1), T)[1] == []  # rank 0 (forked, on h1) is still there
+    state, _ = wm.step(state, wm.RankEnded(0, -9, EndCause.STOP, at=1.2), T)
+    assert wm.step(state, wm.Tick(1.3), T)[1] == [wm.Close(2, wm.Ending.LOST, 0)]
+
+
 @covers("A5", "A6")
 def test_quit_and_a_gone_supervisor_end_the_agent() -> None:
     assert isinstance(am.step(agent(), am.FromSupervisor(Quit(), at=1.0), T)[1][0], am.EndAgent)

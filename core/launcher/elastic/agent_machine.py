@@ -54,6 +54,7 @@ TRANSITIONS: dict[str, str] = {
     "A16": "a rank's own heartbeat (or any word from it) arrived: it is alive, however slow its steps",
     "A17": "a linked rank silent for the rank bound (stopped, or not scheduled: frozen): killed, ddlrun learns "
            "it was frozen",
+    "A18": "a rank forked for a world ddlrun already stopped (its stub came late): killed at once",
 }
 
 
@@ -74,6 +75,7 @@ class AgentState:
     last_heard: float  # from ddlrun
     ranks: Mapping[int, RankEntry] = dataclasses.field(default_factory=dict)
     announced_world: int = 0
+    stopped_world: int = 0  # the newest world ddlrun stopped (its ranks, and older ones, have no place)
     next_beat: float = 0.0
     beats: int = 0
 
@@ -191,8 +193,12 @@ def step(state: AgentState, event: AgentEvent, timing: Timing) -> tuple[AgentSta
     if isinstance(event, SupervisorGone):  # A6
         return state, [EndAgent("ddlrun closed the connection; ending")]
     if isinstance(event, RankForked):  # A7
-        return (_with(state, RankEntry(pid=event.pid, world=event.world, rank=event.rank)),
-                [TellSupervisor(RankStarted(host=state.host, world=event.world, rank=event.rank, pid=event.pid))])
+        state = _with(state, RankEntry(pid=event.pid, world=event.world, rank=event.rank))
+        started = TellSupervisor(RankStarted(host=state.host, world=event.world, rank=event.rank, pid=event.pid))
+        if event.world <= state.stopped_world:  # A18
+            state, kill = _kill(state, state.ranks[event.pid], EndCause.STOP)
+            return state, [started, *kill]
+        return state, [started]
     if isinstance(event, Tick):
         return _tick(state, event.now, timing)
     known = state.ranks.get(event.pid)
@@ -234,6 +240,7 @@ def _from_supervisor(state: AgentState, message: Ping | StopWorld | AnnounceHost
         return state, [TellRank(e.pid, HostsUpdated()) for e in state.ranks.values()
                        if e.world <= announced and e.linked]
     actions: list[AgentAction] = []  # A3, A4: StopWorld
+    state = dataclasses.replace(state, stopped_world=max(state.stopped_world, message.world))
     for entry in list(state.ranks.values()):
         if entry.world > message.world or entry.killed_because is not None:
             continue

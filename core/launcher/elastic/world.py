@@ -49,7 +49,8 @@ TRANSITIONS: dict[str, str] = {
            "or the job ends (error)",
     "W17": "every rank synced and the hosts changed: the ranks are told (they leave at the next commit)",
     "W18": "ranks told to leave at a commit have not after a while: stopped again",
-    "W19": "an ending world whose ranks are gone, or that took too long: CLOSED",
+    "W19": "an ending world whose forked ranks are gone (those never forked are not waited for), or that took "
+           "too long: CLOSED",
     "W20": "ddlrun ends (interrupted, or the job is over): the ranks are stopped",
     "W21": "an early end no lost host explained within the settle time, of a rank that did not raise (it exited, "
            "before init or mid-step): a lost rank, its host fails, the world ends (lost)",
@@ -365,7 +366,9 @@ def _never_started(state: WorldState, now: float, host_why: str, job_why: str,
 
 def _tick_ending(state: WorldState, event: Tick, timing: Timing) -> tuple[WorldState, list[WorldAction]]:
     now = event.now
-    alive = [r for r in state.running() if state.plan.host_of(r) not in state.lost_hosts]
+    # Ranks never forked are stubs inside this world's mpiexec, which Close kills (a stub that reaches
+    # its agent after the stop has its rank killed there at once: A18): nobody waits for them.
+    alive = [r for r in state.running() if state.plan.host_of(r) not in state.lost_hosts and r in state.forked]
     if alive and now - state.ending_since < timing.ending:
         if state.ending is Ending.RESET and now - state.ending_since > timing.restop:  # W18
             return dataclasses.replace(state, ending_since=now), [StopRanks(state.number, StopWhy.RESET)]
