@@ -37,7 +37,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -568,9 +568,30 @@ class Report:
         ])
 
 
+@contextlib.contextmanager
+def load_at_least(target: float | None, *, say: Callable[[str], None], spinners: int = 16,
+                  within: float = 180.0) -> Iterator[None]:
+    """Busy loops at normal priority (as other jobs sharing the machine would) until the 1-minute load
+    average reaches ``target``, running on inside the block; nothing when ``target`` is None."""
+    if target is None:
+        yield
+        return
+    loops = [subprocess.Popen(["sh", "-c", "while :; do :; done"]) for _ in range(spinners)]
+    try:
+        deadline = time.monotonic() + within
+        while os.getloadavg()[0] < target and time.monotonic() < deadline:
+            time.sleep(1)
+        say(f"load average {os.getloadavg()[0]:.1f} (asked for at least {target:g}, {spinners} busy loops)")
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
 def run_chaos(*, hosts: int = 4, faults: int = 10, seed: int = 0, kinds: tuple[str, ...] = KINDS,
               step_seconds: float = 0.1, rate: str = "1gbit", say: Callable[[str], None] = print,
-              show_output: bool = False) -> Report:
+              show_output: bool = False, load: float | None = None) -> Report:
     """Run the chaos job on a fresh cluster; returns what happened (see the module docstring)."""
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
@@ -579,7 +600,7 @@ def run_chaos(*, hosts: int = 4, faults: int = 10, seed: int = 0, kinds: tuple[s
         raise ValueError("two hosts at once needs --hosts 4 or more (--min-np is 2)")
     rng = random.Random(seed)
     started = time.time()
-    with Cluster(hosts=hosts, ranks_per_host=1, rate=rate) as cluster:
+    with load_at_least(load, say=say), Cluster(hosts=hosts, ranks_per_host=1, rate=rate) as cluster:
         chaos = Chaos(cluster, rng, say=say)
         out = chaos.control / "weights.npy"
         sampler = threading.Event()
@@ -672,12 +693,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of: {', '.join(KINDS)}")
     parser.add_argument("--step-seconds", type=float, default=0.1)
     parser.add_argument("--rate", default="1gbit")
+    parser.add_argument("--load-at-least", type=float, default=None, metavar="L",
+                        help="hold the 1-minute load average at L or more with busy loops during the run")
     parser.add_argument("--json", help="write the report here")
     parser.add_argument("--show-output", action="store_true", help="print the job's whole output at the end")
     args = parser.parse_args(argv)
     report = run_chaos(hosts=args.hosts, faults=args.faults, seed=args.seed,
                        kinds=tuple(k.strip().replace("-", "_") for k in args.kinds.split(",") if k.strip()),
-                       step_seconds=args.step_seconds, rate=args.rate, show_output=args.show_output)
+                       step_seconds=args.step_seconds, rate=args.rate, show_output=args.show_output,
+                       load=args.load_at_least)
     print()
     print(report.table())
     print()

@@ -318,3 +318,28 @@ def test_after_a_resize_the_world_continues_where_the_order_stands() -> None:
         processed += steps * 10 * size
     assert sorted(seen) == sorted(order[:processed].tolist())  # exactly the first samples of the order, once
     assert epoch_order(5, epoch=0, seed=0, shuffle=True).tolist() != epoch_order(5, epoch=1, seed=0, shuffle=True).tolist()
+
+
+# -- ddlrun's supervisor: never a traceback ------------------------------------------------------
+
+def test_an_unexpected_error_in_the_supervisor_is_one_line_and_status_1(capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in ddlrun's loop (here: an IndexError where issue 39 found one) ends the job with one line
+    naming it and status 1, never a traceback; what the job started is cleaned up."""
+    from ddl.launcher.command import MpiInfo
+    from ddl.launcher.elastic.flags import ElasticOptions
+    from ddl.launcher.elastic.supervisor import Supervisor
+
+    options = ElasticOptions(command=("python", "train.py"), min_np=1, max_np=1)
+    supervisor = Supervisor(options, mpi=MpiInfo(flavour="mpich", mpiexec="mpiexec"), base_env={},
+                            python_executable=sys.executable, cpu_count=2, is_root=False)
+
+    def broken() -> None:
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(supervisor, "_begin", broken)
+    assert supervisor.run() == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    [line] = [line for line in err.splitlines() if line.startswith("ddlrun: error:")]
+    assert "ddlrun failed (IndexError: tuple index out of range at test_elastic.py:" in line
