@@ -69,6 +69,7 @@ class Fault:
     world: int  # the world it hit
     ends_world: bool  # whether it must end that world
     recovered_at: float | None = None  # first step of a later world
+    detected_at: float | None = None  # ddlrun's first "lost host" (or left-at-once) line after it
     resumed_after: int | None = None
     last_step: int | None = None
     ended_world: bool = False
@@ -77,6 +78,10 @@ class Fault:
     @property
     def recovery(self) -> float | None:
         return None if self.recovered_at is None else self.recovered_at - self.at
+
+    @property
+    def detection(self) -> float | None:
+        return None if self.detected_at is None else self.detected_at - self.at
 
     @property
     def steps_lost(self) -> int:
@@ -256,6 +261,9 @@ class Chaos:
         with self.j.cond:
             fault.last_step = max((s for s, w, _, _ in self.j.steps if w <= fault.world), default=0)
         fault.recovered_at, fault.resumed_after, fault.ended_world = t, step - 1, True
+        with self.j.cond:
+            fault.detected_at = next((at for at, text in self.j.events if at >= fault.at - 0.5 and (
+                ": lost host " in text or "left after a failed collective" in text or " lost (" in text)), None)
         self.say(f"  recovered in {t - fault.at:.2f} s: world {world} resumed after step {step - 1} "
                  f"({fault.steps_lost} step(s) lost)")
 
@@ -530,13 +538,15 @@ class Report:
         rows: dict[str, list[Fault]] = {}
         for f in self.faults:
             rows.setdefault(re.sub(r" \(\d+ s\)$", "", re.sub(r"\(status \d\)", "", f.kind)).strip(), []).append(f)
-        lines = ["| fault | count | ended a world | worst recovery | most steps lost | problems |",
-                 "| --- | ---: | ---: | ---: | ---: | --- |"]
+        lines = ["| fault | count | ended a world | worst detection | worst recovery | most steps lost | problems |",
+                 "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
         for kind, fs in rows.items():
             recoveries = [f.recovery for f in fs if f.recovery is not None]
+            detections = [f.detection for f in fs if f.detection is not None]
             worst = f"{max(recoveries):.2f} s" if recoveries else "-"
+            detected = f"{max(detections):.2f} s" if detections else "-"
             problems = "; ".join(sorted({f.problem for f in fs if f.problem})) or ""
-            lines.append(f"| {kind} | {len(fs)} | {sum(f.ended_world for f in fs)} | {worst} | "
+            lines.append(f"| {kind} | {len(fs)} | {sum(f.ended_world for f in fs)} | {detected} | {worst} | "
                          f"{max(f.steps_lost for f in fs)} | {problems} |")
         return "\n".join(lines)
 
@@ -708,7 +718,8 @@ def main(argv: list[str] | None = None) -> int:
     print(report.summary())
     if args.json:
         Path(args.json).write_text(json.dumps({
-            "rc": report.rc, "faults": [dataclasses.asdict(f) | {"recovery": f.recovery, "steps_lost": f.steps_lost}
+            "rc": report.rc, "faults": [dataclasses.asdict(f) | {"recovery": f.recovery, "steps_lost": f.steps_lost,
+                                                                  "detection": f.detection}
                                         for f in report.faults],
             "rejoins": [dataclasses.asdict(r) for r in report.rejoins], "finals": report.finals, "replay_diff": report.replay_diff,
             "tracebacks": report.tracebacks, "loads": report.loads, "seconds": report.seconds,
