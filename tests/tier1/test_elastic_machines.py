@@ -218,6 +218,21 @@ def test_a_survivor_crashed_by_a_peers_exit_is_not_blamed() -> None:
     assert [a for a in actions if isinstance(a, wm.FailHost)] == [wm.FailHost("h1")]
 
 
+@covers("W7", "W23")
+def test_a_rank_killed_from_outside_is_blamed_not_the_survivor_mpi_crashed() -> None:
+    """Measured in the chaos run: one rank SIGKILLed alone, and MPI crashed a survivor on another host.
+    The SIGKILLed rank's host fails, whatever order the reports come in; a crash alone still counts."""
+    for order in ((2, -9, 0, -11), (0, -11, 2, -9)):
+        state = synced(world())
+        state, _ = wm.step(state, wm.RankEnded(order[0], order[1], EndCause.SIGNAL, at=4.0), T)
+        state, _ = wm.step(state, wm.RankEnded(order[2], order[3], EndCause.SIGNAL, at=4.1), T)
+        state, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+        assert state.lost_hosts == {"h3"} and [a for a in actions if isinstance(a, wm.FailHost)] == [wm.FailHost("h3")]
+    crashed, _ = wm.step(synced(world()), wm.RankEnded(1, -11, EndCause.SIGNAL, at=4.0), T)
+    crashed, actions = wm.step(crashed, wm.Tick(4.0 + T.settle + 0.01), T)
+    assert crashed.lost_hosts == {"h2"} and "killed by signal 11" in actions[1].text  # type: ignore[union-attr]
+
+
 @covers("W8", "W11")
 def test_a_rank_leaving_at_a_commit_ends_the_world_without_stopping_the_others() -> None:
     state, actions = wm.step(synced(world()), wm.RankEnded(0, 75, EndCause.EXIT, at=4.0), T)

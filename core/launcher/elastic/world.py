@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import signal
 from collections.abc import Mapping
 
 from ddl.launcher.elastic.membership import WorldPlan
 from ddl.launcher.elastic.timing import Timing
 from ddl.runtime.elastic.protocol import EndCause, Reason, Step, StopWhy
 from ddl.runtime.elastic.wire import RESET_EXIT
+
+#: Signals a process gets from its own fault (a crash), not from outside; MPI may send a survivor of a
+#: lost peer there, so they count against a host only when nothing else explains them.
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL})
 
 #: Every transition of :func:`step`, as the tests name them.
 TRANSITIONS: dict[str, str] = {
@@ -55,7 +60,8 @@ TRANSITIONS: dict[str, str] = {
     "W21": "an early end no lost host explained within the settle time, of a rank that did not raise (it exited, "
            "before init or mid-step): a lost rank, its host fails, the world ends (lost)",
     "W22": "a rank's training function raised (failed): recorded with the exception, its end follows",
-    "W23": "only deaths by signal are unexplained after the settle time: their hosts fail, the world ends (lost)",
+    "W23": "only deaths by signal are unexplained after the settle time: the hosts of ranks killed from outside "
+           "(SIGKILL...) fail, or, with none, those of ranks that crashed (SIGSEGV...); the world ends (lost)",
     "W24": "a rank killed by its agent for silence (frozen): its host fails at once, the world ends (lost)",
 }
 
@@ -326,8 +332,11 @@ def _judge(state: WorldState, now: float) -> tuple[WorldState, list[WorldAction]
         failed, lost = _host_failed(state, host, f"rank {early.rank} exited with status {early.code} before it "
                                                  "finished (a lost rank)", now)
         return failed, [FailHost(host), *lost]
-    actions: list[WorldAction] = []  # W23
-    for early in state.early:
+    # W23: signals sent from outside (SIGKILL: the OOM killer, an operator) before crashes (SIGSEGV,
+    # SIGABRT: what MPI may do to a survivor), which count only when nothing else explains them.
+    killed = [e for e in state.early if -e.code not in CRASH_SIGNALS] or list(state.early)
+    actions: list[WorldAction] = []
+    for early in killed:
         host = state.plan.host_of(early.rank)
         if host not in state.lost_hosts:
             state, more = _host_failed(state, host, f"rank {early.rank} was killed by signal {-early.code}", now)
