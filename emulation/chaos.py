@@ -612,7 +612,7 @@ def run_chaos(*, hosts: int = 4, faults: int = 10, seed: int = 0, kinds: tuple[s
     started = time.time()
     with load_at_least(load, say=say), Cluster(hosts=hosts, ranks_per_host=1, rate=rate) as cluster:
         chaos = Chaos(cluster, rng, say=say)
-        out = chaos.control / "weights.npy"
+        out = chaos.control / "weights.npz"
         sampler = threading.Event()
 
         def sample_load() -> None:
@@ -649,19 +649,21 @@ def run_chaos(*, hosts: int = 4, faults: int = 10, seed: int = 0, kinds: tuple[s
         text = job.text()
         if show_output:
             print(text)
-        weights = np.load(out) if out.exists() else None
+        saved = dict(np.load(out)) if out.exists() else None
     _remove_stores(started)
-    sizes: dict[int, int] = {}
-    order_of: dict[int, int] = {}
-    for step, world, size, _ in job.steps:
-        if world >= order_of.get(step, 0):
-            order_of[step], sizes[step] = world, size
     final_steps = {s for _, s, _ in job.finals.values()}
     diff = None
-    if weights is not None and final_steps:
-        last = max(final_steps)
-        if set(range(1, last + 1)) <= set(sizes):
-            diff = float(np.max(np.abs(replay({s: sizes[s] for s in range(1, last + 1)}, seed) - weights)))
+    schedule: list[int] = []
+    if saved is not None:
+        schedule = [int(n) for n in saved["sizes"]]
+        diff = float(np.max(np.abs(replay(schedule, seed) - saved["weights"])))
+    # The schedule the program kept against what rank 0 printed (a world's last lines may be lost
+    # with it; a step printed by the world that ran it last must agree).
+    printed: dict[int, tuple[int, int]] = {}
+    for step, world, size, _ in job.steps:
+        if world >= printed.get(step, (0, 0))[0]:
+            printed[step] = (world, size)
+    disagree = [s for s, (_, n) in printed.items() if s <= len(schedule) and schedule[s - 1] != n]
     tracebacks = [line for line in text.splitlines() if "Traceback" in line]
     problems = []
     if rc != 0:
@@ -682,6 +684,10 @@ def run_chaos(*, hosts: int = 4, faults: int = 10, seed: int = 0, kinds: tuple[s
         problems.append(f"final weights differ: {job.finals}")
     if diff is None or diff > 1e-6:
         problems.append(f"replay max |diff| {diff}")
+    if saved is not None and len(schedule) != max(final_steps, default=0):
+        problems.append(f"the program kept {len(schedule)} step sizes for {max(final_steps, default=0)} steps")
+    if disagree:
+        problems.append(f"steps {disagree[:5]} ran at another size than the program kept")
     return Report(rc=rc, faults=chaos.faults, rejoins=chaos.rejoins, finals=job.finals, replay_diff=diff,
                   tracebacks=tracebacks, loads=chaos.loads, seconds=time.time() - started,
                   steps=max(final_steps, default=0), problems=problems)

@@ -5,8 +5,8 @@ synthetic set), deals it over the world's ranks, sums each rank's gradient and a
 the sums: whatever the world size, step ``s`` applies the gradient of the same samples, so
 :func:`replay` (one process, the same steps with the same world sizes) must end with the
 same weights to float rounding. Rank 0 prints ``STEP s world w size n t=...`` lines; every
-rank ends with ``FINAL rank r size n step s digest D`` and rank 0 saves its weights to
-``--out``. The job runs until the file ``<control>/finish`` exists (read by rank 0 at a
+rank ends with ``FINAL rank r size n step s digest D`` and rank 0 saves its weights, with
+the world size that ran each step (kept in the committed state), to ``--out`` (``.npz``). The job runs until the file ``<control>/finish`` exists (read by rank 0 at a
 commit, agreed by a broadcast), so the chaos driver decides how long it lasts.
 
 Fault hooks (files in ``--control``, named by host; each is removed when acted on):
@@ -73,14 +73,14 @@ def initial_weights() -> np.ndarray:
     return np.zeros((FEATURES + 1, CLASSES), np.float64)
 
 
-def replay(sizes: dict[int, int], seed: int) -> np.ndarray:
-    """One process over steps 1..max(sizes), step ``s`` dealt over ``sizes[s]`` ranks and summed in rank order."""
+def replay(sizes: list[int], seed: int) -> np.ndarray:
+    """One process over steps 1..len(sizes), step ``s`` dealt over ``sizes[s - 1]`` ranks, summed in rank order."""
     features, labels = dataset(seed)
     weights = initial_weights()
-    for step in range(1, max(sizes, default=0) + 1):
+    for step, size in enumerate(sizes, 1):
         indices = batch(step, seed)
         parts = [gradient_sum(weights, features[mine], labels[mine])
-                 for mine in (share(indices, r, sizes[step]) for r in range(sizes[step]))]
+                 for mine in (share(indices, r, size) for r in range(size))]
         weights = apply(weights, np.sum(parts, axis=0))
     return weights
 
@@ -92,7 +92,7 @@ def digest(weights: np.ndarray) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--control", required=True, help="the driver's folder of fault and finish files")
-    parser.add_argument("--out", required=True, help="rank 0 saves its final weights here (.npy)")
+    parser.add_argument("--out", required=True, help="rank 0 saves its final weights and sizes here (.npz)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--commit-every", type=int, default=5)
     parser.add_argument("--step-seconds", type=float, default=0.1, help="compute time of a step")
@@ -102,7 +102,8 @@ def main() -> None:
     ddl.init()
     (control / f"pid-{host}").write_text(str(os.getpid()))
     features, labels = dataset(args.seed)
-    state = elastic.ObjectState(step=0, weights=initial_weights())
+    # sizes: the world size that ran each committed step, carried with the state (the replay's schedule).
+    state = elastic.ObjectState(step=0, weights=initial_weights(), sizes=[])
 
     original_write = elastic_store.CommitStore.write
 
@@ -138,6 +139,7 @@ def main() -> None:
             summed = ddl.allreduce(local, op=ddl.Sum, name="chaos.grad")
             state.weights = apply(state.weights, summed)
             state.step = step
+            state.sizes = [*state.sizes, size]
             if rank == 0:
                 print(f"STEP {step} world {world} size {size} t={time.time():.3f}", flush=True)
             if step % args.commit_every == 0:
@@ -149,7 +151,8 @@ def main() -> None:
     train(state)
     print(f"FINAL rank {ddl.rank()} size {ddl.size()} step {state.step} digest {digest(state.weights)}", flush=True)
     if ddl.rank() == 0:
-        np.save(args.out, state.weights)
+        with open(args.out, "wb") as f:
+            np.savez(f, weights=state.weights, sizes=np.asarray(state.sizes, np.int64))
     ddl.shutdown()
 
 

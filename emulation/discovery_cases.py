@@ -82,7 +82,7 @@ def run_case(case: str, modes: list[str], *, discovery_timeout: float | None = N
         script = folder / "discover.sh"
         script.write_text(SCRIPT.format(queue=queue, folder=folder))
         script.chmod(0o755)
-        out = folder / "weights.npy"
+        out = folder / "weights.npz"
         argv = [sys.executable, "-m", "ddl.launcher.cli", "--elastic", "--min-np", "1", "--max-np", "2",
                 "--host-discovery-script", str(script), "--calibration", "off",
                 *(["--discovery-timeout", f"{discovery_timeout:g}"] if discovery_timeout is not None else []),
@@ -108,17 +108,13 @@ def run_case(case: str, modes: list[str], *, discovery_timeout: float | None = N
             job.kill()
             output, _ = job.communicate()
         seconds = time.monotonic() - start
-        weights = np.load(out) if out.exists() else None
-    sizes: dict[int, int] = {}
-    worlds = set()
-    for m in _STEP.finditer(output):
-        sizes[int(m[1])] = int(m[3])
-        worlds.add(int(m[2]))
+        saved = dict(np.load(out)) if out.exists() else None
+    worlds = {int(m[2]) for m in _STEP.finditer(output)}
     finals = {int(m[1]): (int(m[3]), m[4]) for m in _FINAL.finditer(output)}
     steps = max((s for s, _ in finals.values()), default=0)
     diff = None
-    if weights is not None and steps and set(range(1, steps + 1)) <= set(sizes):
-        diff = float(np.max(np.abs(replay({s: sizes[s] for s in range(1, steps + 1)}, 0) - weights)))
+    if saved is not None and len(saved["sizes"]) == steps:
+        diff = float(np.max(np.abs(replay([int(n) for n in saved["sizes"]], 0) - saved["weights"])))
     return CaseResult(case=case, rc=job.returncode, seconds=seconds, steps=steps, worlds=len(worlds),
                       identical=len(finals) == 2 and len({d for _, d in finals.values()}) == 1, replay_diff=diff,
                       lines=_LOGGED.findall(output), tracebacks=output.count("Traceback"), output=output)
