@@ -117,8 +117,9 @@ def step(state: DiscoveryState, event: DiscoveryEvent, *, slow_after: float,
             actions.append(Note(f"host discovery failed: {event.why}; keeping the last list "
                                 f"({state.failures + 1} failure(s) in a row)"))
         # D7: the same reason again: already said
+        began = event.at - event.seconds  # the failing run's start: a hang counts from when it began
         return dataclasses.replace(state, failing_since=state.failing_since if state.failing_since is not None
-                                   else event.at, failures=state.failures + 1, last_failure=event.why), actions
+                                   else began, failures=state.failures + 1, last_failure=event.why), actions
     if state.failing_since is not None:  # D4
         actions.append(Note(f"host discovery works again after {state.failures} failure(s) over "
                             f"{event.at - state.failing_since:.1f} s"))
