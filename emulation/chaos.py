@@ -1,6 +1,7 @@
 """A chaos run: elastic training on emulated hosts under the faults real clusters bring, and the table of what it cost.
 
-    python -m emulation.chaos --hosts 4 --faults 20 --seed 1       (as root)
+    python -m emulation.chaos --hosts 4 --faults 20 --seed 1             (as root)
+    python -m emulation.chaos --hosts 4 --faults 18 --seed 11,12,13      (the long run: 54 faults)
 
 ``ddlrun --elastic`` trains :mod:`emulation.chaos_train` (float64 softmax regression, a
 global batch fixed by the step) on ``--hosts`` emulated hosts of one rank each, and this
@@ -705,32 +706,52 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--faults", type=int, default=10)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", default="0", help="a seed, or several (11,12,13): one run each, then their "
+                                                    "table together")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated, of: {', '.join(KINDS)}")
     parser.add_argument("--step-seconds", type=float, default=0.1)
     parser.add_argument("--rate", default="1gbit")
     parser.add_argument("--load-at-least", type=float, default=None, metavar="L",
                         help="hold the 1-minute load average at L or more with busy loops during the run")
-    parser.add_argument("--json", help="write the report here")
+    parser.add_argument("--json", help="write the report(s) here")
     parser.add_argument("--show-output", action="store_true", help="print the job's whole output at the end")
     args = parser.parse_args(argv)
-    report = run_chaos(hosts=args.hosts, faults=args.faults, seed=args.seed,
-                       kinds=tuple(k.strip().replace("-", "_") for k in args.kinds.split(",") if k.strip()),
-                       step_seconds=args.step_seconds, rate=args.rate, show_output=args.show_output,
-                       load=args.load_at_least)
-    print()
-    print(report.table())
-    print()
-    print(report.summary())
+    reports = []
+    seeds = [int(x) for x in str(args.seed).split(",") if x.strip()]
+    for seed in seeds:
+        report = run_chaos(hosts=args.hosts, faults=args.faults, seed=seed,
+                           kinds=tuple(k.strip().replace("-", "_") for k in args.kinds.split(",") if k.strip()),
+                           step_seconds=args.step_seconds, rate=args.rate, show_output=args.show_output,
+                           load=args.load_at_least)
+        reports.append(report)
+        print(f"\nseed {seed}\n")
+        print(report.table())
+        print()
+        print(report.summary(), flush=True)
+    if len(reports) > 1:
+        every = Report(rc=max(r.rc for r in reports), faults=[f for r in reports for f in r.faults],
+                       rejoins=[j for r in reports for j in r.rejoins], finals={},
+                       replay_diff=max((r.replay_diff for r in reports if r.replay_diff is not None), default=None),
+                       tracebacks=[t for r in reports for t in r.tracebacks], loads=[x for r in reports for x in r.loads],
+                       seconds=sum(r.seconds for r in reports), steps=sum(r.steps for r in reports),
+                       problems=[p for r in reports for p in r.problems])
+        print(f"\nall {len(reports)} runs (seeds {args.seed})\n")
+        print(every.table())
+        print()
+        print("\n".join(line for line in every.summary().splitlines() if not line.startswith("final weights")))
+        print("final weights: " + "; ".join(
+            f"seed {seed}: {len(r.finals)} ranks {'identical' if len({d for _, _, d in r.finals.values()}) == 1 else 'DIFFERENT'}, "
+            f"replay max |diff| {'-' if r.replay_diff is None else f'{r.replay_diff:.3g}'}" for seed, r in zip(seeds, reports, strict=False)))
     if args.json:
-        Path(args.json).write_text(json.dumps({
+        Path(args.json).write_text(json.dumps([{
             "rc": report.rc, "faults": [dataclasses.asdict(f) | {"recovery": f.recovery, "steps_lost": f.steps_lost,
                                                                   "detection": f.detection}
                                         for f in report.faults],
-            "rejoins": [dataclasses.asdict(r) for r in report.rejoins], "finals": report.finals, "replay_diff": report.replay_diff,
-            "tracebacks": report.tracebacks, "loads": report.loads, "seconds": report.seconds,
-            "steps": report.steps, "problems": report.problems}, indent=1))
-    return 0 if not report.problems else 1
+            "rejoins": [dataclasses.asdict(r) for r in report.rejoins], "finals": report.finals,
+            "replay_diff": report.replay_diff, "tracebacks": report.tracebacks, "loads": report.loads,
+            "seconds": report.seconds, "steps": report.steps, "problems": report.problems} for report in reports],
+            indent=1))
+    return 0 if all(not r.problems for r in reports) else 1
 
 
 if __name__ == "__main__":
