@@ -28,6 +28,7 @@ from ddl.runtime.elastic.protocol import (
     RankProgress,
     RankReport,
     RankStarted,
+    Step,
     StopWhy,
     StopWorld,
     StubExit,
@@ -52,8 +53,8 @@ TRANSITIONS: dict[str, str] = {
     "A14": "a heartbeat is due: sent",
     "A15": "nothing from ddlrun for --elastic-timeout: the agent ends its host's ranks (fences itself)",
     "A16": "a rank's own heartbeat (or any word from it) arrived: it is alive, however slow its steps",
-    "A17": "a linked rank silent for the rank bound (stopped, or not scheduled: frozen): killed, ddlrun learns "
-           "it was frozen",
+    "A17": "a linked rank silent for the rank bound (stopped, or not scheduled: frozen) that has not said it leaves "
+           "(done, reset, failed: its interpreter's exit beats no more): killed, ddlrun learns it was frozen",
     "A18": "a rank forked for a world ddlrun already stopped (its stub came late): killed at once",
 }
 
@@ -67,6 +68,7 @@ class RankEntry:
     killed_because: EndCause | None = None
     kill_at: float | None = None  # told its world lost a host: killed then if still running
     heard: float = 0.0  # its last word (link, report, beat); judged once it linked
+    leaving: bool = False  # it reported done, a reset or a failure: its interpreter's exit beats no more
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -185,6 +187,10 @@ class Log:
 AgentAction = KillRank | TellSupervisor | TellRank | TellStub | EndAgent | Log
 
 
+#: Reports after which a rank is on its way out (its beating thread stops with the interpreter's exit).
+_LEAVING = frozenset({Step.DONE, Step.RESET, Step.FAILED})
+
+
 def step(state: AgentState, event: AgentEvent, timing: Timing) -> tuple[AgentState, list[AgentAction]]:
     """The agent after ``event``, and what its loop must do (see :data:`TRANSITIONS`)."""
     if isinstance(event, FromSupervisor):
@@ -209,8 +215,9 @@ def step(state: AgentState, event: AgentEvent, timing: Timing) -> tuple[AgentSta
         state = _with(state, dataclasses.replace(entry, linked=True, heard=event.at))
         return state, [TellRank(entry.pid, HostsUpdated())] if entry.world <= state.announced_world else []
     if isinstance(event, RankSaid):
-        state = _with(state, dataclasses.replace(entry, heard=max(entry.heard, event.at)))  # A16
         report = event.report
+        leaving = entry.leaving or (isinstance(report, RankReport) and report.step in _LEAVING)
+        state = _with(state, dataclasses.replace(entry, heard=max(entry.heard, event.at), leaving=leaving))  # A16
         if isinstance(report, RankBeat):
             return state, []
         return state, [TellSupervisor(RankProgress(host=state.host, world=entry.world, rank=entry.rank,  # A9
@@ -267,7 +274,7 @@ def _tick(state: AgentState, now: float, timing: Timing) -> tuple[AgentState, li
         if entry.kill_at is not None and now >= entry.kill_at:  # A13
             state, more = _kill(state, entry, EndCause.STOP)
             actions += more
-        elif entry.linked and now - entry.heard > timing.rank_silent_after:  # A17
+        elif entry.linked and not entry.leaving and now - entry.heard > timing.rank_silent_after:  # A17
             state, more = _kill(state, entry, EndCause.FROZEN)
             actions += [Log(f"rank {entry.rank} of world {entry.world} (pid {entry.pid}) sent nothing for "
                             f"{now - entry.heard:.1f} s (frozen: stopped, or not scheduled); killing it"), *more]
