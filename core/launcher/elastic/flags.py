@@ -78,8 +78,8 @@ def add_arguments(parser: Any) -> None:
                        help="longest wait for hosts and for a world's ranks to start (default 120)")
     group.add_argument("--elastic-timeout", type=float, metavar="SECONDS", default=None,
                        help="sets the heartbeat: agents beat every SECONDS/20, a host that misses 6 beats in a row "
-                            "is lost (1.5 s at the default 5), an agent that hears nothing from ddlrun for "
-                            "SECONDS ends its ranks")
+                            "is lost (1.5 s at the default 5), a rank silent for twice that is frozen, an agent "
+                            "that hears nothing from ddlrun for SECONDS ends its ranks")
     group.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
                        help="a failed host may return after MIN seconds, doubling per failure up to MAX "
                             "(default: only when the discovery script lists it again)")

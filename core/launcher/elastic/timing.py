@@ -76,12 +76,11 @@ class Timing:
 
     @property
     def rank_silent_after(self) -> float:
-        """Silence of a linked rank (its own heartbeat thread) after which its agent kills it as frozen.
-
-        Longer than a host's (:attr:`lost_after`): a rank's beat needs the interpreter's lock,
-        which a long call into a library (a large pickle at a commit) may hold for a while; a
-        rank frozen with its agent (a whole host stopped) is caught by the agent's beats first."""
-        return self.elastic_timeout
+        """Silence of a linked rank (its own heartbeat thread) after which its agent kills it as frozen:
+        twice a host's bound (:attr:`lost_after`; 3 s by default), as a rank's beat needs the
+        interpreter's lock, which one long call into a library may hold for a moment. A rank frozen
+        with its agent (a whole host stopped) is caught by the agent's beats first."""
+        return 2 * self.lost_after
 
     @property
     def settle(self) -> float:
