@@ -611,47 +611,49 @@ def run_chaos(*, hosts: int = 4, faults: int = 10, seed: int = 0, kinds: tuple[s
         raise ValueError("two hosts at once needs --hosts 4 or more (--min-np is 2)")
     rng = random.Random(seed)
     started = time.time()
-    with load_at_least(load, say=say), Cluster(hosts=hosts, ranks_per_host=1, rate=rate) as cluster:
-        chaos = Chaos(cluster, rng, say=say)
-        out = chaos.control / "weights.npz"
-        sampler = threading.Event()
+    try:
+        with load_at_least(load, say=say), Cluster(hosts=hosts, ranks_per_host=1, rate=rate) as cluster:
+            chaos = Chaos(cluster, rng, say=say)
+            out = chaos.control / "weights.npz"
+            sampler = threading.Event()
 
-        def sample_load() -> None:
-            while not sampler.wait(5.0):
-                chaos.loads.append(os.getloadavg()[0])
+            def sample_load() -> None:
+                while not sampler.wait(5.0):
+                    chaos.loads.append(os.getloadavg()[0])
 
-        threading.Thread(target=sample_load, daemon=True).start()
-        chaos.loads.append(os.getloadavg()[0])
-        job = chaos.start(seed=seed, step_seconds=step_seconds, out=out)
-        order: list[str] = []
-        try:
-            while len(chaos.faults) < faults:
-                if not order:
-                    order = rng.sample(list(kinds), len(kinds))
-                kind = order.pop()
-                if not chaos.steady():
-                    chaos.say("the job did not reach a world of every host; ending the run")
-                    break
-                time.sleep(rng.uniform(0.0, 2.0))
-                getattr(chaos, f"kind_{kind}")()
-            chaos.steady(timeout=60)
-            (chaos.control / "finish").write_text("")
-            job.wait(lambda: False, 120.0)
-        finally:
-            sampler.set()
-            if job.process.poll() is None:
-                job.process.send_signal(signal.SIGTERM)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    job.process.wait(timeout=20)
-            if job.process.poll() is None:
-                job.process.kill()
-            rc = job.process.wait()
+            threading.Thread(target=sample_load, daemon=True).start()
             chaos.loads.append(os.getloadavg()[0])
-        text = job.text()
-        if show_output:
-            print(text)
-        saved = dict(np.load(out)) if out.exists() else None
-    _remove_stores(started)
+            job = chaos.start(seed=seed, step_seconds=step_seconds, out=out)
+            order: list[str] = []
+            try:
+                while len(chaos.faults) < faults:
+                    if not order:
+                        order = rng.sample(list(kinds), len(kinds))
+                    kind = order.pop()
+                    if not chaos.steady():
+                        chaos.say("the job did not reach a world of every host; ending the run")
+                        break
+                    time.sleep(rng.uniform(0.0, 2.0))
+                    getattr(chaos, f"kind_{kind}")()
+                chaos.steady(timeout=60)
+                (chaos.control / "finish").write_text("")
+                job.wait(lambda: False, 120.0)
+            finally:
+                sampler.set()
+                if job.process.poll() is None:
+                    job.process.send_signal(signal.SIGTERM)
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        job.process.wait(timeout=20)
+                if job.process.poll() is None:
+                    job.process.kill()
+                rc = job.process.wait()
+                chaos.loads.append(os.getloadavg()[0])
+            text = job.text()
+            if show_output:
+                print(text)
+            saved = dict(np.load(out)) if out.exists() else None
+    finally:  # interrupted too: what the killed hosts left in /dev/shm
+        _remove_stores(started)
     final_steps = {s for _, s, _ in job.finals.values()}
     diff = None
     schedule: list[int] = []
