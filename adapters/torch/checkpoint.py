@@ -127,12 +127,8 @@ def _read(path: str | Path, model: torch.nn.Module,
     ckpt = Checkpoint.open(path, framework=FRAMEWORK)
     m, where = ckpt.manifest, Path(path) / "manifest.json"
     state = model.state_dict()
-    saved = list(m.meta.get("model", {}).get("keys", []))
-    if saved != list(state):
-        missing = [k for k in state if k not in saved]
-        unexpected = [k for k in saved if k not in state]
-        raise CheckpointError(f"{where}: field meta.model.keys differs from the model's state_dict: "
-                              f"missing {missing[:5]}, unexpected {unexpected[:5]} (same model, same names?)")
+    _check_names(list(m.meta.get("model", {}).get("keys", [])), list(state), f"{where}: field meta.model.keys",
+                 "the model's state_dict")
     model_values = []
     for key, t in state.items():
         entry = ckpt.reader.entry(f"model/{key}")
@@ -150,16 +146,9 @@ def _read(path: str | Path, model: torch.nn.Module,
     if info["class"] != _class_name(inner):
         raise CheckpointError(f"{where}: field meta.optimizer.class is {info['class']}, the optimizer is "
                               f"{_class_name(inner)}: build the optimizer the checkpoint was saved with")
-    if list(info["params"]) != names:
-        diff = next(((a, b) for a, b in zip(info["params"], names, strict=False) if a != b), None)
-        raise CheckpointError(f"{where}: field meta.optimizer.params differs from the optimizer's parameters "
-                              + (f"(saved {diff[0]!r} where the optimizer has {diff[1]!r})" if diff else
-                                 f"({len(info['params'])} saved, {len(names)} now)"))
-    groups = [decode_value(g) for g in info["param_groups"]]
-    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in inner.param_groups]:
-        raise CheckpointError(f"{where}: field meta.optimizer.param_groups has groups of "
-                              f"{[len(g['params']) for g in groups]} parameters, the optimizer "
-                              f"{[len(g['params']) for g in inner.param_groups]}")
+    _check_names(list(info["params"]), names, f"{where}: field meta.optimizer.params", "the optimizer's parameters")
+    groups = _groups_by_name(decode_value(info["param_groups"]), list(info["params"]), inner, names,
+                             f"{where}: field meta.optimizer.param_groups")
     sharded = isinstance(optimizer, ShardedOptimizer)
     state_of: dict[int, dict[str, Any]] = {}
     for i, (p, name) in enumerate(zip(params, names, strict=True)):
@@ -174,6 +163,45 @@ def _read(path: str | Path, model: torch.nn.Module,
         if slots:
             state_of[i] = slots
     return ckpt, model_values, {"state": state_of, "param_groups": groups}
+
+
+def _check_names(saved: list[str], now: list[str], field: str, what: str) -> None:
+    """The same names, in any order (tensors load by name), or an error naming the differences."""
+    if set(saved) == set(now) and len(saved) == len(now):
+        return
+    missing = [k for k in now if k not in set(saved)]
+    unexpected = [k for k in saved if k not in set(now)]
+
+    def some(keys: list[str]) -> str:
+        return f"{keys[:5]}" + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+    raise CheckpointError(f"{field} differs from {what}: {len(missing)} missing from the checkpoint {some(missing)}, "
+                          f"{len(unexpected)} not in {what} {some(unexpected)}: load it into the model it was saved "
+                          "from (or rename the keys)")
+
+
+def _groups_by_name(saved: list[dict[str, Any]], saved_names: list[str], inner: torch.optim.Optimizer,
+                    names: list[str], field: str) -> list[dict[str, Any]]:
+    """The saved parameter groups (their hyperparameters) renumbered for ``inner``'s parameters,
+    which may list the same names in another order; each group must hold the same names."""
+    now = [[names[i] for i in range(start, start + len(g["params"]))]
+           for start, g in zip(_starts(inner.param_groups), inner.param_groups, strict=True)]
+    then = [[saved_names[int(i)] for i in g["params"]] for g in saved]
+    if len(then) != len(now) or any(set(a) != set(b) for a, b in zip(then, now, strict=True)):
+        raise CheckpointError(f"{field} has groups of {[len(g) for g in then]} parameters "
+                              f"(first names {[g[:2] for g in then]}), the optimizer "
+                              f"{[len(g) for g in now]} (first names {[g[:2] for g in now]}): build the "
+                              "optimizer's parameter groups as they were saved")
+    return [{**g, "params": list(range(start, start + len(g["params"])))}
+            for start, g in zip(_starts(inner.param_groups), saved, strict=True)]
+
+
+def _starts(groups: list[dict[str, Any]]) -> list[int]:
+    out, at = [], 0
+    for g in groups:
+        out.append(at)
+        at += len(g["params"])
+    return out
 
 
 def consolidate(path: str | Path, out: str | Path, *, optimizer_out: str | Path | None = None) -> list[str]:
