@@ -109,9 +109,13 @@ def _save_optimizer(optimizer: Any, model: torch.nn.Module, tensors: dict[str, T
     owners = optimizer.partition.owners if sharded else partition_of(params, size).owners
     _state_entries(inner, params, names, "optimizer/state",
                    lambda i: (owners[i] if owners[i] != NOBODY else 0) == rank, tensors, values)
-    info = {"class": _class_name(inner), "params": names, "sharded": sharded, "param_groups": _groups_of(inner)}
-    hook = getattr(optimizer, "hook_state", None)
+    info: dict[str, Any] = {"class": _class_name(inner), "params": names, "sharded": sharded,
+                            "param_groups": _groups_of(inner)}
+    hook: Any = getattr(optimizer, "hook_state", None)
     if isinstance(optimizer, DistributedOptimizer) and _saves_hook(hook):
+        scaler = optimizer.__dict__.get("_grad_scaler")
+        if scaler is not None:  # the scale the next step will use (the scaler's state resumes with it)
+            hook.loss_scale = float(scaler.get_scale())
         info["hook"] = {**_save_hook(hook, "hook", tensors, rank), "order": optimizer.gradient_order()}
     return info
 
@@ -451,7 +455,7 @@ def _save_hook(state: Any, prefix: str, tensors: dict[str, Tensor], rank: int) -
                 tensors[f"optimizer/{prefix}/b{k}/q{j}"] = Tensor.of(np.asarray(q))
         for j, e in enumerate(errors.get(key, [])):
             tensors[f"{_local(rank)}/{prefix}/b{k}/e{j}"] = Tensor.of(np.asarray(e))
-    return {"buckets": buckets}
+    return {"buckets": buckets, "loss_scale": float(getattr(state, "loss_scale", 1.0))}
 
 
 def _read_hook(ckpt: Checkpoint, info: dict[str, Any], prefix: str, saved_world: int, rank: int,
@@ -470,7 +474,7 @@ def _read_hook(ckpt: Checkpoint, info: dict[str, Any], prefix: str, saved_world:
                         for r in ranks]
             errors[key] = [np.mean(np.stack(e, dtype=np.float64), axis=0).astype(e[0].dtype)
                            for e in zip(*per_rank, strict=True)]
-    return {"buckets": shared}, {"buckets": errors}
+    return {"buckets": shared, "loss_scale": float(info.get("loss_scale", 1.0))}, {"buckets": errors}
 
 
 def _encode_key(key: tuple[Any, ...]) -> Any:

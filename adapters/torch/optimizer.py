@@ -68,15 +68,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             1/N of the parameters and updates only those; gradients reach their owners by
             a reduce-scatter and the updated parameters every rank by an allgather (see
             :class:`~ddl.torch.sharded_optimizer.ShardedOptimizer` and the sharding guide).
-        grad_scaler: the ``torch.amp.GradScaler`` that scales the loss, for a stateful hook:
-            PowerSGD keeps its error memory in the scale's units and follows its changes
-            (without it, errors kept before a scale change are off by the change's factor).
+            grad_scaler: the ``torch.amp.GradScaler`` that scales the loss, for a stateful hook:
+            PowerSGD keeps its error memory in the scale's units and follows its changes.
+            Optional: the scaler that first unscales this optimizer becomes its scaler.
 
-    With a stateful hook, a step's hook state is committed by ``step()``: a step that is not
-    taken (a ``GradScaler`` that found inf or NaN skips it) leaves the hook state as it was.
-    Gradients are reduced while backward runs, so change them (``scaler.unscale_``,
-    clipping) only after ``synchronize()``, then step inside ``skip_synchronize()``; a
-    gradient changed before the reduction finished is an error at ``step()``.
+    ``torch.amp.GradScaler`` works as with DDP: ``scaler.step(opt)`` (and ``scaler.unscale_``)
+    first finish the reduction (:mod:`ddl.torch.amp`), so every rank unscales, checks for inf
+    and skips on the same, reduced gradients. With a stateful hook, a step's hook state is
+    committed by ``step()``: a step that is not taken (a scaler that found inf or NaN skips
+    it) leaves the hook state as it was. Other changes to gradients (clipping) need
+    ``synchronize()`` first, then ``step()`` inside ``skip_synchronize()``; a gradient changed
+    in place before the reduction finished is an error at ``step()``.
 
     Example:
         >>> opt = ddl.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -84,6 +86,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """
 
     hook_state: Any  # the stateful hook's state (PowerSGD's), None with a plain compressor
+    #: GradScaler's flag for optimizers that unscale and skip by themselves (fused ones): not
+    #: this wrapper, whatever the wrapped optimizer says (``__getattr__`` would pass its flag
+    #: on): the scaler unscales, after :meth:`_reduce_before_unscale` has reduced.
+    _step_supports_amp_scaling = False
 
     def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
         # op=ddl.Adasum is a different algorithm (Horovod's _DistributedAdasumOptimizer):
@@ -432,6 +438,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         loss = self.optimizer.step()
         self._commit_hook()
         return loss
+
+    def _reduce_before_unscale(self, scaler: Any) -> None:
+        """``GradScaler.unscale_(self)`` is about to read ``.grad`` (:mod:`ddl.torch.amp`): finish
+        the reduction, so every rank reads the same gradients. The scaler is this optimizer's
+        loss scaler from now on if none was given (a stateful hook follows its scale; this
+        step's hook values carried its current scale)."""
+        if self.__dict__.get("_grad_scaler") is None and self.hook_state is not None:
+            self.__dict__["_grad_scaler"] = scaler
+            self._reducer.loss_scale = scaler.get_scale
+            relabel = getattr(self.hook_state, "relabel", None)
+            if relabel is not None:
+                relabel(float(scaler.get_scale()))
+        if not self._outside:
+            self._sync()
 
     def _commit_hook(self) -> None:
         """The step was taken: a stateful hook's update of it stands. Say once if an earlier

@@ -196,6 +196,15 @@ class PowerSGDState:
         else:
             self._apply(mem, update)
 
+    def relabel(self, scale: float) -> None:
+        """The values reduced since the last commit carried ``scale`` (an adapter learnt of
+        its loss scaler only now): their updates' errors are in its units; so are the next
+        steps' values until told otherwise."""
+        self.loss_scale = scale
+        for mem in self.buckets.values():
+            if mem.pending is not None:
+                mem.pending.scale = scale
+
     def commit(self) -> None:
         """The step that used the reductions since the last commit is taken: apply their updates."""
         for mem in self.buckets.values():
@@ -226,8 +235,11 @@ class PowerSGDState:
         self._loaded_errors = {}
 
     def state_dict(self) -> dict[str, Any]:
-        """What every rank shares: each bucket's call count and Q (copies)."""
-        return {"buckets": {key: {"calls": m.calls, "qs": [q.copy() for q in m.qs]} for key, m in self.buckets.items()}}
+        """What every rank shares: each bucket's call count and Q (copies), and the loss scale
+        (the next step's, where the adapter has set it: a resume's first step needs it before
+        its loss scaler is seen)."""
+        return {"buckets": {key: {"calls": m.calls, "qs": [q.copy() for q in m.qs]} for key, m in self.buckets.items()},
+                "loss_scale": self.loss_scale}
 
     def errors_state_dict(self) -> dict[str, Any]:
         """This rank's own part: each bucket's errors in unscaled units (copies; buckets
@@ -242,6 +254,7 @@ class PowerSGDState:
         Buckets not yet seen here take theirs when they first come (same key: same layout).
         """
         self.reset_errors()
+        self.loss_scale = float(state.get("loss_scale", 1.0))
         self._loaded = dict(state.get("buckets", {}))
         self._loaded_errors = dict((errors or {}).get("buckets", {}))
         for key, mem in self.buckets.items():
