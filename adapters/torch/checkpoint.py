@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -29,6 +28,7 @@ import torch
 from ddl.checkpoint import Checkpoint, CheckpointError, Manifest, Tensor, together
 from ddl.checkpoint import save as save_shards
 from ddl.checkpoint.manifest import decode_value, encode_value
+from ddl.checkpoint.replicas import local, read_hook, same_on_every_rank, save_hook, saves_hook
 from ddl.reduction.partition import NOBODY, partition_by_bytes
 
 from .local_sgd import _Periodic
@@ -91,7 +91,7 @@ def save(path: str | Path, *, model: torch.nn.Module, optimizer: Any = None,
                 tensors[f"model/{key}"] = _tensor(t)
     else:
         for key, t in state.items():
-            tensors[f"{_local(rank)}/model/{key}"] = _tensor(t)
+            tensors[f"{local(rank)}/model/{key}"] = _tensor(t)
     meta: dict[str, Any] = {"model": {"keys": list(state), "replicas": None if same else size}}
     if optimizer is not None:
         if periodic:
@@ -112,11 +112,11 @@ def _save_optimizer(optimizer: Any, model: torch.nn.Module, tensors: dict[str, T
     info: dict[str, Any] = {"class": _class_name(inner), "params": names, "sharded": sharded,
                             "param_groups": _groups_of(inner)}
     hook: Any = getattr(optimizer, "hook_state", None)
-    if isinstance(optimizer, DistributedOptimizer) and _saves_hook(hook):
+    if isinstance(optimizer, DistributedOptimizer) and saves_hook(hook):
         scaler = optimizer.__dict__.get("_grad_scaler")
         if scaler is not None:  # the scale the next step will use (the scaler's state resumes with it)
             hook.loss_scale = float(scaler.get_scale())
-        info["hook"] = {**_save_hook(hook, "hook", tensors, rank), "order": optimizer.gradient_order()}
+        info["hook"] = {**save_hook(hook, "hook", tensors, rank), "order": optimizer.gradient_order()}
     return info
 
 
@@ -136,9 +136,9 @@ def _save_periodic(opt: _Periodic, model: torch.nn.Module, tensors: dict[str, Te
             tensors[f"optimizer/{what}/{names[i]}"] = _tensor(shared[i])  # type: ignore[index]
     if opt._landed is not None:
         for name, b in zip(names, opt._boundary, strict=True):
-            tensors[f"{_local(rank)}/boundary/{name}"] = _tensor(b)
+            tensors[f"{local(rank)}/boundary/{name}"] = _tensor(b)
     inner, inner_params, inner_names = _optimizer_parts(opt.optimizer, model)
-    _state_entries(inner, inner_params, inner_names, f"{_local(rank)}/inner", lambda i: True, tensors, values)
+    _state_entries(inner, inner_params, inner_names, f"{local(rank)}/inner", lambda i: True, tensors, values)
     info: dict[str, Any] = {
         "class": _class_name(opt), "params": names, "sharded": False, "param_groups": _groups_of(inner),
         "periodic": {"world": size, "period": opt.period, "overlap": opt.overlap, "steps": opt.steps,
@@ -153,8 +153,8 @@ def _save_periodic(opt: _Periodic, model: torch.nn.Module, tensors: dict[str, Te
         _state_entries(*outer_parts, "optimizer/outer", lambda i: (owners[i] if owners[i] != NOBODY else 0) == rank,
                        tensors, values)
         info["outer"] = {"class": _class_name(outer), "params": outer_parts[2], "param_groups": _groups_of(outer)}
-    if _saves_hook(opt.hook_state):
-        info["hook"] = _save_hook(opt.hook_state, "hook", tensors, rank)
+    if saves_hook(opt.hook_state):
+        info["hook"] = save_hook(opt.hook_state, "hook", tensors, rank)
     return info
 
 
@@ -230,7 +230,7 @@ def _read(path: str | Path, model: torch.nn.Module,
     if replicas is None:
         model_values = [(t, _entry(ckpt, f"model/{key}", t, where)) for key, t in state.items()]
     elif replicas == size:
-        model_values = [(t, _entry(ckpt, f"{_local(rank)}/model/{key}", t, where)) for key, t in state.items()]
+        model_values = [(t, _entry(ckpt, f"{local(rank)}/model/{key}", t, where)) for key, t in state.items()]
     else:
         model_values = []  # the periodic optimizer's load sets them from every saved rank's
     if optimizer is None:
@@ -254,8 +254,8 @@ def _read(path: str | Path, model: torch.nn.Module,
                            lambda i: not sharded or optimizer.owns(params[i]))  # another rank's part in this world
     loaded: dict[str, Any] = {"state": {"state": state_of, "param_groups": groups}, "hook": None, "order": None}
     hook = info.get("hook")
-    if hook is not None and isinstance(optimizer, DistributedOptimizer) and _saves_hook(optimizer.hook_state):
-        loaded["hook"] = _read_hook(ckpt, hook, "hook", m.world_size, rank, size)
+    if hook is not None and isinstance(optimizer, DistributedOptimizer) and saves_hook(optimizer.hook_state):
+        loaded["hook"] = read_hook(ckpt, hook, "hook", saved_world=m.world_size, rank=rank, size=size)
         loaded["order"] = hook.get("order")
     return ckpt, model_values, loaded
 
@@ -281,7 +281,7 @@ def _read_periodic(ckpt: Checkpoint, info: dict[str, Any], opt: _Periodic, model
                  "the inner optimizer's parameters")
     same_world = saved_world == size
     ranks = [rank] if same_world else list(range(saved_world))
-    inner_states = [_read_state(ckpt, f"{_local(r)}/inner", inner_params, inner_names, lambda i: True) for r in ranks]
+    inner_states = [_read_state(ckpt, f"{local(r)}/inner", inner_params, inner_names, lambda i: True) for r in ranks]
     out: dict[str, Any] = {
         "periodic": periodic,
         "inner": {"state": inner_states[0] if same_world else _mean_states(inner_states),
@@ -292,7 +292,7 @@ def _read_periodic(ckpt: Checkpoint, info: dict[str, Any], opt: _Periodic, model
         "boundary": None, "outer": None, "hook": None, "replicas": None,
     }
     if periodic["landed"] and same_world:
-        out["boundary"] = _read_tensors(ckpt, f"{_local(rank)}/boundary", names, opt._params)
+        out["boundary"] = _read_tensors(ckpt, f"{local(rank)}/boundary", names, opt._params)
     outer = getattr(opt, "outer_optimizer", None)
     if "outer" in info and isinstance(outer, torch.optim.Optimizer):
         outer_inner, outer_params, outer_names = _optimizer_parts(outer, model)
@@ -303,14 +303,14 @@ def _read_periodic(ckpt: Checkpoint, info: dict[str, Any], opt: _Periodic, model
                         "param_groups": _groups_by_name(decode_value(info["outer"]["param_groups"]),
                                                         list(info["outer"]["params"]), outer_inner, outer_names,
                                                         f"{where}: field meta.optimizer.outer.param_groups")}
-    if info.get("hook") is not None and _saves_hook(opt.hook_state):
-        out["hook"] = _read_hook(ckpt, info["hook"], "hook", saved_world, rank, size)
+    if info.get("hook") is not None and saves_hook(opt.hook_state):
+        out["hook"] = read_hook(ckpt, info["hook"], "hook", saved_world=saved_world, rank=rank, size=size)
     if replicas is not None and not same_world:
         state = model.state_dict()
-        out["replicas"] = [{key: _entry(ckpt, f"{_local(r)}/model/{key}", t, where) for key, t in state.items()}
+        out["replicas"] = [{key: _entry(ckpt, f"{local(r)}/model/{key}", t, where) for key, t in state.items()}
                            for r in range(replicas)]
         if periodic["landed"]:
-            out["boundaries"] = [_read_tensors(ckpt, f"{_local(r)}/boundary", names, opt._params)
+            out["boundaries"] = [_read_tensors(ckpt, f"{local(r)}/boundary", names, opt._params)
                                  for r in range(replicas)]
         out["names"] = names
     return out
@@ -347,19 +347,8 @@ def _load_periodic(opt: _Periodic, model: torch.nn.Module, loaded: dict[str, Any
 
 # -- the pieces ---------------------------------------------------------------------------------
 def _same_on_every_rank(state: Mapping[str, torch.Tensor]) -> bool:
-    """Whether every rank holds these very bytes (a checksum per tensor, compared; a collective)."""
-    rank, size = _world()
-    if size == 1:
-        return True
-    sums = [zlib.crc32(np.ascontiguousarray(_tensor(t).data).reshape(-1).view(np.uint8).tobytes())
-            for t in state.values()]
-    everyone = ddl.allgather_object(sums, name="ddl.torch.checkpoint.same")
-    return all(s == everyone[0] for s in everyone)
-
-
-def _local(rank: int) -> str:
-    """The key prefix of what one rank holds alone (its own data file: ``local-r00003....bin``)."""
-    return f"local/r{rank:05d}"
+    """Whether every rank holds these very bytes (a collective)."""
+    return same_on_every_rank((_tensor(t).data for t in state.values()), name="ddl.torch.checkpoint.same")
 
 
 def _names(params: list[torch.Tensor], model: torch.nn.Module, given: Mapping[torch.Tensor, str]) -> list[str]:
@@ -419,7 +408,7 @@ def _entry(ckpt: Checkpoint, key: str, like: torch.Tensor, where: Path) -> torch
     return _from_raw(ckpt.reader.raw(key), entry.dtype, entry.shape)
 
 
-def _mean(tensors: list[torch.Tensor]) -> torch.Tensor:
+def _mean(tensors: list[torch.Tensor]) -> torch.Tensor:  # in torch: bfloat16 and devices as they are
     return torch.stack([t.double() for t in tensors]).mean(0).to(tensors[0].dtype)
 
 
@@ -435,55 +424,6 @@ def _mean_states(states: list[dict[int, dict[str, Any]]]) -> dict[int, dict[str,
             slots[slot] = (_mean(held) if isinstance(first, torch.Tensor) and first.is_floating_point() else first)
         out[i] = slots
     return out
-
-
-# -- a stateful hook (PowerSGD) ----------------------------------------------------------------
-def _saves_hook(state: Any) -> bool:
-    return all(callable(getattr(state, f, None)) for f in ("state_dict", "errors_state_dict", "load_state_dict"))
-
-
-def _save_hook(state: Any, prefix: str, tensors: dict[str, Tensor], rank: int) -> dict[str, Any]:
-    """The hook's shared part (call counts, Q: rank 0 writes them) and this rank's errors."""
-    shared = state.state_dict()["buckets"]
-    errors = state.errors_state_dict()["buckets"]
-    buckets = []
-    for k, (key, bucket) in enumerate(shared.items()):
-        buckets.append({"key": _encode_key(key), "calls": int(bucket["calls"]), "qs": len(bucket["qs"]),
-                        "errors": len(errors.get(key, []))})
-        if rank == 0:
-            for j, q in enumerate(bucket["qs"]):
-                tensors[f"optimizer/{prefix}/b{k}/q{j}"] = Tensor.of(np.asarray(q))
-        for j, e in enumerate(errors.get(key, [])):
-            tensors[f"{_local(rank)}/{prefix}/b{k}/e{j}"] = Tensor.of(np.asarray(e))
-    return {"buckets": buckets, "loss_scale": float(getattr(state, "loss_scale", 1.0))}
-
-
-def _read_hook(ckpt: Checkpoint, info: dict[str, Any], prefix: str, saved_world: int, rank: int,
-               size: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The hook's shared state and this rank's errors: its own at the saved world size, else
-    the saved ranks' mean."""
-    shared: dict[tuple[Any, ...], Any] = {}
-    errors: dict[tuple[Any, ...], Any] = {}
-    for k, bucket in enumerate(info["buckets"]):
-        key = _decode_key(bucket["key"])
-        shared[key] = {"calls": int(bucket["calls"]),
-                       "qs": [ckpt.reader.array(f"optimizer/{prefix}/b{k}/q{j}") for j in range(int(bucket["qs"]))]}
-        if int(bucket["errors"]):
-            ranks = [rank] if saved_world == size else list(range(saved_world))
-            per_rank = [[ckpt.reader.array(f"{_local(r)}/{prefix}/b{k}/e{j}") for j in range(int(bucket["errors"]))]
-                        for r in ranks]
-            errors[key] = [np.mean(np.stack(e, dtype=np.float64), axis=0).astype(e[0].dtype)
-                           for e in zip(*per_rank, strict=True)]
-    return {"buckets": shared, "loss_scale": float(info.get("loss_scale", 1.0))}, {"buckets": errors}
-
-
-def _encode_key(key: tuple[Any, ...]) -> Any:
-    index, dtype, shapes = key
-    return {"index": int(index), "dtype": str(dtype), "shapes": [list(s) for s in shapes]}
-
-
-def _decode_key(raw: dict[str, Any]) -> tuple[Any, ...]:
-    return int(raw["index"]), str(raw["dtype"]), tuple(tuple(int(n) for n in s) for s in raw["shapes"])
 
 
 def _check_names(saved: list[str], now: list[str], field: str, what: str) -> None:

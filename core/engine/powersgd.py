@@ -211,6 +211,11 @@ class PowerSGDState:
             if mem.pending is not None:
                 self._apply(mem, mem.pending)
 
+    def rollback(self) -> None:
+        """The step that used the reductions since the last commit is not taken: drop their updates."""
+        for mem in self.buckets.values():
+            self.drop(mem)
+
     def drop(self, mem: _BucketMemory) -> None:
         """Forget ``mem``'s uncommitted update: the step that used it was not taken."""
         if mem.pending is not None:
