@@ -1,8 +1,10 @@
-"""Tier 2: the recipes users write, each against one process, fresh and resumed across world sizes (torch).
+"""Tier 2: the recipes users write, each against one process, fresh and resumed across world sizes.
 
-Two launches: 3 ranks (the issue's five cases, then the matrix, saving a checkpoint in every
-cell), then 2 ranks (the matrix again, and every cell resumed from the 3 ranks' checkpoint).
-``python tests/tier2/test_recipe_matrix.py`` runs them and prints the table.
+torch: two launches, 3 ranks (the issue's five cases, then the matrix, saving a checkpoint in
+every cell), then 2 ranks (the matrix again, and every cell resumed from the 3 ranks'
+checkpoint). Keras: 2 ranks (its cases, saving checkpoints), then one process resuming them
+(one TensorFlow import per process). ``python tests/tier2/test_recipe_matrix.py`` runs the
+torch launches and prints the table.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 pytest.importorskip("torch")
 pytestmark = pytest.mark.mpi
 WORKER = Path(__file__).parent / "workers" / "worker_recipe_matrix.py"
+KERAS_WORKER = Path(__file__).parent / "workers" / "worker_recipe_keras.py"
 METHODS = ["plain", "sharded", "zero", "powersgd", "localsgd", "diloco"]
 RECIPES = ["sched-before", "sched-after", "warmup", "onecycle", "clip", "scaler", "scaler-clip", "accum"]
 CASES = ["1-sharded-linear-warmup-after-wrap", "1-sharded-lr-set-after-wrap", "1-sharded-onecycle-before-broadcast",
@@ -29,17 +32,18 @@ CASES = ["1-sharded-linear-warmup-after-wrap", "1-sharded-lr-set-after-wrap", "1
          "3-powersgd-gradscaler-ddp-recipe-one-overflow", "3-powersgd-step-left-out-by-hand",
          "3-powersgd-gradscaler-growing-scale",
          "4-powersgd-resume-same-world", "5-key-order"]
-_CELL = re.compile(r"MATRIX (\S+) (\S+) (\S+) ranks=(\d) max_abs_diff=(\S+) identical=(yes|no)(?: vs_plain=(\S+))? "
-                   r"ok=(yes|no)")
+_CELL = re.compile(r"MATRIX (\S+) (\S+) (\S+) ranks=(\d) max_abs_diff=(\S+) identical=(yes|no)(?: vs_plain=(\S+))?"
+                   r"(?: error=\S+)? ok=(yes|no)")
 
 
-def launch(np_: int, folder: Path, *args: str) -> str:
-    cmd = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(np_), sys.executable, str(WORKER),
-           "--folder", str(folder), *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400,
-                          env={**os.environ, "DDL_STALL_TIMEOUT": "200", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"})
+def launch(np_: int, folder: Path, *args: str, worker: Path = WORKER, what: str = "matrix") -> str:
+    run = [sys.executable, str(worker), "--folder", str(folder), *args]
+    cmd = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(np_), *run] if np_ > 1 else run
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=500,
+                          env={**os.environ, "DDL_STALL_TIMEOUT": "200", "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1",
+                               "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert len(re.findall(rf"PASS matrix rank \d+/{np_}", proc.stdout)) == np_, proc.stdout[-4000:]
+    assert len(re.findall(rf"PASS {what} rank \d+/{np_}", proc.stdout)) == np_, proc.stdout[-4000:]
     return proc.stdout
 
 
@@ -87,6 +91,35 @@ def test_every_recipe_trains_like_one_process_fresh_and_resumed_at_any_world_siz
     cases = re.findall(r"CASE (\S+) ranks=3 .* ok=yes", out)
     assert cases == CASES, cases
     assert len(re.findall(r"REFUSED \S+ ranks=2 ok=yes", out)) == 8, out
+
+
+KERAS = ["sharded-warmup-cosine-schedule-broadcast", "sharded-learning-rate-set-after-wrap",
+         "sharded-inside-lossscale-one-overflow", "lossscale-inside-distributed-one-overflow",
+         "distributed-inside-lossscale-one-overflow", "powersgd-around-lossscale-one-overflow",
+         "powersgd-inside-lossscale-one-overflow", "localsgd-around-lossscale-one-overflow",
+         "localsgd-inside-lossscale-one-overflow", "diloco-overlap-warmup-cosine-schedule",
+         *(f"checkpoint-{c}-{s}" for c in ("sharded", "powersgd", "lossscale-inside-distributed",
+                                           "distributed-inside-lossscale", "localsgd", "diloco")
+           for s in ("fresh-saving", "resumed-same")),
+         "mixed_float16-compile-wraps-distributed-one-overflow"]
+KERAS_REFUSED = ["sharded-around-lossscale-at-construction", "mixed_float16-compile-around-distributed-holding-lossscale"]
+
+
+def test_keras_recipes_train_like_one_process_fresh_and_resumed_at_another_world_size(tmp_path: Path) -> None:
+    """Sharded state with schedules, LossScaleOptimizer inside and around DistributedOptimizer
+    (with PowerSGD too) and LocalSGD, DiLoCo with overlap, and their checkpoints: each <= 1e-6
+    from its reference (mixed_float16's float16 arithmetic: 1e-2) with identical replicas, at 2
+    ranks and resumed in one process from the 2 ranks' checkpoints."""
+    pytest.importorskip("tensorflow")
+    out = launch(2, tmp_path, worker=KERAS_WORKER, what="keras")
+    out += launch(1, tmp_path, "--other", "2", worker=KERAS_WORKER, what="keras")
+    print("\n".join(line for line in out.splitlines() if line.startswith(("KERAS", "REFUSED", "TOOK"))))
+    assert "ok=no" not in out, [line for line in out.splitlines() if "ok=no" in line]
+    assert re.findall(r"KERAS (\S+) ranks=2 .* ok=yes", out) == KERAS, out
+    assert re.findall(r"REFUSED (\S+) ranks=2 ok=yes", out) == KERAS_REFUSED, out
+    resumed = re.findall(r"KERAS checkpoint-(\S+)-resumed-from-2 ranks=1 .* ok=yes", out)
+    assert resumed == ["sharded", "powersgd", "lossscale-inside-distributed", "distributed-inside-lossscale",
+                       "localsgd", "diloco"], out
 
 
 if __name__ == "__main__":
