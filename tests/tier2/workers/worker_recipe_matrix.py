@@ -24,8 +24,9 @@ LocalSGD/DiLoCo runs end with ``synchronize()``. Each cell prints
 (PowerSGD adds ``vs_plain=<d>``); ``REFUSED <what> ok=<yes|no>`` lines check combinations
 that are refused, and where. ``--cases`` also runs the issue's five cases first.
 
-Usage (every rank): ``worker_recipe_matrix.py --folder DIR [--other N] [--cases]``: saves
-under DIR/p<P>, and with ``--other N`` also resumes from what a run at N ranks saved there.
+Usage (every rank): ``worker_recipe_matrix.py --folder DIR [--other N] [--cases] [--skip R1,R2]``:
+saves under DIR/p<P>, and with ``--other N`` also resumes from what a run at N ranks saved
+there; ``--skip`` leaves recipes out (to see the rest on code where one hangs).
 """
 
 from __future__ import annotations
@@ -444,9 +445,11 @@ started = time.perf_counter()
 if "--cases" in sys.argv:
     cases = runpy.run_path(str(Path(__file__).with_name("worker_recipe_cases.py")), run_name="cases")
     failed += cases["run_cases"](FOLDER / f"p{P}" / "cases")
+skipped = sys.argv[sys.argv.index("--skip") + 1].split(",") if "--skip" in sys.argv else []  # for exploring
 for method in METHODS:
     for recipe in RECIPES:
-        run_cell(method, recipe)
+        if recipe not in skipped:
+            run_cell(method, recipe)
 refusals()
 if R == 0:
     print(f"TOOK matrix ranks={P} seconds={time.perf_counter() - started:.1f}", flush=True)
