@@ -112,6 +112,12 @@ class ShardedOptimizer(DistributedOptimizer, shards=True):
         self._reducer.full_gradients = True  # type: ignore[attr-defined]
         super().synchronize()
 
+    def _reduce_before_unscale(self, scaler: Any) -> None:
+        """``GradScaler.unscale_`` reads every gradient: give every rank all of them (with only
+        its own, each rank would find inf in its part alone and skip other steps)."""
+        self._reducer.full_gradients = True  # type: ignore[attr-defined]
+        super()._reduce_before_unscale(scaler)
+
     def _sync(self) -> None:
         params = _all_params(self.optimizer)
         if len(params) != len(self._known) or any(a is not b for a, b in zip(params, self._known, strict=True)):

@@ -44,6 +44,12 @@ from torch import nn
 
 import ddl
 import ddl.torch as dt
+import ddl.torch.sharded_reducer as sharded_reducer
+
+# The tiny model's sharded buckets would all be allreduced (the cost model's choice at this
+# size); real models' are reduce-scattered, so that each rank holds its own gradients only:
+# test that path (a GradScaler or clipping must then see every rank's).
+sharded_reducer.choose_gradient_exchange = lambda *args: sharded_reducer.REDUCE_SCATTER
 
 torch.set_num_threads(1)
 warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")  # a scaler's skipped first step: as in one process
