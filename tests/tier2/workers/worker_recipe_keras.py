@@ -4,7 +4,9 @@ The questions the torch matrix asks, for ``dk.DistributedOptimizer(shard_optimiz
 ``dk.LocalSGD``, ``dk.DiLoCo`` and PowerSGD, with Keras's learning-rate schedules and its
 ``LossScaleOptimizer`` (what ``model.compile`` wraps an optimizer in under ``mixed_float16``),
 inside and around ddl's optimizers, fresh and resumed through ``ddl.tensorflow.keras.checkpoint``.
-Each case prints ``KERAS <case> ranks=<P> max_abs_diff=<d> identical=<yes|no> ok=<yes|no>``;
+Each configuration is trained fresh (saving a checkpoint at SAVE_AT, which changes nothing) and
+resumed from it in new objects; each prints
+``KERAS <configuration> <fresh|resumed-same|resumed-from-N> ranks=<P> max_abs_diff=<d> identical=<yes|no> ok=<yes|no>``;
 ``REFUSED <what> ranks=<P> ok=<yes|no> message=...`` where a combination is refused.
 
 References: one process (``model.fit`` on whole batches); for PowerSGD, one process running
@@ -270,56 +272,115 @@ def simulated(kind: str, make_inner: Any, x: np.ndarray, *, period: int, overlap
     return sim.model()
 
 
-# -- the cases --------------------------------------------------------------------------------------
-def sharded_cases() -> None:
-    ref = one_process(lambda: keras.optimizers.Adam(schedule()))
-    model = mlp(0 if R == 0 else 100 + R)
-    fit(model, dk.DistributedOptimizer(keras.optimizers.Adam(schedule()), shard_optimizer_state=True), range(STEPS),
-        callbacks=[dk.callbacks.BroadcastGlobalVariablesCallback(0)])
-    report("sharded-warmup-cosine-schedule-broadcast", model, ref)
+# -- the configurations: each trained fresh (saving at SAVE_AT) and resumed ---------------------------
+class Config:
+    """A Keras recipe: its optimizer (``make(process_set)``), its data, its reference's key."""
 
-    ref_opt = keras.optimizers.Adam(0.01)
-    ref_opt.learning_rate = 0.003
-    ref = one_process(lambda: ref_opt)
-    model = mlp(0 if R == 0 else 100 + R)
-    opt = dk.DistributedOptimizer(keras.optimizers.Adam(0.01), shard_optimizer_state=True)
-    opt.learning_rate = 0.003
-    fit(model, opt, range(STEPS), callbacks=[dk.callbacks.BroadcastGlobalVariablesCallback(0)])
-    report("sharded-learning-rate-set-after-wrap", model, ref)
+    def __init__(self, make: Any, x: np.ndarray, ref: str, *, broadcast: bool = False) -> None:
+        self.make, self.x, self.ref, self.broadcast = make, x, ref, broadcast
 
-    ref = one_process(lambda: lso(keras.optimizers.Adam(0.01)), X_OVER)
-    model = mlp(0)
-    fit(model, lso(dk.DistributedOptimizer(keras.optimizers.Adam(0.01), shard_optimizer_state=True)), range(STEPS),
-        x=X_OVER)
-    report("sharded-inside-lossscale-one-overflow", model, ref)
+
+CONFIGS = {
+    "sharded-warmup-cosine-schedule-broadcast": Config(
+        lambda ps=None: dk.DistributedOptimizer(keras.optimizers.Adam(schedule()), shard_optimizer_state=True), X,
+        "adam-schedule", broadcast=True),
+    "sharded-inside-lossscale-one-overflow": Config(
+        lambda ps=None: lso(dk.DistributedOptimizer(keras.optimizers.Adam(0.01), shard_optimizer_state=True)), X_OVER,
+        "lossscale-adam"),
+    "lossscale-inside-distributed-one-overflow": Config(lambda ps=None: dk.DistributedOptimizer(lso(sgd())), X_OVER,
+                                                        "lossscale-sgd"),
+    "distributed-inside-lossscale-one-overflow": Config(lambda ps=None: lso(dk.DistributedOptimizer(sgd())), X_OVER,
+                                                        "lossscale-sgd"),
+    "powersgd-around-lossscale-one-overflow": Config(lambda ps=None: powersgd(lso(sgd()), ps), X_OVER, "powersgd"),
+    "powersgd-inside-lossscale-one-overflow": Config(lambda ps=None: lso(powersgd(sgd(), ps)), X_OVER, "powersgd"),
+    "localsgd-around-lossscale-one-overflow": Config(lambda ps=None: dk.LocalSGD(lso(sgd()), period=3), X_OVER,
+                                                     "localsgd"),
+    "localsgd-inside-lossscale-one-overflow": Config(lambda ps=None: lso(dk.LocalSGD(sgd(), period=3)), X_OVER,
+                                                     "localsgd"),
+    "diloco-overlap-warmup-cosine-schedule": Config(
+        lambda ps=None: dk.DiLoCo(keras.optimizers.Adam(schedule()), period=2, overlap=1), X, "diloco"),
+}
+_references: dict[tuple[str, int | None], np.ndarray] = {}
+
+
+def reference(key: str, saved_by: int | None = None) -> np.ndarray:
+    """The reference weights of ``key`` (LocalSGD/DiLoCo: resumed from ``saved_by`` ranks at
+    SAVE_AT), computed once per process. PowerSGD's inside and around a loss scaler share one:
+    one process runs the same arithmetic either way."""
+    cache = (key, saved_by if key in ("localsgd", "diloco") else None)
+    if cache not in _references:
+        if key == "localsgd":
+            model = simulated("localsgd", lambda: lso(sgd()), X_OVER, period=3, saved_by=saved_by)
+        elif key == "diloco":
+            model = simulated("diloco", lambda: keras.optimizers.Adam(schedule()), X, period=2, overlap=1,
+                              saved_by=saved_by)
+        elif key == "powersgd":
+            model = mlp(0)
+            fit(model, powersgd(lso(sgd()), SINGLE[R]), range(STEPS), rank=0, world=1, x=X_OVER)
+        else:
+            make = {"adam-schedule": lambda: keras.optimizers.Adam(schedule()),
+                    "lossscale-adam": lambda: lso(keras.optimizers.Adam(0.01)), "lossscale-sgd": lambda: lso(sgd())}
+            model = one_process(make[key], X if key == "adam-schedule" else X_OVER)
+        _references[cache] = weights(model)
+    return _references[cache]
+
+
+def synchronized(opt: Any) -> None:
+    """LocalSGD/DiLoCo (inside a loss scaler or not): every rank to the same weights."""
+    periodic = opt if hasattr(opt, "synchronize") else getattr(opt, "inner_optimizer", None)
+    if periodic is not None and hasattr(periodic, "synchronize"):
+        periodic.synchronize()
+
+
+def resume(config: Config, folder: Path) -> keras.Model:
+    again = mlp(50 + R)  # another start: everything must come from the checkpoint
+    opt = config.make()
+    again.compile(optimizer=opt, loss="mse")
+    opt.build(again.trainable_variables)
+    extra = dk.checkpoint.load(folder, model=again, optimizer=opt)
+    assert extra == {"step": SAVE_AT}, extra
+    fit(again, opt, range(SAVE_AT, STEPS), x=config.x)
+    synchronized(opt)
+    return again
+
+
+def configurations() -> None:
+    for name, config in CONFIGS.items():
+        def run(name: str = name, config: Config = config) -> None:
+            model = mlp(0 if R == 0 or not config.broadcast else 100 + R)
+            opt = config.make()
+            folder = FOLDER / f"p{P}" / f"keras-{name}"
+            start = [dk.callbacks.BroadcastGlobalVariablesCallback(0)] if config.broadcast else []
+            fit(model, opt, range(SAVE_AT), x=config.x, callbacks=start)
+            dk.checkpoint.save(folder, model=model, optimizer=opt, extra={"step": SAVE_AT})  # changes nothing
+            fit(model, opt, range(SAVE_AT, STEPS), x=config.x)
+            synchronized(opt)
+            note = ""
+            if config.ref == "powersgd":
+                note = f" vs_unscaled_without_the_step={np.abs(reference('powersgd') - unscaled_powersgd()).max():.3g}"
+            report(f"{name} fresh", model, reference(config.ref), note)
+            report(f"{name} resumed-same", resume(config, folder), model)
+
+        attempt(name, run)
+
+
+def unscaled_powersgd() -> np.ndarray:
+    """PowerSGD without a loss scale, leaving the overflowing step out (one process)."""
+    if ("unscaled", None) not in _references:
+        model = mlp(0)
+        plain = powersgd(sgd(), SINGLE[R])
+        fit(model, plain, range(OVERFLOW), rank=0, world=1)
+        fit(model, plain, range(OVERFLOW + 1, STEPS), rank=0, world=1)
+        _references[("unscaled", None)] = weights(model)
+    return _references[("unscaled", None)]
+
+
+def refusals() -> None:
     refused("sharded-around-lossscale-at-construction", ("LossScaleOptimizer(DistributedOptimizer(", "mixed_float16"),
             lambda: dk.DistributedOptimizer(lso(keras.optimizers.Adam(0.01)), shard_optimizer_state=True))
 
 
-def lossscale_cases() -> None:
-    ref = one_process(lambda: lso(sgd()), X_OVER)
-    for name, make in (("lossscale-inside-distributed", lambda: dk.DistributedOptimizer(lso(sgd()))),
-                       ("distributed-inside-lossscale", lambda: lso(dk.DistributedOptimizer(sgd())))):
-        model = mlp(0)
-        fit(model, make(), range(STEPS), x=X_OVER)
-        report(f"{name}-one-overflow", model, ref)
-    # PowerSGD: each order against one process running it, and the distance to the run
-    # without a loss scale that leaves the overflowing step out.
-    unscaled = mlp(0)
-    plain = powersgd(sgd(), SINGLE[R])
-    fit(unscaled, plain, range(OVERFLOW), rank=0, world=1)
-    fit(unscaled, plain, range(OVERFLOW + 1, STEPS), rank=0, world=1)
-    for name, make in (("powersgd-around-lossscale", lambda ps=None: powersgd(lso(sgd()), ps)),
-                       ("powersgd-inside-lossscale", lambda ps=None: lso(powersgd(sgd(), ps)))):
-        ref = mlp(0)
-        fit(ref, make(SINGLE[R]), range(STEPS), rank=0, world=1, x=X_OVER)
-        model = mlp(0)
-        fit(model, make(), range(STEPS), x=X_OVER)
-        report(f"{name}-one-overflow", model, ref,
-               f" vs_unscaled_without_the_step={np.abs(weights(ref) - weights(unscaled)).max():.3g}")
-
-
-def mixed_precision_cases() -> None:
+def mixed_precision() -> None:
     """``mixed_float16``: compile wraps the DistributedOptimizer in a LossScaleOptimizer. float16
     arithmetic on half batches differs from one process's (so a looser bound); a rank's overflow
     is skipped on every rank, and one holding a LossScaleOptimizer already is refused."""
@@ -330,7 +391,7 @@ def mixed_precision_cases() -> None:
         fit(model, dk.DistributedOptimizer(sgd()), range(STEPS), x=X_OVER)
         wrapped = type(model.optimizer).__name__ == "LossScaleOptimizer"
         scale = float(model.optimizer.dynamic_scale.numpy()) if wrapped else 0.0
-        report("mixed_float16-compile-wraps-distributed-one-overflow", model, ref,
+        report("mixed_float16-compile-wraps-distributed-one-overflow fresh", model, ref,
                f" compiled=LossScaleOptimizer(DistributedOptimizer) scale={scale:g}", tolerance=1e-2)
         refused("mixed_float16-compile-around-distributed-holding-lossscale", ("unscaled twice", "auto_scale_loss"),
                 lambda: mlp(0).compile(optimizer=dk.DistributedOptimizer(lso(sgd())), loss="mse"))
@@ -338,99 +399,21 @@ def mixed_precision_cases() -> None:
         keras.mixed_precision.set_global_policy("float32")
 
 
-def periodic_cases() -> None:
-    for name, make in (("localsgd-around-lossscale", lambda: dk.LocalSGD(lso(sgd()), period=3)),
-                       ("localsgd-inside-lossscale", lambda: lso(dk.LocalSGD(sgd(), period=3)))):
-        ref = simulated("localsgd", lambda: lso(sgd()), X_OVER, period=3)
-        model = mlp(0)
-        opt = make()
-        fit(model, opt, range(STEPS), x=X_OVER)
-        getattr(opt, "inner_optimizer", opt).synchronize() if name.endswith("inside-lossscale") else opt.synchronize()
-        report(f"{name}-one-overflow", model, ref)
-    ref = simulated("diloco", lambda: keras.optimizers.Adam(schedule()), X, period=2, overlap=1)
-    model = mlp(0)
-    opt = dk.DiLoCo(keras.optimizers.Adam(schedule()), period=2, overlap=1)
-    fit(model, opt, range(STEPS))
-    opt.synchronize()
-    report("diloco-overlap-warmup-cosine-schedule", model, ref)
-
-
-# -- checkpoints ------------------------------------------------------------------------------------
-CHECKPOINTS: dict[str, tuple[Any, np.ndarray]] = {
-    "sharded": (lambda ps=None: dk.DistributedOptimizer(keras.optimizers.Adam(0.01), shard_optimizer_state=True), X),
-    "powersgd": (lambda ps=None: powersgd(sgd(), ps), X),
-    "lossscale-inside-distributed": (lambda ps=None: dk.DistributedOptimizer(lso(sgd())), X_OVER),
-    "distributed-inside-lossscale": (lambda ps=None: lso(dk.DistributedOptimizer(sgd())), X_OVER),
-    "localsgd": (lambda ps=None: dk.LocalSGD(sgd(), period=3), X),
-    "diloco": (lambda ps=None: dk.DiLoCo(keras.optimizers.Adam(0.01), period=2, overlap=1), X),
-}
-
-
-def reference_for(name: str, saved_by: int | None = None) -> keras.Model:
-    make, x = CHECKPOINTS[name]
-    if name == "localsgd":
-        return simulated("localsgd", sgd, x, period=3, saved_by=saved_by)
-    if name == "diloco":
-        return simulated("diloco", lambda: keras.optimizers.Adam(0.01), x, period=2, overlap=1, saved_by=saved_by)
-    if name == "powersgd":
-        model = mlp(0)
-        fit(model, make(SINGLE[R]), range(STEPS), rank=0, world=1, x=x)
-        return model
-    return one_process({"sharded": lambda: keras.optimizers.Adam(0.01)}.get(name, lambda: lso(sgd())), x)
-
-
-def synchronized(opt: Any) -> None:
-    periodic = opt if hasattr(opt, "synchronize") else getattr(opt, "inner_optimizer", None)
-    if periodic is not None and hasattr(periodic, "synchronize"):
-        periodic.synchronize()
-
-
-def resume(name: str, folder: Path) -> keras.Model:
-    make, x = CHECKPOINTS[name]
-    again = mlp(50 + R)  # another start: everything must come from the checkpoint
-    opt = make()
-    again.compile(optimizer=opt, loss="mse")
-    opt.build(again.trainable_variables)
-    extra = dk.checkpoint.load(folder, model=again, optimizer=opt)
-    assert extra == {"step": SAVE_AT}, extra
-    fit(again, opt, range(SAVE_AT, STEPS), x=x)
-    synchronized(opt)
-    return again
-
-
-def checkpoint_cases() -> None:
-    for name, (make, x) in CHECKPOINTS.items():
-        def run(name: str = name, make: Any = make, x: np.ndarray = x) -> None:
-            model = mlp(0)
-            opt = make()
-            folder = FOLDER / f"p{P}" / f"keras-{name}"
-            fit(model, opt, range(SAVE_AT), x=x)
-            dk.checkpoint.save(folder, model=model, optimizer=opt, extra={"step": SAVE_AT})  # changes nothing
-            fit(model, opt, range(SAVE_AT, STEPS), x=x)
-            synchronized(opt)
-            report(f"checkpoint-{name}-fresh-saving", model, reference_for(name))
-            report(f"checkpoint-{name}-resumed-same", resume(name, folder), model)
-
-        attempt(f"checkpoint-{name}", run)
-
-
-def other_world_cases() -> None:
+def other_world() -> None:
     assert OTHER is not None
-    for name in CHECKPOINTS:
-        attempt(f"checkpoint-{name}-resumed-from-{OTHER}",
-                lambda name=name: report(f"checkpoint-{name}-resumed-from-{OTHER}",
-                                         resume(name, FOLDER / f"p{OTHER}" / f"keras-{name}"),
-                                         reference_for(name, saved_by=OTHER)))
+    for name, config in CONFIGS.items():
+        attempt(name, lambda name=name, config=config: report(
+            f"{name} resumed-from-{OTHER}", resume(config, FOLDER / f"p{OTHER}" / f"keras-{name}"),
+            reference(config.ref, saved_by=OTHER)))
 
 
 started = time.perf_counter()
-parts = [other_world_cases] if OTHER is not None else [sharded_cases, lossscale_cases, periodic_cases,
-                                                       checkpoint_cases, mixed_precision_cases]
+parts = [other_world] if OTHER is not None else [configurations, refusals, mixed_precision]
 took = []
 for part in parts:
     began = time.perf_counter()
     attempt(part.__name__, part)
-    took.append(f"{part.__name__.removesuffix('_cases')}={time.perf_counter() - began:.1f}")
+    took.append(f"{part.__name__}={time.perf_counter() - began:.1f}")
 if R == 0:
     print(f"TOOK keras ranks={P} seconds={time.perf_counter() - started:.1f} {' '.join(took)}", flush=True)
 print(f"{'PASS' if not failed else 'FAIL'} keras rank {R}/{P} failed={','.join(failed) or '-'}", flush=True)
