@@ -24,7 +24,12 @@ from ddl.caffe.formats.protofile import read_binary, read_net
 from ddl.caffe.net.net import Net
 from ddl.caffe.net.weights import load_weights
 from ddl.caffe.solver import lr_policy, updates
-from ddl.caffe.solver.exchange import DiffExchange, agree_seed, average_statistics, broadcast_parameters
+from ddl.caffe.solver.exchange import (
+    DiffExchange,
+    agree_seed,
+    average_statistics,
+    broadcast_parameters,
+)
 
 log = logging.getLogger("ddl.caffe")
 HDF5, BINARYPROTO = 0, 1
