@@ -30,7 +30,7 @@ from ddl.engine.naming import manifest_name
 from ddl.runtime import api
 
 from ..bridge import host_call
-from ..hooked import hook_config, hook_from_config
+from ..hook_reducer import hook_config, hook_from_config
 from .lossscale import is_loss_scale
 
 __all__ = ["DiLoCo", "LocalSGD"]
