@@ -495,7 +495,7 @@ def wrapper_class(cls: type[DistributedOptimizer], args: tuple[Any, ...], kwargs
     ``DistributedOptimizer(..., op=ddl.Adasum)`` returns
     :class:`~ddl.torch.adasum_optimizer.DistributedAdasumOptimizer`, as Horovod's does.
     ``DistributedOptimizer(..., shard_optimizer_state=True)`` is ZeRO stage 1:
-    :class:`~ddl.torch.sharded_optimizer.ShardedOptimizer`. Otherwise ``cls`` itself. The
+    :class:`~ddl.torch.sharded_optimizer.ShardedOptimizer` (:data:`sharded_class`). Otherwise ``cls`` itself. The
     arguments are read by name through ``DistributedOptimizer.__init__``'s signature, so
     ``op`` counts wherever it stands; arguments that do not fit it are left for
     ``__init__`` to refuse (unpickling makes one with none).
@@ -518,10 +518,17 @@ def wrapper_class(cls: type[DistributedOptimizer], args: tuple[Any, ...], kwargs
 
         return DistributedAdasumOptimizer
     if given.get("shard_optimizer_state") and cls is DistributedOptimizer:
-        from .sharded_optimizer import ShardedOptimizer
-
-        return ShardedOptimizer
+        if sharded_class is None:
+            raise RuntimeError("shard_optimizer_state=True needs ddl.torch.sharded_optimizer; import ddl.torch")
+        return sharded_class
     return cls
+
+
+#: The class ``DistributedOptimizer(..., shard_optimizer_state=True)`` builds:
+#: :class:`~ddl.torch.sharded_optimizer.ShardedOptimizer`. It subclasses DistributedOptimizer,
+#: so this module cannot import it (no two modules import each other): ``ddl.torch``'s
+#: ``__init__`` sets it, in one line, right after importing both.
+sharded_class: type[DistributedOptimizer] | None = None
 
 
 _SIGNATURE = inspect.signature(DistributedOptimizer.__init__)
