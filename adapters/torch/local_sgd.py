@@ -33,11 +33,12 @@ from ddl.runtime.process_sets import global_process_set
 from .collectives import grouped_allreduce_
 from .optimizer import DistributedOptimizer
 from .tensors import from_numpy, numpy_dtype
+from .wrapping import PassesThrough
 
 __all__ = ["DiLoCo", "LocalSGD"]
 
 
-class _Periodic(torch.optim.Optimizer):
+class _Periodic(PassesThrough):
     """The shared machinery: the anchor, the rounds of pseudo-gradients, overlap, state."""
 
     _kind = "periodic"
@@ -74,37 +75,6 @@ class _Periodic(torch.optim.Optimizer):
         self._merge_at = 0
         self.steps = 0  # inner steps taken
         self._unsent = 0  # inner steps whose progress no round has carried yet
-
-    # -- the wrapped optimizer, passed through -------------------------------------------
-    @property  # type: ignore[override]
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups  # type: ignore[no-any-return]
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = value
-
-    @property  # type: ignore[override]
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property  # type: ignore[override]
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults  # type: ignore[no-any-return]
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self.optimizer.defaults = value
-
-    def __getattr__(self, name: str) -> Any:
-        inner = self.__dict__.get("optimizer")
-        if inner is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``."""

@@ -32,11 +32,12 @@ from ddl.runtime import api
 from ..bridge import host_call
 from ..hooked import hook_config, hook_from_config
 from .lossscale import is_loss_scale
+from .wrapping import PassesThrough
 
 __all__ = ["DiLoCo", "LocalSGD"]
 
 
-class _Periodic(keras.optimizers.Optimizer):  # type: ignore[misc]
+class _Periodic(PassesThrough, keras.optimizers.Optimizer):  # type: ignore[misc]
     """The shared machinery: anchors, rounds (blocking or overlapped), synchronize."""
 
     _kind = "periodic"
@@ -247,25 +248,6 @@ class _Periodic(keras.optimizers.Optimizer):  # type: ignore[misc]
     def _reduce_now(self, *deltas: Any) -> list[Any]:
         self._start(*deltas)
         return self._finish(*deltas)
-
-    # -- the wrapped optimizer's settings, passed through ----------------------------
-    @property
-    def learning_rate(self) -> Any:
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: Any) -> None:
-        self.inner_optimizer.learning_rate = value
-
-    @property
-    def iterations(self) -> Any:
-        return self.inner_optimizer.iterations
-
-    def scale_loss(self, loss: Any) -> Any:
-        return self.inner_optimizer.scale_loss(loss)
-
-    def finalize_variable_values(self, var_list: Any) -> None:
-        self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),

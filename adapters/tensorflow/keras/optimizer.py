@@ -18,6 +18,7 @@ from ..gradients import check_gradient_op, name_for, reduce_gradients
 from ..hooked import HookedReducer, as_reduction, hook_config, hook_from_config
 from .lossscale import is_loss_scale
 from .sharding import agree_finite, gather_from_owners, reduce_to_owners
+from .wrapping import PassesThrough
 
 
 def _context_key(tvs: list[Any]) -> tuple[Any, ...]:
@@ -28,7 +29,7 @@ def _context_key(tvs: list[Any]) -> tuple[Any, ...]:
 
 
 @keras.saving.register_keras_serializable(package="ddl")
-class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
+class DistributedOptimizer(PassesThrough, keras.optimizers.Optimizer):  # type: ignore[misc]
     """Wraps any Keras 3 optimizer so ``model.fit`` trains on every rank's data.
 
     ``apply()`` (which ``apply_gradients`` and ``model.fit`` call) reduces all gradients
@@ -317,25 +318,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
     def _inner_apply(self, grads: list[Any], tvs: list[Any]) -> tf.Tensor:
         self.inner_optimizer.apply(grads, tvs)
         return tf.constant(True)
-
-    # -- the wrapped optimizer's settings, passed through ----------------------------
-    @property
-    def learning_rate(self) -> Any:
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: Any) -> None:
-        self.inner_optimizer.learning_rate = value
-
-    @property
-    def iterations(self) -> Any:
-        return self.inner_optimizer.iterations
-
-    def scale_loss(self, loss: Any) -> Any:
-        return self.inner_optimizer.scale_loss(loss)
-
-    def finalize_variable_values(self, var_list: Any) -> None:
-        self.inner_optimizer.finalize_variable_values(var_list)
 
     def get_config(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,35 @@
+"""What an optimizer wrapper of ddl.tensorflow.keras passes through to the one it wraps.
+
+DistributedOptimizer and LocalSGD/DiLoCo step with ``self.inner_optimizer``: its learning
+rate (a schedule or a value a callback sets), its iteration count and its loss scaling
+are the ones that count, so the wrapper reads and writes them there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PassesThrough:
+    """Mixed in before ``keras.optimizers.Optimizer``: the settings above are
+    ``self.inner_optimizer``'s."""
+
+    inner_optimizer: Any
+
+    @property
+    def learning_rate(self) -> Any:
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        self.inner_optimizer.learning_rate = value
+
+    @property
+    def iterations(self) -> Any:
+        return self.inner_optimizer.iterations
+
+    def scale_loss(self, loss: Any) -> Any:
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list: Any) -> None:
+        self.inner_optimizer.finalize_variable_values(var_list)
