@@ -27,6 +27,7 @@ import torch
 from ddl.base.ops import ReduceOp
 from ddl.engine.hooked import HookedBuckets, Pending
 from ddl.engine.naming import manifest_name
+from ddl.engine.periodic import check_schedule
 from ddl.runtime import api
 from ddl.runtime.process_sets import global_process_set
 
@@ -50,12 +51,7 @@ class _Periodic(PassesThrough):
         if isinstance(inner, DistributedOptimizer):
             raise TypeError(f"{type(self).__name__} wraps a plain optimizer (each rank steps alone between rounds), "
                             "not a DistributedOptimizer (sharded or not): pass the optimizer it wraps")
-        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
-            raise ValueError(f"{type(self).__name__}: period must be an integer >= 1 (inner steps per outer step), "
-                             f"got {period!r}")
-        if not isinstance(overlap, int) or isinstance(overlap, bool) or not 0 <= overlap <= period:
-            raise ValueError(f"{type(self).__name__}: overlap must be an integer from 0 (wait for each average) to "
-                             f"period={period} (apply it at the next outer step), got {overlap!r}")
+        check_schedule(type(self).__name__, period, overlap)
         if not params:
             raise ValueError(f"{type(self).__name__}: no parameters to average")
         for p in params:

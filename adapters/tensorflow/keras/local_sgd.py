@@ -27,6 +27,7 @@ from ddl.checkpoint.replicas import mean
 from ddl.engine.hooked import HookedBuckets, Pending
 from ddl.engine.hooks import as_hook
 from ddl.engine.naming import manifest_name
+from ddl.engine.periodic import check_schedule
 from ddl.runtime import api
 
 from ..bridge import host_call
@@ -52,12 +53,7 @@ class _Periodic(PassesThrough, keras.optimizers.Optimizer):  # type: ignore[misc
             raise TypeError(f"{type(self).__name__} wraps a plain Keras optimizer (each rank steps alone), or a "
                             f"LossScaleOptimizer around one; not {type(inner_optimizer).__name__}: pass the optimizer "
                             "it wraps")
-        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
-            raise ValueError(f"{type(self).__name__}: period must be an integer >= 1 (inner steps per outer step), "
-                             f"got {period!r}")
-        if not isinstance(overlap, int) or isinstance(overlap, bool) or not 0 <= overlap <= period:
-            raise ValueError(f"{type(self).__name__}: overlap must be an integer from 0 (wait for each average) to "
-                             f"period={period}, got {overlap!r}")
+        check_schedule(type(self).__name__, period, overlap)
         super().__init__(learning_rate=0.0, name=name or f"{self._kind}_{inner_optimizer.name}")
         self.inner_optimizer = inner_optimizer
         self.period, self.overlap = period, overlap
