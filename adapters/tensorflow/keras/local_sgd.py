@@ -283,13 +283,6 @@ class LocalSGD(_Periodic):
         for a, d in zip(self._anchors, averaged, strict=True):
             a.assign_sub(d)  # anchor - mean(anchor - w_i) = mean(w_i)
 
-    @classmethod
-    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LocalSGD:
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
-        config["compression"] = hook_from_config(config.get("compression"))
-        return cls(inner, **config)
-
 
 @keras.saving.register_keras_serializable(package="ddl")
 class DiLoCo(_Periodic):

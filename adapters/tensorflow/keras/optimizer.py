@@ -15,7 +15,7 @@ from ddl.engine.naming import manifest_name
 from ddl.reduction.partition import partition_by_bytes
 
 from ..gradients import check_gradient_op, name_for, reduce_gradients
-from ..hooked import HookedReducer, as_reduction, hook_config, hook_from_config
+from ..hooked import HookedReducer, as_reduction, hook_config
 from .lossscale import is_loss_scale
 from .sharding import agree_finite, gather_from_owners, reduce_to_owners
 from .wrapping import PassesThrough
@@ -330,13 +330,6 @@ class DistributedOptimizer(PassesThrough, keras.optimizers.Optimizer):  # type: 
             "sparse_as_dense": self.sparse_as_dense,
             "shard_optimizer_state": self.shard_optimizer_state,
         }
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
-        config["compression"] = hook_from_config(config.get("compression"))
-        return cls(inner, **config)
 
 
 def _check_shardable(optimizer: Any, backward_passes_per_step: int, compression: Any, process_set: Any) -> None:

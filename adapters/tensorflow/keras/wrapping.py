@@ -2,12 +2,17 @@
 
 DistributedOptimizer and LocalSGD/DiLoCo step with ``self.inner_optimizer``: its learning
 rate (a schedule or a value a callback sets), its iteration count and its loss scaling
-are the ones that count, so the wrapper reads and writes them there.
+are the ones that count, so the wrapper reads and writes them there. Its saved config
+holds the wrapped optimizer under ``"optimizer"`` and the hook under ``"compression"``.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import keras
+
+from ..hooked import hook_from_config
 
 
 class PassesThrough:
@@ -33,3 +38,11 @@ class PassesThrough:
 
     def finalize_variable_values(self, var_list: Any) -> None:
         self.inner_optimizer.finalize_variable_values(var_list)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> Any:
+        """The wrapper a ``get_config()`` describes, around the optimizer it holds."""
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
+        config["compression"] = hook_from_config(config.get("compression"))
+        return cls(inner, **config)  # type: ignore[call-arg]  # the subclass takes the optimizer first
