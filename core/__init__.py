@@ -17,8 +17,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from ddl.base.lazy import attributes
 
 __version__ = "0.1.0"
 
@@ -127,13 +128,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ddl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = attributes("ddl", _LAZY, globals())
 
 
 def __dir__() -> list[str]:

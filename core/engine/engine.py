@@ -28,13 +28,15 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import NoReturn
 
 import numpy as np
 
 from ddl.base.dtypes import accumulator
 from ddl.base.errors import DDLError, HorovodInternalError, MismatchError, RemoteError
-from ddl.engine import fusion, join, negotiation
+from ddl.base.ops import ReduceOp, ufunc
+from ddl.engine import fusion, join, negotiation, small_lane
 from ddl.engine.codec import Exchange, Verdict
 from ddl.engine.compression import as_compressor
 from ddl.engine.context import Context
@@ -121,7 +123,7 @@ class Engine:
         if self._thread is None:
             self._execute([req])
             return req.handle
-        req.handle._waiter = self
+        req.handle.attach(self)
         with self._lock:
             if self._stop:
                 raise DDLError("ddl is shutting down; no new collectives are accepted")
@@ -371,7 +373,11 @@ class Engine:
             return batch[:m]
         return []
 
-    # -- the lean path: one request run by its caller (baton free, nothing pending) ----
+    # -- the lean path: one call run by its caller (baton free, nothing pending) --------
+    # One cycle with one request, run in the caller instead of queued for the thread:
+    # run_alone takes a request built by the usual checks, run_lane a small call's
+    # prepared Lane (the same request's cached inputs), and both go through _lean_cycle,
+    # so the engine's contract lives in two places only: here and _cycle.
     def run_alone(self, req: Request) -> bool:
         """Run ``req`` in the caller as the one cycle :meth:`_cycle` would run with it
         alone pending; False (nothing done) when the engine is busy here or stopping,
@@ -383,52 +389,21 @@ class Engine:
         larger one runs at once as a bucket of its own; when they hold something else,
         the request joins the queue and this cycle's verdict is carried out as usual.
         """
-        if self._thread is None or not self._baton.acquire(blocking=False):
+        if not self._lean_baton():
             return False
         try:
-            if self._pending or self._stop or self._finished or self._failure is not None \
-                    or self._interrupted is not None:
-                return False  # submit() then raises or queues
-            req.submitted = start = time.perf_counter()
+            req.submitted = time.perf_counter()
+            req.handle.attach(self)
             d = req.digest = self._digests.get(req.descriptor) or self._digest(req.descriptor)
-            req.handle._waiter = self
             arr = req.array
             inline = 0 if self.exchange.compact else fusion.inline_bytes([req])
-            due = time.monotonic() >= self.watch.next_check
-            try:
-                # Own-accumulator dtypes go through typed views cached per shape; the
-                # rest (half types, which sum in float32) through the queued path's packing.
-                views = self._inline_views(arr) if inline and arr is not None and accumulator(arr.dtype) == arr.dtype \
-                    else None
-                if views is not None:
-                    views[0][...] = arr
-                elif inline:
-                    fusion.pack_inline([req], self.exchange.payload_out)
-                self.exchange.run(d, 1, inline=inline, due=due)
-                self.cycles += 1
-                if self.exchange.all_hold(d, 1):
-                    if views is not None:
-                        self.inline_cycles += 1
-                        req.handle.set_result(fusion.reduce_payloads(views[1], req.op, arr if req.inplace else None))
-                        if self.timeline is not None:
-                            fusion.trace_inline(self.timeline, [req], inline, (start, time.perf_counter()))
-                    elif inline:
-                        self.inline_cycles += 1
-                        fusion.finish_inline(self.ctx, [req], self.exchange.payloads, inline, self.timeline,
-                                             (start, time.perf_counter()))
-                    else:
-                        fusion.execute(self.ctx, [req], self.fusion_threshold, self.timeline)
-                    self.watch.done((req.name,))
-                    return True
-                # Other ranks hold something else: go on as the queued request would.
-                with self._lock:
-                    self._in_flight.add(req.name)
-                    self._pending.append(req)
-                self._act(self.exchange.verdict(d, 1), [req], False, inline, start)
-            except BaseException as exc:  # the failure report names this collective
-                self._fail(exc, [req])
-            finally:
-                self._last_cycle = time.perf_counter()
+            # Own-accumulator dtypes ride typed views cached per shape, as a lane does;
+            # the rest (half types, which sum in float32) the queued path's packing.
+            lane = self._transient_lane(req) if inline and arr is not None \
+                and accumulator(arr.dtype) == arr.dtype else None
+            got = self._lean_cycle(d, inline, lane, arr, req.name, req)
+            if type(got) is np.ndarray:
+                req.handle.set_result(got)
         finally:
             self._baton.release()
         return True
@@ -439,46 +414,101 @@ class Engine:
         something else. Returns the result, a handle to wait on (the call joined the
         queue after this cycle's verdict was carried out), or None (engine busy here or
         tracing: nothing done, no name taken; the caller goes the usual way)."""
-        if self.timeline is not None or self._thread is None or not self._baton.acquire(blocking=False):
+        if self.timeline is not None or not self._lean_baton():
             return None
         try:
-            if self._pending or self._stop or self._finished or self._failure is not None \
-                    or self._interrupted is not None:
-                return None
             if not name:  # unnamed ("" too, as on the queued path): the thread's next count
                 stem, count = self.names.next_count_excluded()  # the baton excludes catch_up
                 d = (lane.body ^ negotiation.counted_digest(stem, count)) & negotiation.MASK
-                name = None
+                name = f"{stem}{count}"
             else:
-                stem, count = "", 0
                 d = (lane.body ^ self._name_digest(name)) & negotiation.MASK
-            ex = self.exchange
-            try:
-                lane.staged[...] = x
-                held = ex.run_one(d, lane.nbytes, time.monotonic() >= self.watch.next_check)
-                self.cycles += 1
-                if held:
-                    self.inline_cycles += 1
-                    out = fusion.reduce_with(lane.parts, lane.combine, lane.average, x if lane.inplace else None)
-                    if self.watch.watching:
-                        self.watch.done((name or f"{stem}{count}",))
-                    return out
-                # Other ranks hold something else: go on as the queued request would.
-                req = lane.request(x, name or f"{stem}{count}")
-                start = time.perf_counter()
-                req.submitted, req.digest = start, d
-                req.handle._waiter = self
-                with self._lock:
-                    self._in_flight.add(req.name)
-                    self._pending.append(req)
-                self._act(ex.verdict(d, 1), [req], False, lane.nbytes, start)
-            except BaseException as exc:  # the failure report names this collective
-                self._fail(exc, [])
-            finally:
-                self._last_cycle = time.perf_counter()
+            return self._lean_cycle(d, lane.nbytes, lane, x, name, None)
         finally:
             self._baton.release()
-        return req.handle
+
+    def prepare_lane(self, request: Request, passed: object,
+                     builder: Callable[[np.ndarray, str], Request]) -> Lane | None:
+        """A small call signature's :class:`Lane`, riding this engine's cycle records (None:
+        it cannot take one; see :func:`ddl.engine.small_lane.build`)."""
+        if request.array is None:
+            return None
+        return small_lane.build(request, passed, self._inline_views(request.array), builder)
+
+    def _lean_baton(self) -> bool:
+        """Take the baton for a lean cycle: only when free and with nothing pending, stopping
+        or failed here (else the caller goes the queued way, which raises or queues)."""
+        if self._thread is None or not self._baton.acquire(blocking=False):
+            return False
+        if self._pending or self._stop or self._finished or self._failure is not None \
+                or self._interrupted is not None:
+            self._baton.release()
+            return False
+        return True
+
+    def _transient_lane(self, req: Request) -> Lane:
+        """run_alone's request as a lane for this one cycle (its views are cached per shape)."""
+        arr = req.array
+        assert arr is not None
+        staged, parts = self._inline_views(arr)
+        return Lane(passed=req.op, op=req.op, combine=ufunc(req.op), average=req.op is ReduceOp.AVERAGE,
+                    inplace=req.inplace, nbytes=arr.nbytes, body=0, staged=staged, parts=parts,
+                    request=lambda _x, _name: req)
+
+    def _lean_cycle(self, d: int, inline: int, lane: Lane | None, x: np.ndarray | None, name: str,
+                    req: Request | None) -> np.ndarray | Handle | None:
+        """The lean path's one cycle (the caller holds the baton). Either ``lane`` (its
+        staged views carry ``x`` inline) or ``req`` alone (packed inline, or run as its own
+        bucket after the exchange). Returns the lane's result when every rank held this
+        call; None when ``req`` ran to its handle; the handle the call waits on when the
+        others held something else (it joined the queue and this cycle's verdict was
+        carried out)."""
+        ex = self.exchange
+        start = time.perf_counter()
+        try:
+            if lane is not None:
+                lane.staged[...] = x
+            elif inline:
+                fusion.pack_inline([req], ex.payload_out)  # type: ignore[list-item]
+            due = time.monotonic() >= self.watch.next_check
+            if ex.compact:
+                ex.run(d, 1, inline=inline, due=due)
+                held = ex.all_hold(d, 1)
+            else:
+                held = ex.run_one(d, inline, due)
+            self.cycles += 1
+            if held:
+                out = None
+                if lane is not None:
+                    self.inline_cycles += 1
+                    out = fusion.reduce_with(lane.parts, lane.combine, lane.average, x if lane.inplace else None)
+                    if self.timeline is not None and req is not None:
+                        fusion.trace_inline(self.timeline, [req], inline, (start, time.perf_counter()))
+                elif inline:
+                    self.inline_cycles += 1
+                    fusion.finish_inline(self.ctx, [req], ex.payloads, inline, self.timeline,  # type: ignore[list-item]
+                                         (start, time.perf_counter()))
+                else:
+                    fusion.execute(self.ctx, [req], self.fusion_threshold, self.timeline)  # type: ignore[list-item]
+                if self.watch.watching:
+                    self.watch.done((name,))
+                return out
+            # Other ranks hold something else: go on as the queued request would.
+            if req is None:
+                assert lane is not None and x is not None
+                req = lane.request(x, name)
+                req.digest = d
+            req.submitted = start
+            req.handle.attach(self)
+            with self._lock:
+                self._in_flight.add(req.name)
+                self._pending.append(req)
+            self._act(ex.verdict(d, 1), [req], False, inline, start)
+            return req.handle
+        except BaseException as exc:  # the failure report names this collective
+            self._fail(exc, [req] if req is not None else [])
+        finally:
+            self._last_cycle = time.perf_counter()
 
     def _name_digest(self, name: str) -> int:
         d = self._name_digests.get(name)
