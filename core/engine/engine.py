@@ -465,7 +465,7 @@ class Engine:
         others held something else (it joined the queue and this cycle's verdict was
         carried out)."""
         ex = self.exchange
-        start = time.perf_counter()
+        start = req.submitted if req is not None else 0.0  # a lane's clock starts only if it queues
         try:
             if lane is not None:
                 lane.staged[...] = x
@@ -498,8 +498,8 @@ class Engine:
             if req is None:
                 assert lane is not None and x is not None
                 req = lane.request(x, name)
-                req.digest = d
-            req.submitted = start
+                req.digest, req.submitted = d, time.perf_counter()
+                start = req.submitted
             req.handle.attach(self)
             with self._lock:
                 self._in_flight.add(req.name)
