@@ -75,6 +75,11 @@ class Config:
     verbose: bool = setting(
         "DDL_VERBOSE", False, boolean, "print the topology, algorithms and cost model on rank 0",
         flag="--verbose", metavar="", unit="bool")
+    init_timeout: float = setting(
+        "DDL_INIT_TIMEOUT", 300.0, positive(300.0),
+        "seconds ddl.init waits for every rank to start MPI before it ends this rank with a message (a rank "
+        "that failed before its ddl.init would otherwise leave the others waiting forever; under ddlrun its "
+        "exit ends the job at once)", flag="--init-timeout", metavar="SECONDS", unit="seconds")
     abort_on_exception: bool = setting(
         "DDL_ABORT_ON_EXCEPTION", True, boolean,
         "an uncaught exception on one rank aborts the whole job (so no rank waits forever)", unit="bool")
@@ -84,6 +89,14 @@ class Config:
         "DDL_ALLOW_SINGLETONS", False, boolean,
         "let a Slurm step of several tasks run as independent one-rank worlds (srun --mpi=none sweeps)",
         unit="bool")
+    monitor: str | None = setting(
+        "DDL_MONITOR", None, text,
+        "set by ddlrun: HOST:PORT/TOKEN where each rank's keeper reports the rank's output, its progress "
+        "through init and shutdown, and how it ended", metavar="ADDRESS")
+    notes_fd: int = setting(
+        "DDL_NOTES_FD", 0, whole(0, 3),
+        "set by ddlrun's rank keeper: the file descriptor on which ddl tells it how far the rank got (init, "
+        "shutdown) and why it is leaving; 0: no keeper", metavar="FD")
     elastic_world: int = setting(
         "DDL_ELASTIC_WORLD", 0, whole(0, 1),
         "set by ddlrun --elastic: this world's number (1 for the first, one more after each change of "
@@ -264,6 +277,16 @@ def transport_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     env = os.environ if env is None else env
     return {name: env[name] for name in sorted(env) if name.startswith(TRANSPORT_PREFIXES)}
+
+
+def notes_fd(env: Mapping[str, str] | None = None) -> int:
+    """``DDL_NOTES_FD`` alone (0: unset or malformed), read without the other settings, so a
+    rank whose other ``DDL_*`` values are wrong still reports how it ended."""
+    row = BY_FIELD["notes_fd"]
+    try:
+        return int(row.read(os.environ if env is None else env))
+    except ValueError:
+        return 0
 
 
 def environment() -> dict[str, str]:
