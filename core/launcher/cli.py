@@ -1,8 +1,13 @@
 """The ``ddlrun`` command: parse its flags, find the MPI that mpi4py uses, run its mpiexec.
 
-Exit status: the job's (non-zero if any rank failed; ``128 + N`` if mpiexec died of
-signal N), 2 for a usage or configuration error found before anything starts, 127 when
-no usable MPI or mpiexec is found.
+Every rank runs under a keeper that reports to ddlrun (:mod:`ddl.launcher.watch`): the
+job ends within seconds of the first rank that fails, with that rank's status, and each
+output line is tagged with its rank.
+
+Exit status: the first failing rank's own (its status, or ``128 + N`` for signal N; 0
+when every rank succeeded), ``128 + N`` when ddlrun itself was stopped by signal N, 2
+for a usage or configuration error found before anything starts, 127 when no usable
+MPI or mpiexec is found, or COMMAND's program or script does not exist.
 """
 
 from __future__ import annotations
@@ -15,10 +20,12 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from ddl.base.config import environment, job_from_env, search_path
+from ddl import __version__
+from ddl.base.config import BY_FIELD, environment, job_from_env, search_path
 from ddl.base.cpus import available_cpus
 from ddl.launcher.command import (
     FLAGGED,
@@ -32,9 +39,15 @@ from ddl.launcher.command import (
     validate_options,
 )
 from ddl.launcher.elastic import flags as elastic_flags
+from ddl.launcher.elastic.server import advertised_address
 from ddl.launcher.elastic.supervisor import Supervisor
 from ddl.launcher.hosts import HostListError, HostSlots, parse_host_list, read_hostfile
+from ddl.launcher.machines import merge_same_machines
 from ddl.launcher.mpi import MpiNotFoundError, detect_mpi
+from ddl.launcher.preflight import ProgramNotFound, check_command
+from ddl.launcher.watch.job import WatchedJob
+from ddl.launcher.watch.output import OutputRouter
+from ddl.launcher.watch.server import WatchServer
 
 USAGE_ERROR = 2
 NOT_FOUND = 127
@@ -49,6 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: ddlrun -np 4 --topology 2x2 python train.py",
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"ddlrun (ddl-runtime) {__version__}")
     parser.add_argument("-np", "-n", dest="np", type=int, metavar="N",
                         help="number of ranks (default: all slots of -H/--hostfile or of the Slurm allocation)")
     where = parser.add_mutually_exclusive_group()
@@ -66,6 +80,12 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             parser.add_argument(flag, dest=row.field, metavar=row.metavar,
                                 help=f"{setting_help(row)} ({row.env}; default {row.default_text()})")
+    output = parser.add_argument_group("output")
+    output.add_argument("--tag-output", dest="tag_output", action=argparse.BooleanOptionalAction, default=True,
+                        help="prefix each line with its rank, as horovodrun does: [1]<stdout>: (default: on)")
+    output.add_argument("--log-dir", "--output-filename", dest="log_dir", metavar="DIR",
+                        help="also write each rank's output to DIR/rank.N/stdout and stderr (horovodrun's "
+                             "--output-filename layout)")
     elastic_flags.add_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="the program every rank runs; 'python'/'python3' becomes ddlrun's interpreter")
@@ -120,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
     try:
         given = _hosts(args)
+        check_resolvable(given)  # names the user typed; a scheduler's own are its business
+        given, merged = merge_same_machines(given)
         np_, hosts, where = placement(args.np, given, job_from_env())
         options = LaunchOptions(
             np=np_,
@@ -129,28 +151,40 @@ def main(argv: list[str] | None = None) -> int:
             **{field: getattr(args, field) for field in FLAGGED if field != "verbose"},
         )
         validate_options(options)
-        check_resolvable(given)  # names the user typed; a scheduler's own are its business
+        check_command(options.command, path_dirs=search_path(), cwd=Path.cwd())
+    except ProgramNotFound as exc:
+        _error(str(exc))
+        return exc.status
     except (LaunchError, HostListError) as exc:
         if not command:
             parser.print_usage(sys.stderr)
         _error(str(exc))
         return USAGE_ERROR
+    for note in merged:
+        print(f"ddlrun: note: {note}", file=sys.stderr)
     mpi = _detect_mpi()
     if isinstance(mpi, int):
         return mpi
+    server = WatchServer()
+    monitor = server.address(advertised_address([h.name for h in hosts]))
+    options.supervised = mpi.flavour == "mpich"  # ddlrun, not hydra, ends the world when a rank ends
     launch = build_launch(
         options,
         mpi=mpi,
         cpu_count=available_cpus(),
-        base_env=environment(),
+        base_env={**environment(), BY_FIELD["monitor"].env: monitor},
         python_executable=sys.executable,
         is_root=_is_root(),
+        wrap=(sys.executable, "-m", "ddl.launcher.watch.keeper", "--"),
     )
     if options.verbose:
         for note in [*where, *launch.notes]:
             print(f"ddlrun: {note}", file=sys.stderr)
+        print(f"ddlrun: each rank runs under a keeper reporting to {monitor.rsplit('/', 1)[0]}", file=sys.stderr)
         print(f"ddlrun: running {shlex.join(launch.argv)}", file=sys.stderr, flush=True)
-    return run(launch)
+    router = OutputRouter(np=np_, tagged=args.tag_output, log_dir=Path(args.log_dir) if args.log_dir else None,
+                          stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+    return WatchedJob(launch, server, np=np_, router=router).run()
 
 
 def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:

@@ -2,7 +2,7 @@
 
 Without ``mpiexec`` (or without a loadable MPI) the world is one process and every
 collective still works. With more than one rank, no rank is left waiting for one that
-is gone: ``init`` waits a bounded time for the world to form (:mod:`ddl.runtime.init_watch`);
+is gone: ``init`` waits a bounded time for the world to form (:mod:`ddl.runtime.rank_watch`);
 a rank whose program ends tells the others as it shuts down (they raise
 :class:`~ddl.base.errors.RankLeftError` at once); an uncaught exception on any rank
 prints its traceback and leaves the same way, or aborts the job when the others do not
@@ -24,13 +24,13 @@ from ddl.base import notes
 from ddl.base.config import BY_FIELD, Config, JobEnv, job_from_env, settings_differences
 from ddl.base.cpus import available_cpus
 from ddl.base.errors import SettingsMismatchError
-from ddl.base.topology import build_topology
+from ddl.base.topology import build_topology, host_keys
 from ddl.engine.collectives import Collectives
 from ddl.engine.context import Context
 from ddl.engine.engine import Engine
 from ddl.engine.timeline import Timeline
 from ddl.reduction.calibration import calibrate
-from ddl.runtime import init_watch, running
+from ddl.runtime import rank_watch, running
 from ddl.runtime.abort_hooks import AbortHooks
 from ddl.runtime.process_sets import close_all, init_sets
 from ddl.runtime.running import (
@@ -44,6 +44,7 @@ from ddl.runtime.running import (
 from ddl.runtime.world_check import check_world
 from ddl.wire.comm import MPIComm, SelfComm, world_comm
 from ddl.wire.mpi_library import describe_loaded_mpi
+from ddl.wire.splits import shared_node_leader
 
 VERSION = __version__  # one place for the version: the package
 
@@ -122,11 +123,13 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
         notes.send(notes.INIT)
         comm = _form_world(job, config)
         _check_world(comm, config, job)
-        # One gather carries the host names and the settings every rank must share.
+        # One gather carries the host names, MPI's nodes and the settings every rank must share.
         mine = config.sequence_settings(topology=spec, version=VERSION)
-        gathered = comm.allgather_object((config.hostname or comm.hostname(), mine))
-        hostnames = [h for h, _ in gathered]
-        differences = settings_differences([s for _, s in gathered])
+        node = shared_node_leader(comm.mpi_comm) if isinstance(comm, MPIComm) else 0
+        gathered = comm.allgather_object((config.hostname or comm.hostname(), node, mine))
+        hostnames = [h for h, _, _ in gathered]
+        keys = host_keys([(h, n) for h, n, _ in gathered])
+        differences = settings_differences([s for _, _, s in gathered])
         if differences:
             comm.free()
             raise SettingsMismatchError(
@@ -134,7 +137,7 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
                 "MPI calls and hang: " + " | ".join(differences)
                 + ". Start every rank with the same DDL_* environment (ddlrun passes its own to all ranks)."
             )
-        topo = build_topology(comm.rank, hostnames, spec, source=source)
+        topo = build_topology(comm.rank, keys, spec, source=source)
         if isinstance(comm, MPIComm):
             # Measured on 2 cores: sleeping waits free a core for the training loop at 2
             # ranks, but at 4 they wake late and a cycle costs 5x MPI's yielding wait.
@@ -147,7 +150,7 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
         try:
             # Probed with the engine thread alive but parked, as collectives later run (a
             # ddl process runs MPI ~20 % slower than a bare one); it starts cycling after.
-            calib = calibrate(comm, topo, hostnames, config.calibration, segment_bytes=config.segment_bytes,
+            calib = calibrate(comm, topo, keys, config.calibration, segment_bytes=config.segment_bytes,
                               shm_bytes=config.shm_bytes)
         except BaseException:
             engine.discard()  # its thread never cycled: nothing to agree on, no wait
@@ -171,7 +174,7 @@ def _form_world(job: JobEnv, config: Config) -> Any:
     said = job.announced
     watch = None
     if said is not None and (said.size or 0) > 1 and not notes.active() and not _mpi_started():
-        watch = init_watch.start(timeout=config.init_timeout, rank=said.rank, size=said.size,
+        watch = rank_watch.start(timeout=config.init_timeout, rank=said.rank, size=said.size,
                                  host=config.hostname or _hostname())
     try:
         comm = world_comm(job.announced)

@@ -59,14 +59,36 @@ def mapped_segments(pid: int) -> set[Segment]:
         return set()
 
 
-def remove_left(segments: set[Segment]) -> list[str]:
-    """Unlink each segment whose path still names the file that was mapped; returns those removed.
+def in_use(segments: set[Segment]) -> set[Segment]:
+    """Those of ``segments`` that some live process on this host maps now (a peer rank still
+    running, which its MPI library unlinks itself when it finishes)."""
+    wanted = {(s.device, s.inode): s for s in segments}
+    used: set[Segment] = set()
+    if not wanted:
+        return used
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        for found in mapped_segments(int(entry.name)):
+            hit = wanted.get((found.device, found.inode))
+            if hit is not None:
+                used.add(hit)
+        if len(used) == len(wanted):
+            break
+    return used
 
-    Safe while other processes still map one (they keep their memory; only the name goes),
-    and after the path was reused by another job (another inode: left alone).
+
+def remove_left(segments: set[Segment]) -> list[str]:
+    """Unlink each segment no live process maps whose path still names the file that was
+    mapped; returns those removed.
+
+    A segment another process still maps is left to it (its MPI library unlinks it at
+    finalize; the last one to end without finalizing is cleaned up by its own keeper),
+    and a path since reused by another job (another inode) is never touched.
     """
     removed = []
-    for segment in sorted(segments):
+    for segment in sorted(segments - in_use(segments)):
         with contextlib.suppress(OSError):
             st = os.stat(segment.path, follow_symlinks=False)
             if st.st_ino == segment.inode and st.st_dev == segment.device:

@@ -1,4 +1,5 @@
-"""A bounded wait for the world to form in ``ddl.init``, where no ``ddlrun`` watches the ranks.
+"""Where no ``ddlrun`` keeper watches a rank: a bounded wait for the world in ``ddl.init``, and
+the shared memory the rank leaves behind.
 
 ``MPI_Init`` waits for every rank the launcher started. A rank that failed before its
 ``ddl.init`` (an import error, a missing file on one host, a bad argument) never comes,
@@ -6,10 +7,12 @@ and under a plain ``mpiexec`` the others would wait forever: MPI has no timeout,
 ``MPI_Init`` holds the interpreter, so no thread of this process can end the wait.
 
 So a forked watcher does: it waits ``DDL_INIT_TIMEOUT`` seconds for this process to say
-that MPI started, then says what happened and ends it (SIGTERM, then SIGKILL), and
-removes the shared memory it had mapped. If this process dies during init, the watcher
-removes that memory too. Which rank failed cannot be known from here (no rank can talk
-to another before MPI starts); under ``ddlrun`` its keeper reports it at once.
+that MPI started, then says what happened and ends it (SIGTERM, then SIGKILL). Which
+rank failed cannot be known from here (no rank can talk to another before MPI starts);
+under ``ddlrun`` its keeper reports it at once. Once MPI has started the watcher stays,
+asleep, in a session of its own (out of reach of a launcher that kills process groups),
+and when the process ends it removes the ``/dev/shm`` segments the process had mapped
+that no live process maps any more: those an MPI killed or aborted never unlinks.
 """
 
 from __future__ import annotations
@@ -23,13 +26,13 @@ import warnings
 
 from ddl.wire.segments import Segment, mapped_segments, remove_left
 
-#: Seconds between looks at the process's mapped shared memory while it waits.
-_LOOK_EVERY = 0.5
+#: Seconds between looks at the process's mapped shared memory: while it starts MPI, after.
+_LOOK_EVERY = (0.25, 2.0)
 _STARTED = b"k"
 
 
 class InitWatch:
-    """The parent's end: :meth:`started` once MPI is up (the watcher then leaves quietly)."""
+    """The parent's end: :meth:`started` once MPI is up (the watcher then only cleans up after it)."""
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
@@ -37,7 +40,7 @@ class InitWatch:
     def started(self) -> None:
         with contextlib.suppress(OSError):
             os.write(self._fd, _STARTED)
-        self.close()
+        # The pipe stays open (and closes when this process ends), as does the watcher.
 
     def close(self) -> None:
         """Drop the watch without a word (init failed here: the process's own error says why)."""
@@ -83,24 +86,37 @@ def _watch(fd: int, parent: int, timeout: float, rank: int | None, size: int | N
         os.closerange(fd + 1, 1 << 16)
         deadline = time.monotonic() + timeout
         segments: set[Segment] = set()
-        while True:
+        started = False
+        while _alive(parent):
             segments |= mapped_segments(parent)
             left = deadline - time.monotonic()
-            if left <= 0:
+            if not started and left <= 0:
                 _say(_message(timeout, rank, size, host))
                 _end(parent)
-                remove_left(segments)
-                os._exit(0)
-            ready, _, _ = select.select([fd], [], [], min(_LOOK_EVERY, left))
+                break
+            wait = _LOOK_EVERY[started] if started else min(_LOOK_EVERY[0], left)
+            ready, _, _ = select.select([fd], [], [], wait)
             if ready:
                 data = os.read(fd, 16)
-                if _STARTED not in data:  # the process is gone (or init failed): its memory is no one's
-                    _wait_gone(parent, 5.0)
-                    if not _alive(parent):
-                        remove_left(segments)
-                os._exit(0)
+                if _STARTED in data:
+                    started = True
+                    _quiet()  # keep no pipe of the launcher's open past the process's end
+                elif not data:  # the process closed its end: it ended, or init failed and it goes on alone
+                    if not started and not _wait_gone(parent, 5.0):
+                        os._exit(0)  # init raised and the program carries on: nothing is ours to clean
+                    break
+        _wait_gone(parent, 5.0)
+        remove_left(segments)
+        os._exit(0)
     except BaseException:  # noqa: BLE001
         os._exit(1)
+
+
+def _quiet() -> None:
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
 
 
 def _message(timeout: float, rank: int | None, size: int | None, host: str) -> str:
