@@ -15,13 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import socket
-import subprocess
 import sys
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from ddl import __version__
@@ -39,7 +35,6 @@ from ddl.launcher.command import (
     validate_options,
 )
 from ddl.launcher.elastic import flags as elastic_flags
-from ddl.launcher.elastic.server import advertised_address
 from ddl.launcher.elastic.supervisor import Supervisor
 from ddl.launcher.hosts import HostListError, HostSlots, parse_host_list, read_hostfile
 from ddl.launcher.machines import merge_same_machines
@@ -47,11 +42,10 @@ from ddl.launcher.mpi import MpiNotFoundError, detect_mpi
 from ddl.launcher.preflight import ProgramNotFound, check_command
 from ddl.launcher.watch.job import WatchedJob
 from ddl.launcher.watch.output import OutputRouter
-from ddl.launcher.watch.server import WatchServer
+from ddl.launcher.watch.server import WatchServer, reachable_address
 
 USAGE_ERROR = 2
 NOT_FOUND = 127
-_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,31 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def run(launch: Launch) -> int:
-    """Run the launch, forwarding SIGINT and SIGTERM to mpiexec; returns its exit status."""
-    try:
-        child = subprocess.Popen(launch.argv, env=launch.env)
-    except OSError as exc:
-        _error(f"cannot start {launch.argv[0]} ({exc}); check that it is an executable mpiexec")
-        return NOT_FOUND
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        child.send_signal(signum)
-
-    previous: dict[int, Any] = {}  # whatever signal.signal returned, to restore
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
-    try:
-        code = child.wait()
-    except KeyboardInterrupt:  # a signal before the handlers were in place
-        child.send_signal(signal.SIGINT)
-        code = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-    return 128 - code if code < 0 else code
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run ``ddlrun`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit status.
 
@@ -140,8 +109,6 @@ def main(argv: list[str] | None = None) -> int:
         return USAGE_ERROR
     try:
         given = _hosts(args)
-        check_resolvable(given)  # names the user typed; a scheduler's own are its business
-        given, merged = merge_same_machines(given)
         np_, hosts, where = placement(args.np, given, job_from_env())
         options = LaunchOptions(
             np=np_,
@@ -151,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             **{field: getattr(args, field) for field in FLAGGED if field != "verbose"},
         )
         validate_options(options)
+        check_resolvable(given)  # names the user typed; a scheduler's own are its business
+        options.hosts, merged = merge_same_machines(options.hosts)
         check_command(options.command, path_dirs=search_path(), cwd=Path.cwd())
     except ProgramNotFound as exc:
         _error(str(exc))
@@ -166,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     if isinstance(mpi, int):
         return mpi
     server = WatchServer()
-    monitor = server.address(advertised_address([h.name for h in hosts]))
+    monitor = server.address(reachable_address([h.name for h in options.hosts]))
     options.supervised = mpi.flavour == "mpich"  # ddlrun, not hydra, ends the world when a rank ends
     launch = build_launch(
         options,
@@ -182,9 +151,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ddlrun: {note}", file=sys.stderr)
         print(f"ddlrun: each rank runs under a keeper reporting to {monitor.rsplit('/', 1)[0]}", file=sys.stderr)
         print(f"ddlrun: running {shlex.join(launch.argv)}", file=sys.stderr, flush=True)
-    router = OutputRouter(np=np_, tagged=args.tag_output, log_dir=Path(args.log_dir) if args.log_dir else None,
-                          stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
-    return WatchedJob(launch, server, np=np_, router=router).run()
+    return run_launch(launch, server, np=np_, tagged=args.tag_output,
+                      log_dir=Path(args.log_dir) if args.log_dir else None)
+
+
+def run_launch(launch: Launch, server: WatchServer, *, np: int, tagged: bool, log_dir: Path | None) -> int:
+    """Run ``launch`` (its ranks under keepers reporting to ``server``) to its end; the job's status.
+
+    SIGINT, SIGTERM and SIGHUP are passed to mpiexec (a second one kills it); the first
+    failing rank ends the job (:mod:`ddl.launcher.watch`).
+    """
+    router = OutputRouter(np=np, tagged=tagged, log_dir=log_dir, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+    return WatchedJob(launch, server, np=np, router=router).run()
 
 
 def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:

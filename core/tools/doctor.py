@@ -153,18 +153,28 @@ def _placement(report: Report, args: argparse.Namespace, job: JobEnv) -> tuple[H
     """Where ddlrun would put the ranks, judged as ddlrun judges it (the same checks, the same words)."""
     try:
         given = parse_host_list(args.hosts) if args.hosts else read_hostfile(args.hostfile) if args.hostfile else ()
-        check_resolvable(given)
-        given, merged = merge_same_machines(given)
         np_, hosts, notes = placement(args.np if args.np is not None else
                                       (None if given or job.in_slurm else available_cpus()), given, job)
-        validate_options(LaunchOptions(np=np_, command=("python",), hosts=hosts))
+        if np_ < 1:
+            validate_options(LaunchOptions(np=np_, command=("python",), hosts=hosts))
     except (LaunchError, HostListError) as exc:
         report.problem(str(exc))
         return ()
+    merged: list[str] = []
+    try:
+        check_resolvable(given)
+        hosts, merged = merge_same_machines(hosts)
+    except HostListError as exc:
+        report.problem(str(exc))
     where = format_host_list(hosts) if hosts else "this host"
     report.add("placement", f"{np_} rank(s) on {where}")
     for note in [*merged, *notes]:
         report.add("", note)
+    try:
+        validate_options(LaunchOptions(np=np_, command=("python",), hosts=hosts))
+    except LaunchError as exc:
+        report.problem(str(exc))
+        return hosts
     counts = ranks_per_host(hosts, np_) if hosts else (np_,)
     names = [host.name for host, count in zip(hosts, counts, strict=False) for _ in range(count)] or ["this"] * np_
     topology = build_topology(0, names)

@@ -104,3 +104,24 @@ class WatchServer:
             self.listener.close()
         for cid in list(self._connections):
             self.drop(cid)
+
+
+def reachable_address(hosts: list[str]) -> str:
+    """This machine's address that the ranks' hosts reach it at (their keepers connect to it).
+
+    The kernel's own choice of source address toward the first host that resolves (a UDP
+    ``connect`` sends nothing); ``127.0.0.1`` for a job on this machine alone.
+    """
+    for host in hosts:
+        try:
+            found = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)
+        except (OSError, UnicodeError):
+            continue
+        for *_, target in found:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+                try:
+                    probe.connect(target)
+                    return str(probe.getsockname()[0])
+                except OSError:
+                    continue
+    return "127.0.0.1"
