@@ -229,9 +229,9 @@ def _shutdown(*, failed: bool, timeout: float | None) -> bool:
                 engine.timeline.write()
         if ctx is not None:
             ctx.comm.free()
-            notes.send(notes.DONE)
         _hooks.uninstall()
         running.set_running(None, None, None)
+    notes.send(notes.DONE)  # after a failed init too: the keeper then knows the process ended by its own will
     return True
 
 

@@ -77,7 +77,7 @@ def test_a_rank_that_failed_because_another_left_defers_to_that_ranks_own_status
     assert _gone(state, 0, 1, at=2.0) == []  # rank 1 has not ended yet: wait for its status
     (action,) = _gone(state, 1, 3, at=2.5)
     assert action.status == 3 and action.report[0].startswith("ddlrun: rank 1 (host h2) exited with status 3")
-    assert any("rank 0 (host h1) failed because of it" in line for line in action.report)
+    assert any("rank 0 (host h1) exited with status 1 because of it" in line for line in action.report)
 
 
 def test_the_wait_for_a_blamed_rank_is_bounded() -> None:
@@ -273,3 +273,30 @@ def test_the_keeper_passes_sigterm_on_and_kills_a_rank_that_ignores_it() -> None
     from ddl.launcher.watch.keeper import GRACE
 
     assert GRACE <= took < GRACE + 10, took
+
+
+def test_a_rank_stopped_from_outside_defers_to_the_rank_that_failed_by_itself() -> None:
+    state = _state()
+    _tell(state, 0, notes.INIT, notes.READY)
+    _tell(state, 1, notes.INIT, notes.READY)
+    stopped = verdict.Gone(0, Ended(0, None, signal.SIGTERM, stopped=True), 2.0)
+    assert verdict.step(state, stopped) == []  # rank 1's MPI_Abort got the launcher to kill rank 0's anchor
+    (action,) = _gone(state, 1, 4, at=2.2)
+    assert action.status == 4 and action.report[0].startswith("ddlrun: rank 1 (host h2) exited with status 4")
+    alone = _state()
+    assert verdict.step(alone, verdict.Gone(0, Ended(0, None, signal.SIGTERM, stopped=True), 5.0)) == []
+    (action,) = verdict.step(alone, verdict.Tick(5.0 + verdict.BLAME_WAIT))
+    assert action.status == 143 and "stopped from outside" in "\n".join(action.report)
+    asked = _state()
+    asked.stopping = True  # ddlrun itself was interrupted: its ranks being stopped is no failure
+    assert verdict.step(asked, verdict.Gone(0, Ended(0, None, signal.SIGINT, stopped=True), 1.0)) == []
+    assert verdict.step(asked, verdict.Tick(10.0)) == [] and asked.failure is None
+
+
+def test_an_mpi_abort_is_the_cause_of_every_end_that_follows_it() -> None:
+    state = _state()
+    _tell(state, 1, notes.ABORT, text="application called MPI_Abort(MPI_COMM_WORLD, 4)", code=4)
+    assert _gone(state, 0, sig=signal.SIGKILL, at=1.0) == []  # killed by the launcher, before rank 1's report
+    (action,) = _gone(state, 1, sig=signal.SIGKILL, at=1.1)
+    assert action.status == 4
+    assert action.report[0] == "ddlrun: rank 1 (host h2) aborted the job with error code 4 before ddl.init"

@@ -95,6 +95,7 @@ class WatchedJob:
             _kill_group(process.pid, signal.SIGKILL)
             return
         self.signalled = signum
+        self.state.stopping = True
         with contextlib.suppress(OSError):
             process.send_signal(signum)
         self.kill_at = time.monotonic() + KILL_AFTER

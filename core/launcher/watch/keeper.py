@@ -3,8 +3,10 @@
 ``mpiexec`` starts ``python -m ddl.launcher.watch.keeper -- COMMAND ...`` on every rank's
 host. That process (the *anchor*, which ``mpiexec`` knows) forks the *keeper* into a
 session of its own, and the keeper starts COMMAND. The split is what lets the keeper
-outlive a launcher that kills whole process groups (hydra does on ``MPI_Abort``): it then
-still ends the rank, removes the shared memory the rank left in ``/dev/shm``, and reports.
+outlive a launcher that kills whole process groups (hydra does on ``MPI_Abort``): the rank
+stays in the anchor's process group, so it is killed with it as MPI expects, while the
+keeper (a group of its own) still removes the shared memory the rank left in
+``/dev/shm``, and reports.
 
 The keeper connects to ``ddlrun`` (``DDL_MONITOR``), sends what the rank writes line by
 line (``ddlrun`` tags and files them), what ddl in the rank tells it on a pipe
@@ -20,6 +22,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
+import re
 import selectors
 import signal
 import socket
@@ -37,6 +40,11 @@ from ddl.wire.segments import Segment, mapped_segments, remove_left
 
 #: Seconds a rank has to end after a SIGTERM before it is killed.
 GRACE = 3.0
+#: Seconds a rank may go on ending by itself once the keeper's anchor is gone (the launcher
+#: killed it, say after the rank's own MPI_Abort) before it is stopped.
+ORPHAN_GRACE = 1.0
+#: The signal the kernel sends the keeper when its anchor dies (not one a launcher forwards).
+ANCHOR_GONE = signal.SIGUSR2
 #: Lines of the rank's stderr kept as its last words.
 LAST_WORDS = 12
 #: Longest line passed on whole; longer ones are cut into pieces of this size.
@@ -47,6 +55,8 @@ MAX_LINE = 64 * 1024
 LOOK_EVERY = (0.25, 1.0)
 EARLY = 30.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+#: MPICH's line for a program's own MPI_Abort (its error code).
+_MPI_ABORT = re.compile(r"application called MPI_Abort\([^,]*, (-?\d+)\)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,8 +83,9 @@ def _anchor(command: list[str], env: dict[str, str], rank: int, host: str) -> in
         code = 1
         try:
             os.close(read_end)
-            os.setsid()
-            Keeper(command, env, rank, host).run(write_end)
+            anchor_group = os.getpgid(0)
+            os.setpgid(0, 0)  # a group of its own: out of reach of a kill of the anchor's
+            Keeper(command, env, rank, host, anchor_group).run(write_end)
             code = 0
         finally:
             os._exit(code)
@@ -116,8 +127,9 @@ def _end_as(status: int) -> int:
 class Keeper:
     """Runs one rank to its end, reporting to ``ddlrun``; see the module."""
 
-    def __init__(self, command: list[str], env: dict[str, str], rank: int, host: str) -> None:
+    def __init__(self, command: list[str], env: dict[str, str], rank: int, host: str, group: int = 0) -> None:
         self.command, self.env, self.rank, self.host = command, env, rank, host
+        self.group = group  # the anchor's process group, which the rank joins
         self.sock: socket.socket | None = None
         self.last_words: collections.deque[str] = collections.deque(maxlen=LAST_WORDS)
         self.segments: set[Segment] = set()
@@ -125,16 +137,19 @@ class Keeper:
         self._partial: dict[str, bytes] = {"stdout": b"", "stderr": b""}
         self._queued: list[bytes] = []
         self._look = False  # look at the rank's shared memory at once
+        self._orphaned: float | None = None  # when the anchor went
+        self.stopped = False  # a signal from outside was passed to the rank
 
     # -- the rank's life --------------------------------------------------------------------
     def run(self, status_fd: int) -> None:
-        die_with_parent(signal.SIGTERM)  # the anchor killed (hydra's abort): end the rank here
+        die_with_parent(ANCHOR_GONE)  # the anchor killed (hydra's abort): end the rank here
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)
         signal.set_wakeup_fd(wake_write)
         for sig in _FORWARDED:
             signal.signal(sig, self._on_signal)
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)  # only to wake the loop
+        signal.signal(ANCHOR_GONE, self._on_anchor_gone)
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         self.sock = self._connect()
@@ -143,8 +158,21 @@ class Keeper:
             os.write(status_fd, str(status).encode())
             os.close(status_fd)
 
+    def _in_the_rank(self) -> None:
+        """In the rank's process before it runs COMMAND: the anchor's group (a launcher that
+        kills the anchor's group, hydra after an MPI_Abort, kills the rank too), and no life
+        beyond the keeper's."""
+        if self.group:
+            with contextlib.suppress(OSError):
+                os.setpgid(0, self.group)
+        die_with_parent(signal.SIGKILL)
+
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self._signalled = signum
+
+    def _on_anchor_gone(self, signum: int, frame: FrameType | None) -> None:
+        if self._orphaned is None:
+            self._orphaned = time.monotonic()
 
     def _connect(self) -> socket.socket | None:
         monitor = BY_FIELD["monitor"].read(self.env)
@@ -173,7 +201,7 @@ class Keeper:
         env = {**self.env, BY_FIELD["notes_fd"].env: str(notes_write)}
         try:
             child = subprocess.Popen(self.command, env=env, stdout=out_write, stderr=err_write, close_fds=False,
-                                     preexec_fn=lambda: die_with_parent(signal.SIGKILL))
+                                     preexec_fn=self._in_the_rank)
         except OSError as exc:
             for fd in (notes_read, notes_write, out_read, out_write, err_read, err_write):
                 os.close(fd)
@@ -208,8 +236,11 @@ class Keeper:
                     notes = self._notes(notes + data)
                 else:
                     self._take(key.data, data)
+            if self._orphaned is not None and time.monotonic() - self._orphaned > ORPHAN_GRACE and kill_at is None:
+                self._signalled = self._signalled or signal.SIGTERM
             if self._signalled is not None:
                 sig, self._signalled = self._signalled, None
+                self.stopped = True
                 self.segments |= mapped_segments(child.pid)
                 with contextlib.suppress(OSError):
                     child.send_signal(sig)
@@ -225,7 +256,7 @@ class Keeper:
         removed = remove_left(self.segments)
         signal_number = -code if code < 0 else None
         self._report(Ended(self.rank, None if signal_number else code, signal_number, tuple(self.last_words),
-                           tuple(removed)))
+                           tuple(removed), self.stopped))
         return code
 
     def _drain(self, selector: selectors.BaseSelector, notes: bytes) -> None:
@@ -264,6 +295,9 @@ class Keeper:
         text = line.decode("utf-8", "surrogateescape")
         if stream == "stderr":
             self.last_words.append(text.encode("utf-8", "replace").decode("utf-8")[:500])
+            aborted = _MPI_ABORT.search(text)
+            if aborted:  # the program called MPI_Abort itself: the launcher kills the job; say who and why
+                self._send(Noted(self.rank, Note("abort", text[:500], code=int(aborted.group(1)))))
         if self.sock is None:
             fd = 1 if stream == "stdout" else 2
             with contextlib.suppress(OSError):

@@ -51,13 +51,16 @@ class Noted:
 @dataclasses.dataclass(frozen=True)
 class Ended:
     """The rank's process ended: by ``code``, or killed by ``signal``; its last stderr lines,
-    and the shared-memory files its keeper removed after it."""
+    the shared-memory files its keeper removed after it, and whether it was ``stopped``
+    (its keeper had passed it a signal from outside: ddlrun ending the job, or the
+    launcher killing the keeper's anchor) rather than ending by itself."""
 
     rank: int
     code: int | None
     signal: int | None
     last_words: tuple[str, ...] = ()
     removed: tuple[str, ...] = ()
+    stopped: bool = False
 
     @property
     def status(self) -> int:

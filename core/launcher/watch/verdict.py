@@ -5,7 +5,9 @@ fails, and every rank still running is stopped at once, when a rank
 
 - ends with a non-zero status or a signal (its own status becomes the job's; a rank that
   failed only because another left it waiting, :class:`~ddl.base.errors.RankLeftError`,
-  defers to that rank's status for :data:`BLAME_WAIT` seconds);
+  or was stopped from outside, by its launcher killing its keeper's anchor after another
+  rank's ``MPI_Abort`` say, defers for :data:`BLAME_WAIT` seconds to a rank that failed
+  by itself);
 - ends with status 0 after ``ddl.init`` without ddl's shutdown (``os._exit``): the others
   would wait for it forever;
 - ends with status 0 without ever calling ``ddl.init`` while other ranks call it (they
@@ -40,6 +42,7 @@ class RankSeen:
     leaving: bool = False
     done: bool = False  # ddl's shutdown completed after the last init
     failing: str = ""  # the uncaught exception ddl saw
+    aborted: int | None = None  # the code it gave MPI_Abort (ddl's, or the program's own)
     blame: int | None = None  # the rank whose leaving made this one fail
     ended: Ended | None = None
     ended_at: float = 0.0
@@ -70,6 +73,8 @@ class WatchState:
     ranks: dict[int, RankSeen] = dataclasses.field(default_factory=dict)
     failure: Failure | None = None
     waiting: dict[int, float] = dataclasses.field(default_factory=dict)  # failed rank -> since when
+    stopping: bool = False  # ddlrun itself was told to stop: stopped ranks are no failure
+    aborter: int | None = None  # the first rank that aborted the job (MPI_Abort): the cause of what follows
 
     def seen(self, rank: int) -> RankSeen:
         return self.ranks.setdefault(rank, RankSeen())
@@ -146,6 +151,12 @@ def _told(state: WatchState, event: Told) -> list[Action]:
         seen.done = True
     elif kind == notes.FAILING:
         seen.failing, seen.blame = event.note.text, event.note.blame
+    elif kind == notes.ABORT:
+        seen.aborted = event.note.code if event.note.code is not None else 1
+        if state.aborter is None:
+            state.aborter = event.rank
+            if seen.ended is not None and state.failure is None:
+                return _fail(state, event.rank, seen.aborted, [])
     return []
 
 
@@ -162,6 +173,18 @@ def _gone(state: WatchState, event: Gone) -> list[Action]:
         if ended.status == 0:
             return _fail(state, waiter, state.ranks[waiter].ended.status,  # type: ignore[union-attr]
                          [f"rank {r} had ended normally {seen.phase}"])
+    aborter = state.aborter
+    if aborter is not None:  # everything that ends now follows from that rank's MPI_Abort
+        if r == aborter:
+            return _fail(state, r, seen.aborted or ended.status, [])
+        if ended.status != 0:
+            state.ranks[r].blame = aborter
+            state.waiting[r] = event.at
+            return actions
+    if ended.status != 0 and ended.stopped:
+        if not state.stopping:
+            state.waiting[r] = event.at  # a consequence, most likely: wait for the cause
+        return actions
     if ended.status != 0:
         blame = seen.blame
         if blame is not None and blame != r and blame in state.ranks and state.ranks[blame].ended is None:
@@ -188,7 +211,10 @@ def _tick(state: WatchState, now: float) -> list[Action]:
             del state.waiting[r]
             ended = state.ranks[r].ended
             assert ended is not None
-            return _fail(state, r, ended.status, [f"rank {state.ranks[r].blame} did not end within {BLAME_WAIT:g} s"])
+            blame = state.ranks[r].blame
+            why = (f"rank {blame} did not end within {BLAME_WAIT:g} s" if blame is not None else
+                   "it was stopped from outside (its keeper's anchor was killed), and no rank failed by itself")
+            return _fail(state, r, ended.status, [why])
     return []
 
 
@@ -198,12 +224,13 @@ def _fail(state: WatchState, r: int, status: int, why: list[str]) -> list[Action
     state.waiting.clear()
     seen = state.seen(r)
     ended = seen.ended
-    lines = [f"ddlrun: {describe(r, seen)} {how_it_ended(ended)} {seen.phase}" +
+    how = f"aborted the job with error code {seen.aborted}" if seen.aborted is not None else how_it_ended(ended)
+    lines = [f"ddlrun: {describe(r, seen)} {how} {seen.phase}" +
              (f"; it raised {seen.failing}" if seen.failing else "")]
     lines += [f"ddlrun:   {text}" for text in why]
     for q, other in sorted(state.ranks.items()):
         if q != r and other.blame == r and other.ended is not None and other.ended.status != 0:
-            lines.append(f"ddlrun:   {describe(q, other)} failed because of it (its collective could never complete)")
+            lines.append(f"ddlrun:   {describe(q, other)} {how_it_ended(other.ended)} because of it")
     if ended is not None and ended.status != 0:
         words = list(ended.last_words)[-REPORT_LINES:]
         lines.append("ddlrun:   its last words on stderr:" if words else "ddlrun:   it wrote nothing on stderr")
