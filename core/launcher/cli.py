@@ -136,7 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         return mpi
     server = WatchServer()
     monitor = server.address(reachable_address([h.name for h in options.hosts]))
-    options.supervised = mpi.flavour == "mpich"  # ddlrun, not hydra, ends the world when a rank ends
     launch = build_launch(
         options,
         mpi=mpi,

@@ -131,7 +131,7 @@ def test_ddlrun_in_an_allocation_needs_no_np_or_hosts(
     assert cli.main(["--verbose", "python", "train.py"]) == 0
     (argv,) = launched
     monitor = argv[argv.index("DDL_MONITOR") + 1]
-    assert argv == ["/v/bin/mpiexec", "-n", "4", "-disable-auto-cleanup", "-hosts", "h1:2,h2:2", "-genv",
+    assert argv == ["/v/bin/mpiexec", "-n", "4", "-hosts", "h1:2,h2:2", "-genv",
                     "DDL_MONITOR", monitor, "-genv", "DDL_VERBOSE", "1", sys.executable, "-m",
                     "ddl.launcher.watch.keeper", "--", sys.executable, "train.py"]
     assert "ddlrun: hosts h1:2,h2:2 from Slurm job 12" in capsys.readouterr().err

@@ -467,8 +467,7 @@ def test_host_that_does_not_resolve_fails_before_launching(
 def test_cli_runs_the_built_launch(fake_mpi: type[FakePopen], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["-np", "2", "--verbose", "--topology", "2", "python", "-c", "print(1)"]) == 0
     (child,) = fake_mpi.launched
-    assert child.argv == ["/venv/bin/mpiexec", "-n", "2", "-disable-auto-cleanup", *KEEPER, sys.executable, "-c",
-                          "print(1)"]
+    assert child.argv == ["/venv/bin/mpiexec", "-n", "2", *KEEPER, sys.executable, "-c", "print(1)"]
     assert child.env["DDL_TOPOLOGY"] == "2" and child.env["DDL_VERBOSE"] == "1"
     assert re.fullmatch(r"127\.0\.0\.1:\d+/[0-9a-f]{16}", child.env["DDL_MONITOR"])
     assert child.env.get("PATH") == os.environ.get("PATH")
@@ -483,7 +482,7 @@ def test_cli_is_quiet_without_verbose(fake_mpi: type[FakePopen], capsys: pytest.
     (tmp_path / "train").chmod(0o755)
     monkeypatch.chdir(tmp_path)
     assert cli.main(["-np", "1", "--", "./train"]) == 0
-    assert fake_mpi.launched[0].argv == ["/venv/bin/mpiexec", "-n", "1", "-disable-auto-cleanup", *KEEPER, "./train"]
+    assert fake_mpi.launched[0].argv == ["/venv/bin/mpiexec", "-n", "1", *KEEPER, "./train"]
     assert capsys.readouterr().err == ""
 
 

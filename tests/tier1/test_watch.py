@@ -247,7 +247,16 @@ def test_the_keeper_reports_a_killed_rank_with_its_lines_notes_and_last_words_an
     (ended,) = [m for m in got if isinstance(m, Ended)]
     assert ended.signal == signal.SIGKILL and ended.code is None and "dying now" in ended.last_words
     assert ended.removed == (str(segment),), ended  # mapped by the rank, left behind, removed
-    assert anchor.returncode == -signal.SIGKILL  # mpiexec sees the rank's own end
+    assert anchor.returncode == 0  # ddlrun has the report: it, not the launcher, ends the job
+
+
+def test_without_ddlrun_the_keeper_tags_the_ranks_lines_itself_and_ends_as_the_rank_did() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "DDL_MONITOR"}
+    done = subprocess.run([sys.executable, "-m", "ddl.launcher.watch.keeper", "--", sys.executable, "-c",
+                           "import os, signal; print('hello', flush=True); os.kill(os.getpid(), signal.SIGTERM)"],
+                          env={**env, "PMI_RANK": "3", "PMI_SIZE": "4"}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == -signal.SIGTERM, done
+    assert done.stdout == "[3]<stdout>:hello\n"
 
 
 def test_the_keeper_passes_sigterm_on_and_kills_a_rank_that_ignores_it() -> None:
@@ -285,7 +294,7 @@ def test_a_rank_stopped_from_outside_defers_to_the_rank_that_failed_by_itself() 
     assert action.status == 4 and action.report[0].startswith("ddlrun: rank 1 (host h2) exited with status 4")
     alone = _state()
     assert verdict.step(alone, verdict.Gone(0, Ended(0, None, signal.SIGTERM, stopped=True), 5.0)) == []
-    (action,) = verdict.step(alone, verdict.Tick(5.0 + verdict.BLAME_WAIT))
+    (action,) = verdict.step(alone, verdict.Over(5.1))  # everyone has ended: no cause will come
     assert action.status == 143 and "stopped from outside" in "\n".join(action.report)
     asked = _state()
     asked.stopping = True  # ddlrun itself was interrupted: its ranks being stopped is no failure

@@ -114,6 +114,7 @@ class WatchedJob:
                 ended_at = ended_at or now
                 waiting = [r for r in self.ranks.values() if r not in self.reported]
                 if not waiting or now - ended_at > KEEPER_WAIT:
+                    self._act(verdict.step(self.state, verdict.Over(now)))
                     self.router.flush()
                     return self._status(code)
 
@@ -122,6 +123,8 @@ class WatchedJob:
             return self.status
         if self.signalled is not None:
             return 128 + self.signalled
+        if len(self.reported) == self.state.np:
+            return 0  # every rank reported a clean end: what mpiexec makes of it does not change that
         status = 128 - code if code < 0 else code
         if status and not self.reported:
             print(f"ddlrun: mpiexec exited with status {status} and no rank reported why (look above)",

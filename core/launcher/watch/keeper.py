@@ -11,8 +11,11 @@ keeper (a group of its own) still removes the shared memory the rank left in
 The keeper connects to ``ddlrun`` (``DDL_MONITOR``), sends what the rank writes line by
 line (``ddlrun`` tags and files them), what ddl in the rank tells it on a pipe
 (:mod:`ddl.base.notes`), and at the end the rank's status or signal with its last lines on
-stderr. The anchor then ends as the rank ended (its status, or its signal), so ``mpiexec``
-sees what it would have seen. SIGINT, SIGTERM and SIGHUP are passed on to the rank; one
+stderr. Once ``ddlrun`` has that report the anchor ends with status 0: ``ddlrun``, not
+the launcher, decides what the end means and stops the others (hydra's own clean-up would
+kill them before their keepers report, and its ``-disable-auto-cleanup`` mode fails at
+the end of large jobs). Where the report could not be delivered, the anchor ends as the
+rank ended (its status, or its signal), so ``mpiexec`` sees what it would have seen. SIGINT, SIGTERM and SIGHUP are passed on to the rank; one
 that does not end within :data:`GRACE` seconds of a SIGTERM is killed. A rank never
 outlives its keeper (``PR_SET_PDEATHSIG``), nor a keeper its anchor.
 """
@@ -139,6 +142,7 @@ class Keeper:
         self._look = False  # look at the rank's shared memory at once
         self._orphaned: float | None = None  # when the anchor went
         self.stopped = False  # a signal from outside was passed to the rank
+        self.reported = False  # ddlrun has read how the rank ended
 
     # -- the rank's life --------------------------------------------------------------------
     def run(self, status_fd: int) -> None:
@@ -155,7 +159,7 @@ class Keeper:
         self.sock = self._connect()
         status = self._run_rank(wake_read)
         with contextlib.suppress(OSError):
-            os.write(status_fd, str(status).encode())
+            os.write(status_fd, str(0 if self.reported else status).encode())
             os.close(status_fd)
 
     def _in_the_rank(self) -> None:
@@ -336,6 +340,7 @@ class Keeper:
         self._send(ended)
         self._flush()
         if self.sock is not None:
+            self.reported = True
             with contextlib.suppress(OSError):
                 self.sock.shutdown(socket.SHUT_WR)
                 self.sock.settimeout(2.0)

@@ -107,7 +107,14 @@ class Tick:
     at: float
 
 
-WatchEvent = Joined | Told | Gone | Tick
+@dataclasses.dataclass(frozen=True)
+class Over:
+    """Every rank has ended (or mpiexec has): nothing more will come, so no failure waits."""
+
+    at: float
+
+
+WatchEvent = Joined | Told | Gone | Tick | Over
 
 
 # -- actions -----------------------------------------------------------------------------
@@ -131,6 +138,8 @@ def step(state: WatchState, event: WatchEvent) -> list[Action]:
         return _told(state, event)
     if isinstance(event, Gone):
         return _gone(state, event)
+    if isinstance(event, Over):
+        return _tick(state, event.at + BLAME_WAIT + max(state.waiting.values(), default=0.0))
     return _tick(state, event.at)
 
 
