@@ -160,7 +160,11 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
         engine.start_cycles()
         running.set_running(ctx, engine, Collectives(engine))
         if comm.size > 1 and config.abort_on_exception:
-            _hooks.install(comm, leave=lambda: _shutdown(failed=True, timeout=LEAVE_TIMEOUT))
+            # In an elastic world an error of the program ends the job (ddlrun --elastic tells it
+            # from a lost host by the rank's own end): it aborts at once, as it always did, rather
+            # than leaving, which the others would take for a lost peer and recover from.
+            leave = None if config.elastic_world else (lambda: _shutdown(failed=True, timeout=LEAVE_TIMEOUT))
+            _hooks.install(comm, leave=leave)
         notes.send(notes.READY, f"rank {comm.rank} of {comm.size}")
         if config.verbose and comm.rank == 0:
             print(f"ddl: {comm.size} ranks on {topo.cross_size} host(s), topology {topo}, "
