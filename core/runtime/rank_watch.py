@@ -38,8 +38,11 @@ class InitWatch:
         self._fd = fd
 
     def started(self) -> None:
+        """MPI is up: the watcher stops counting, and takes what this process maps now (MPI's
+        segments) with it, in case the process dies before it next looks."""
+        mine = "".join(f"{s.path}\t{s.device}\t{s.inode}\n" for s in mapped_segments(os.getpid()))
         with contextlib.suppress(OSError):
-            os.write(self._fd, _STARTED)
+            os.write(self._fd, _STARTED + mine.encode())
         # The pipe stays open (and closes when this process ends), as does the watcher.
 
     def close(self) -> None:
@@ -87,7 +90,8 @@ def _watch(fd: int, parent: int, timeout: float, rank: int | None, size: int | N
         deadline = time.monotonic() + timeout
         segments: set[Segment] = set()
         started = False
-        while _alive(parent):
+        told = b""
+        while _alive(parent) or not started and told:
             segments |= mapped_segments(parent)
             left = deadline - time.monotonic()
             if not started and left <= 0:
@@ -97,19 +101,32 @@ def _watch(fd: int, parent: int, timeout: float, rank: int | None, size: int | N
             wait = _LOOK_EVERY[started] if started else min(_LOOK_EVERY[0], left)
             ready, _, _ = select.select([fd], [], [], wait)
             if ready:
-                data = os.read(fd, 16)
-                if _STARTED in data:
-                    started = True
-                    _quiet()  # keep no pipe of the launcher's open past the process's end
+                data = os.read(fd, 1 << 16)
+                if data and not started:
+                    told += data
+                    if told.startswith(_STARTED) and told.endswith(b"\n") or told == _STARTED:
+                        started = True
+                        segments |= _parse(told[len(_STARTED):])
+                        _quiet()  # keep no pipe of the launcher's open past the process's end
                 elif not data:  # the process closed its end: it ended, or init failed and it goes on alone
-                    if not started and not _wait_gone(parent, 5.0):
-                        os._exit(0)  # init raised and the program carries on: nothing is ours to clean
+                    if not _wait_gone(parent, 5.0):
+                        os._exit(0)  # it lives on without MPI: nothing of it is ours to clean
                     break
         _wait_gone(parent, 5.0)
         remove_left(segments)
         os._exit(0)
     except BaseException:  # noqa: BLE001
         os._exit(1)
+
+
+def _parse(text: bytes) -> set[Segment]:
+    found = set()
+    for line in text.decode(errors="replace").splitlines():
+        path, _, rest = line.partition("\t")
+        device, _, inode = rest.partition("\t")
+        if device.isdigit() and inode.isdigit():
+            found.add(Segment(path, int(device), int(inode)))
+    return found
 
 
 def _quiet() -> None:
