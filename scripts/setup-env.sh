@@ -11,10 +11,18 @@ cd "$(dirname "$0")/.."
 python=${PYTHON:-python3}
 extras=${DDL_EXTRAS:-test,torch,tensorflow,caffe,docs}
 say() { echo "setup-env: $*" >&2; }
+# While a long step runs, say every 15 s that it still does (pip is silent while it unpacks torch).
+beat() { ( n=0; while sleep 1; do n=$((n + 1)); [ $((n % 15)) -ne 0 ] || say "... $1 ($n s so far)"; done ) &
+         beating=$!; }
+beating=""
+unbeat() { [ -n "$beating" ] || return 0; kill "$beating" 2>/dev/null || true; wait "$beating" 2>/dev/null || true; beating=""; }
+trap unbeat EXIT
 if [ ! -x .venv/bin/python ]; then
-  say "creating .venv with $("$python" --version 2>&1)"
+  say "creating .venv with $("$python" --version 2>&1), and updating its pip"
+  beat "creating .venv"
   "$python" -m venv .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+  unbeat
 fi
 files=$( { cat pyproject.toml setup.py scripts/constraints.txt; \
            find core adapters -name '*.py' -o -name 'py.typed' | LC_ALL=C sort; } | sha256sum | cut -d' ' -f1)
@@ -36,10 +44,12 @@ if [ "$installed_files" != "$files" ] || [ -n "$missing" ]; then
   fi
   # PYTHONWARNINGS: setuptools frames a banner about strict editable installs on every run.
   # pip's own lines, cut to the steps that show progress (the rest is in pip's log).
+  beat "pip is still installing"
   PYTHONWARNINGS=ignore .venv/bin/python -m pip install --disable-pip-version-check --progress-bar off \
     -e ".[$extras]" -c scripts/constraints.txt --config-settings editable_mode=strict 2>&1 \
     | grep --line-buffered -E '^(Collecting|Downloading|Installing collected|Successfully installed|ERROR|error)' \
     | sed -u 's/^/  pip: /' >&2 || true
+  unbeat
   .venv/bin/python -c "import ddl, mpi4py" || { say "ddl did not install into .venv (see pip's errors above)"; exit 1; }
   if [ "$installed_files" = "$files" ]; then extras_now=$wanted; else extras_now=$extras; fi
   printf '%s\n%s\n' "$files" "$extras_now" > .venv/.ddl-install
@@ -52,11 +62,13 @@ if [[ ",$extras," == *",tensorflow,"* ]] && command -v c++ >/dev/null 2>&1; then
   built=$(sed -n 2p .venv/.ddl-status-op 2>/dev/null || true)
   if [ "$(sed -n 1p .venv/.ddl-status-op 2>/dev/null || true)" != "$files" ] || [ ! -f "$built" ]; then
     say "building ddl.tensorflow's status op (imports TensorFlow once)"
+    beat "building the status op"
     if built=$(TF_CPP_MIN_LOG_LEVEL=3 .venv/bin/python -W ignore -m ddl.tensorflow.status_op 2>/dev/null | tail -1) \
         && [ -f "$built" ]; then
       printf '%s\n%s\n' "$files" "$built" > .venv/.ddl-status-op
     else
       say "ddl.tensorflow's status op did not build; graph-mode errors stay UnknownError"
     fi
+    unbeat
   fi
 fi

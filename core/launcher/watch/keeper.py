@@ -52,10 +52,11 @@ ANCHOR_GONE = signal.SIGUSR2
 LAST_WORDS = 12
 #: Longest line passed on whole; longer ones are cut into pieces of this size.
 MAX_LINE = 64 * 1024
-#: Seconds between looks at the shared memory the rank maps: often while MPI starts
-#: (it maps its segments then), then less often. It is also looked at when ddl says init
+#: Seconds between looks at the shared memory the rank maps: often while MPI starts (it
+#: maps its segments then; until ddl says init finished, or for the first 30 s of a program
+#: that does not use ddl), then less often. It is also looked at when ddl says init
 #: finished, and before a signal is passed on.
-LOOK_EVERY = (0.25, 1.0)
+LOOK_EVERY = (0.25, 2.0)
 EARLY = 30.0
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 #: MPICH's line for a program's own MPI_Abort (its error code).
@@ -140,6 +141,7 @@ class Keeper:
         self._partial: dict[str, bytes] = {"stdout": b"", "stderr": b""}
         self._queued: list[bytes] = []
         self._look = False  # look at the rank's shared memory at once
+        self._ready = False  # ddl's init finished in the rank
         self._orphaned: float | None = None  # when the anchor went
         self.stopped = False  # a signal from outside was passed to the rank
         self.reported = False  # ddlrun has read how the rank ended
@@ -227,7 +229,7 @@ class Keeper:
             now = time.monotonic()
             if now >= next_look or self._look:
                 self.segments |= mapped_segments(child.pid)
-                next_look = now + LOOK_EVERY[now - started > EARLY]
+                next_look = now + LOOK_EVERY[self._ready or now - started > EARLY]
                 self._look = False
             for key, _ in selector.select(timeout=0.5):
                 data = _read(key.fd)
@@ -318,6 +320,7 @@ class Keeper:
                 continue
             self._send(Noted(self.rank, note))
             self._look = self._look or note.kind == "ready"
+            self._ready = self._ready or note.kind == "ready"
         return rest
 
     # -- to ddlrun --------------------------------------------------------------------------
