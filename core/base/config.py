@@ -93,10 +93,11 @@ class Config:
         "DDL_MONITOR", None, text,
         "set by ddlrun: HOST:PORT/TOKEN where each rank's keeper reports the rank's output, its progress "
         "through init and shutdown, and how it ended", metavar="ADDRESS")
-    notes_fd: int = setting(
-        "DDL_NOTES_FD", 0, whole(0, 3),
-        "set by ddlrun's rank keeper: the file descriptor on which ddl tells it how far the rank got (init, "
-        "shutdown) and why it is leaving; 0: no keeper", metavar="FD")
+    notes_fd: str | None = setting(
+        "DDL_NOTES_FD", None, text,
+        "set by ddlrun's rank keeper: FD:PID, the file descriptor on which ddl tells the keeper (process PID, "
+        "the rank's parent) how far the rank got (init, shutdown) and why it is leaving; ignored in any other "
+        "process (the rank's own children)", metavar="FD:PID")
     elastic_world: int = setting(
         "DDL_ELASTIC_WORLD", 0, whole(0, 1),
         "set by ddlrun --elastic: this world's number (1 for the first, one more after each change of "
@@ -279,14 +280,20 @@ def transport_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     return {name: env[name] for name in sorted(env) if name.startswith(TRANSPORT_PREFIXES)}
 
 
-def notes_fd(env: Mapping[str, str] | None = None) -> int:
-    """``DDL_NOTES_FD`` alone (0: unset or malformed), read without the other settings, so a
-    rank whose other ``DDL_*`` values are wrong still reports how it ended."""
-    row = BY_FIELD["notes_fd"]
-    try:
-        return int(row.read(os.environ if env is None else env))
-    except ValueError:
+def notes_fd(env: Mapping[str, str] | None = None, *, parent: int | None = None) -> int:
+    """The descriptor of ``DDL_NOTES_FD`` when this process is the rank its keeper started (the
+    keeper is its parent), else 0; read without the other settings, so a rank whose other
+    ``DDL_*`` values are wrong still reports how it ended.
+
+    Example:
+        >>> notes_fd({"DDL_NOTES_FD": "7:4242"}, parent=4242), notes_fd({"DDL_NOTES_FD": "7:4242"}, parent=1)
+        (7, 0)
+    """
+    raw = BY_FIELD["notes_fd"].read(os.environ if env is None else env) or ""
+    fd, _, pid = raw.partition(":")
+    if not (fd.isdigit() and pid.isdigit()):
         return 0
+    return int(fd) if int(pid) == (os.getppid() if parent is None else parent) else 0
 
 
 def environment() -> dict[str, str]:

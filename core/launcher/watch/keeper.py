@@ -204,7 +204,8 @@ class Keeper:
         os.set_inheritable(notes_write, True)
         out_read, out_write = os.pipe()
         err_read, err_write = os.pipe()
-        env = {**self.env, BY_FIELD["notes_fd"].env: str(notes_write)}
+        # FD:PID: only the process whose parent is this keeper (the rank) reports on it.
+        env = {**self.env, BY_FIELD["notes_fd"].env: f"{notes_write}:{os.getpid()}"}
         try:
             child = subprocess.Popen(self.command, env=env, stdout=out_write, stderr=err_write, close_fds=False,
                                      preexec_fn=self._in_the_rank)
