@@ -26,7 +26,9 @@ import tempfile
 import time
 from pathlib import Path
 
-WORKER = Path(__file__).with_name("fail_fast_worker.py")
+WORKERS = {"torch": Path(__file__).with_name("fail_fast_worker.py"),
+           "numpy": Path(__file__).parents[1] / "tests" / "tier2" / "workers" / "worker_failfast.py"}
+WORKER = WORKERS["torch"]
 CASES = ["before-init", "exit-3", "import-error", "sigkill", "skip-step", "stall"]
 #: Settings per case: the stall case with a short stall timeout, so it ends at it.
 CASE_ENV = {"stall": {"DDL_STALL_TIMEOUT": "4"}}
@@ -79,7 +81,9 @@ def run_case(launcher: str, argv: list[str], case: str, scratch: Path) -> dict[s
     left = [f"shm:{n}" for n in sorted(set(shm_files()) - before)] + \
         [f"tmp:{p.name}" for p in tmpdir.iterdir() if p.name not in NORMAL]
     shutil.rmtree(tmpdir, ignore_errors=True)
+    done = [float(t) for t in re.findall(r"DONE rank \d+ (\d+\.\d{3})", out)]
     return {"launcher": launcher, "case": case, "seconds": round(took, 2),
+            "ending": round(ended - max(done), 2) if done else None,
             "from_failure": round(ended - min(marks), 2) if marks else None, "status": code if code >= 0 else 128 - code,
             "first_error": first_error(launcher, err, out), "left": left}
 
@@ -121,8 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--launchers", default="ddlrun,mpiexec")
     p.add_argument("--aborts", type=int, default=0, help="then run this many abnormally ended ddlrun jobs")
+    p.add_argument("--worker", choices=sorted(WORKERS), default="torch",
+                   help="torch: a DistributedOptimizer on every rank (the default); numpy: ddl.allreduce alone, "
+                        "whose processes start and end in a fraction of torch's time")
     p.add_argument("--out", default=".")
     args = p.parse_args(argv)
+    global WORKER
+    WORKER = WORKERS[args.worker]
     if os.geteuid() == 0 and not os.environ.get(_INSIDE) and shutil.which("unshare"):
         # A /dev/shm of our own: count only what these jobs leave, touch nothing of anyone else's.
         inner = ("mount -t tmpfs -o size=1g ddl-fail-fast /dev/shm && exec \"$@\"")
@@ -131,8 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     scratch = Path(tempfile.mkdtemp(prefix="ddl-fail-fast-"))
     clean = run_case("ddlrun -np 2", launchers()["ddlrun -np 2"], "none", scratch)
     NORMAL.update(name.split(":", 1)[1] for name in clean["left"] if str(name).startswith("tmp:"))  # type: ignore[attr-defined]
-    print(f"a clean job: {clean['seconds']} s, status {clean['status']}; it leaves in the temp dir, on purpose: "
-          f"{sorted(NORMAL) or 'nothing'} (not counted below)", flush=True)
+    print(f"a clean job: {clean['seconds']} s, status {clean['status']}; {clean['ending']} s from its ranks' last "
+          f"line to its end (the processes' own ending: the program's teardown and MPI_Finalize); it leaves in the "
+          f"temp dir, on purpose: {sorted(NORMAL) or 'nothing'} (not counted below)", flush=True)
     wanted = [w.strip() for w in args.launchers.split(",")]
     rows = []
     load = os.getloadavg()[0]
