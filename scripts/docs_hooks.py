@@ -66,7 +66,7 @@ def covering_tests() -> dict[str, list[str]]:
 
 def protocol_page() -> str:
     """The elastic protocol and state machines as markdown."""
-    from ddl.launcher.elastic import agent_machine, host, job, world
+    from ddl.launcher.elastic import agent_machine, discovery, host, job, world
     from ddl.runtime.elastic import protocol
 
     lines = [
@@ -89,7 +89,8 @@ def protocol_page() -> str:
         fields = ", ".join(f"`{name}`: {kind_of}" for name, kind_of in protocol.fields_of(cls)) or "-"
         lines.append(f"| `{kind}` | `{cls.__name__}` | {cls.route.value} | {fields} | {cls.about} |")
     lines += ["", "Enumerated fields: " + "; ".join(
-        f"`{e.__name__}` {', '.join(m.value for m in e)}" for e in (protocol.Step, protocol.EndCause, protocol.StopWhy))
+        f"`{e.__name__}` {', '.join(m.value for m in e)}" for e in (protocol.Step, protocol.Reason, protocol.EndCause,
+                                                              protocol.StopWhy))
         + ".", ""]
     tests = covering_tests()
     for title, module, text in (
@@ -99,6 +100,8 @@ def protocol_page() -> str:
         ("The job between worlds", job, "`ddl.launcher.elastic.job`: when to start a world, what a closed one means."),
         ("A host's agent", agent_machine, "`ddl.launcher.elastic.agent_machine`: what the agent does with what "
                                           "ddlrun, the stubs and the ranks say."),
+        ("Host discovery", discovery, "`ddl.launcher.elastic.discovery`: what each run of the discovery script "
+                                      "(in a thread beside ddlrun's loop) means."),
     ):
         lines += [f"## {title}", "", text + " Tests: `tests/tier1/test_elastic_machines.py`.", "",
                   "| id | transition | covered by |", "| --- | --- | --- |"]

@@ -73,7 +73,7 @@ def fused_allreduce(arrays: Sequence[np.ndarray], *, op: ReduceOp, name: str, co
 
 @tf.autograph.experimental.do_not_convert  # type: ignore[misc,untyped-decorator]
 def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp.AVERAGE, compression: Any = None,
-                     sparse_as_dense: bool = False, process_set: Any = None) -> list[Gradient]:
+                     sparse_as_dense: bool = False, process_set: Any = None, loss_scale: Any = None) -> list[Gradient]:
     """Reduce ``grads`` over all ranks in one call; None entries stay None.
 
     Dense gradients are packed into one buffer per dtype and reduced in place
@@ -82,7 +82,8 @@ def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp
     divided by the world size — unless ``sparse_as_dense`` densifies them first.
     At one rank nothing is reduced and nothing is copied — unless ``compression`` is a
     :class:`~ddl.tensorflow.hooked.HookedReducer` (a stateful hook such as PowerSGD), which
-    changes the values at any size: the dense gradients then go through its hook.
+    changes the values at any size: the dense gradients then go through its hook, told the
+    ``loss_scale`` they carry (a loss scaler's current scale, a scalar tensor) if given.
     """
     rop = check_gradient_op(op)
     hooked = compression if isinstance(compression, HookedReducer) else None
@@ -103,10 +104,12 @@ def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp
         else:
             dense.append((i, tf.convert_to_tensor(g)))
     nd = len(dense)
+    scaled = hooked is not None and loss_scale is not None
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         if hooked is not None:
-            outs = hooked.reduce(arrays[:nd], name=name, op=rop, process_set=process_set) if nd else []
+            scale = float(arrays[-1]) if scaled else None
+            outs = hooked.reduce(arrays[:nd], name=name, op=rop, process_set=process_set, loss_scale=scale) if nd else []
         else:
             outs = fused_allreduce(arrays[:nd], op=rop, name=name, compression=comp, process_set=process_set)
         for k in range(len(sparse)):
@@ -124,6 +127,8 @@ def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp
         inputs += [s.values, tf.cast(s.indices, tf.int64)]
         dtypes += [s.values.dtype, tf.int64]
         shapes += [tf.TensorShape([None]).concatenate(s.values.shape[1:]), tf.TensorShape([None])]
+    if scaled:
+        inputs.append(tf.cast(tf.convert_to_tensor(loss_scale), tf.float64))
     outs = host_call(fn, inputs, dtypes, shapes, what="gradient reduction")
     result: list[Gradient] = list(grads)
     for (i, _), o in zip(dense, outs[:nd], strict=True):

@@ -50,9 +50,27 @@ class HookedReducer:
             view[...] = a
         return buckets.start(api.collectives(process_set))
 
-    def reduce(self, arrays: Sequence[np.ndarray], *, name: str, op: ReduceOp, process_set: Any) -> list[np.ndarray]:
-        """``arrays`` reduced over the ranks, as new arrays (the buckets are reused next step)."""
-        return [v.copy() for v in self.start(arrays, name=name, op=op, process_set=process_set).wait()]
+    def reduce(self, arrays: Sequence[np.ndarray], *, name: str, op: ReduceOp, process_set: Any,
+               loss_scale: float | None = None) -> list[np.ndarray]:
+        """``arrays`` reduced over the ranks, as new arrays (the buckets are reused next step).
+
+        One call reduces a whole step's gradients, so the hook's update of the step is kept
+        only if every result is finite: a loss scaler skips the step otherwise, and the hook
+        state stays as it was (PowerSGD's ``commit``). ``loss_scale``: the scale the
+        gradients carry, which the hook's error memory follows.
+        """
+        transactional = all(hasattr(self.state, f) for f in ("commit", "rollback", "deferred"))
+        if transactional:
+            self.state.deferred = True
+        if loss_scale is not None and hasattr(self.state, "loss_scale"):
+            self.state.loss_scale = loss_scale
+        out = [v.copy() for v in self.start(arrays, name=name, op=op, process_set=process_set).wait()]
+        if transactional:
+            if all(np.isfinite(v).all() for v in out):
+                self.state.commit()
+            else:
+                self.state.rollback()
+        return out
 
 
 def as_reduction(compression: Any) -> Compressor | HookedReducer:

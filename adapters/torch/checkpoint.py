@@ -17,7 +17,7 @@ Example:
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +28,10 @@ import torch
 from ddl.checkpoint import Checkpoint, CheckpointError, Manifest, Tensor, together
 from ddl.checkpoint import save as save_shards
 from ddl.checkpoint.manifest import decode_value, encode_value
+from ddl.checkpoint.replicas import local, read_hook, same_on_every_rank, save_hook, saves_hook
 from ddl.reduction.partition import NOBODY, partition_by_bytes
 
+from .local_sgd import _Periodic
 from .optimizer import DistributedOptimizer, _all_params
 from .sharded_optimizer import ShardedOptimizer, partition_of
 
@@ -40,19 +42,30 @@ def save(path: str | Path, *, model: torch.nn.Module, optimizer: Any = None,
          extra: Mapping[str, Any] | None = None) -> Manifest:
     """Save ``model`` and ``optimizer`` into the folder ``path`` (call it on every rank).
 
+    What a resume needs is saved with the optimizer: a stateful hook's state (PowerSGD's
+    call counts and Q, each rank's error feedback, the gradient order the buckets follow),
+    and for ``LocalSGD`` and ``DiLoCo`` each rank's inner optimizer state, the anchor, the
+    outer optimizer, a round still in flight (finished and kept, not applied early) and,
+    between rounds, each rank's own weights (the ranks differ then). Nothing of it changes
+    training: a resume at the same world size continues exactly; see :func:`load` for
+    another world size.
+
     Args:
         path: a folder every rank can reach (a shared filesystem across hosts).
         model: the model; its ``state_dict()`` (parameters and buffers) is saved.
         optimizer: a ``torch.optim.Optimizer``, ``ddl.torch.DistributedOptimizer`` (sharded
-            or not) or ``ZeroRedundancyOptimizer``; None saves the model alone.
+            or not, with a hook or not), ``ZeroRedundancyOptimizer``, ``LocalSGD`` or ``DiLoCo``;
+            None saves the model alone.
         extra: your own JSON-able values (epoch, scheduler state...), returned by :func:`load`.
 
     Returns:
         The committed manifest.
 
     Raises:
-        ddl.checkpoint.CheckpointError: a rank could not write; the previous checkpoint
-            at ``path`` is untouched.
+        ddl.checkpoint.CheckpointError: a rank could not write (the previous checkpoint at
+            ``path`` is untouched); or the ranks hold different models while the optimizer
+            does not say why (``LocalSGD``/``DiLoCo`` between rounds: pass it), before
+            anything is written.
         TypeError: ``extra`` or a hyperparameter is not JSON-able.
 
     Example:
@@ -62,33 +75,102 @@ def save(path: str | Path, *, model: torch.nn.Module, optimizer: Any = None,
     tensors: dict[str, Tensor] = {}
     values: dict[str, Any] = {}
     state = model.state_dict()
-    writers = partition_by_bytes([t.numel() * t.element_size() for t in state.values()], size).owners
-    for (key, t), writer in zip(state.items(), writers, strict=True):
-        if writer == rank:
-            tensors[f"model/{key}"] = _tensor(t)
-    meta: dict[str, Any] = {"model": {"keys": list(state)}}
+    periodic = isinstance(optimizer, _Periodic)
+    if periodic:
+        optimizer._land()  # a round in flight: finished (every rank saves at the same step) and kept
+    same = _same_on_every_rank(state)
+    if not same and not periodic:
+        raise CheckpointError(
+            "ddl.torch.checkpoint.save: the ranks hold different models, so no one file holds the model; with "
+            "LocalSGD or DiLoCo between rounds pass optimizer=opt (each rank's weights are saved, and a load "
+            "continues exactly), or call opt.synchronize() first. Nothing was written")
+    if same:
+        writers = partition_by_bytes([t.numel() * t.element_size() for t in state.values()], size).owners
+        for (key, t), writer in zip(state.items(), writers, strict=True):
+            if writer == rank:
+                tensors[f"model/{key}"] = _tensor(t)
+    else:
+        for key, t in state.items():
+            tensors[f"{local(rank)}/model/{key}"] = _tensor(t)
+    meta: dict[str, Any] = {"model": {"keys": list(state), "replicas": None if same else size}}
     if optimizer is not None:
-        inner, params, names = _optimizer_parts(optimizer, model)
-        sharded = isinstance(optimizer, ShardedOptimizer)
-        owners = optimizer.partition.owners if sharded else partition_of(params, size).owners
-        for i, p in enumerate(params):
-            if (owners[i] if owners[i] != NOBODY else 0) != rank or p not in inner.state:
-                continue
-            for slot, value in inner.state[p].items():
-                key = f"optimizer/state/{names[i]}/{slot}"
-                if isinstance(value, torch.Tensor):
-                    tensors[key] = _tensor(value)
-                else:
-                    values[key] = value
-        groups = inner.state_dict()["param_groups"]
-        meta["optimizer"] = {"class": _class_name(inner), "params": names, "sharded": sharded,
-                             "param_groups": [encode_value(g, f"param_groups[{i}]") for i, g in enumerate(groups)]}
+        if periodic:
+            meta["optimizer"] = _save_periodic(optimizer, model, tensors, values, rank, size)
+        else:
+            meta["optimizer"] = _save_optimizer(optimizer, model, tensors, values, rank, size)
     return save_shards(path, tensors, values, framework=FRAMEWORK, meta=meta, extra=extra)
+
+
+def _save_optimizer(optimizer: Any, model: torch.nn.Module, tensors: dict[str, Tensor], values: dict[str, Any],
+                    rank: int, size: int) -> dict[str, Any]:
+    """A torch optimizer or a DistributedOptimizer (sharded or not, with a stateful hook or not)."""
+    inner, params, names = _optimizer_parts(optimizer, model)
+    sharded = isinstance(optimizer, ShardedOptimizer)
+    owners = optimizer.partition.owners if sharded else partition_of(params, size).owners
+    _state_entries(inner, params, names, "optimizer/state",
+                   lambda i: (owners[i] if owners[i] != NOBODY else 0) == rank, tensors, values)
+    info: dict[str, Any] = {"class": _class_name(inner), "params": names, "sharded": sharded,
+                            "param_groups": _groups_of(inner)}
+    hook: Any = getattr(optimizer, "hook_state", None)
+    if isinstance(optimizer, DistributedOptimizer) and saves_hook(hook):
+        scaler = optimizer.__dict__.get("_grad_scaler")
+        if scaler is not None:  # the scale the next step will use (the scaler's state resumes with it)
+            hook.loss_scale = float(scaler.get_scale())
+        info["hook"] = {**save_hook(hook, "hook", tensors, rank), "order": optimizer.gradient_order()}
+    return info
+
+
+def _save_periodic(opt: _Periodic, model: torch.nn.Module, tensors: dict[str, Tensor], values: dict[str, Any],
+                   rank: int, size: int) -> dict[str, Any]:
+    """LocalSGD or DiLoCo: what the ranks share once (anchor, a landed round, the outer
+    optimizer, Q), and what each rank holds alone (its inner state, where it started a landed
+    round, its hook errors)."""
+    names = _names(opt._params, model, {})
+    if any(n.startswith("param.") for n in names):
+        raise ValueError(f"{type(opt).__name__} trains tensors that are not the model's parameters; save the model "
+                         "whose parameters it averages")
+    writers = partition_of(opt._params, size).owners
+    mine = [i for i, w in enumerate(writers) if (w if w != NOBODY else 0) == rank]
+    for what, shared in (("anchor", opt._anchor), ("landed", opt._landed)):
+        for i in mine if shared is not None else []:
+            tensors[f"optimizer/{what}/{names[i]}"] = _tensor(shared[i])  # type: ignore[index]
+    if opt._landed is not None:
+        for name, b in zip(names, opt._boundary, strict=True):
+            tensors[f"{local(rank)}/boundary/{name}"] = _tensor(b)
+    inner, inner_params, inner_names = _optimizer_parts(opt.optimizer, model)
+    _state_entries(inner, inner_params, inner_names, f"{local(rank)}/inner", lambda i: True, tensors, values)
+    info: dict[str, Any] = {
+        "class": _class_name(opt), "params": names, "sharded": False, "param_groups": _groups_of(inner),
+        "periodic": {"world": size, "period": opt.period, "overlap": opt.overlap, "steps": opt.steps,
+                     "unsent": opt._unsent, "merge_at": opt._merge_at, "anchored": opt._anchor is not None,
+                     "landed": opt._landed is not None},
+        "inner": {"class": _class_name(inner), "params": inner_names},
+    }
+    outer = getattr(opt, "outer_optimizer", None)
+    if isinstance(outer, torch.optim.Optimizer):
+        outer_parts = _optimizer_parts(outer, model)
+        owners = partition_of(outer_parts[1], size).owners
+        _state_entries(*outer_parts, "optimizer/outer", lambda i: (owners[i] if owners[i] != NOBODY else 0) == rank,
+                       tensors, values)
+        info["outer"] = {"class": _class_name(outer), "params": outer_parts[2], "param_groups": _groups_of(outer)}
+    if saves_hook(opt.hook_state):
+        info["hook"] = save_hook(opt.hook_state, "hook", tensors, rank)
+    return info
 
 
 def load(path: str | Path, *, model: torch.nn.Module, optimizer: Any = None) -> dict[str, Any]:
     """Load a checkpoint saved by :func:`save` at any world size into ``model`` and ``optimizer``
     (call it on every rank; each reads the model and its own part of the optimizer state).
+
+    Tensors load by name: a model that registers its parameters in another order loads.
+    A stateful hook's state comes back with the optimizer: at the world size it was saved
+    at each rank takes its own error feedback, at another every rank the saved ranks' mean
+    (PowerSGD's average depends on the ranks' errors only through their mean, so the run
+    goes on as it would have). ``LocalSGD``/``DiLoCo`` saved at this world size continue
+    exactly, each rank from its own weights and inner state; saved at another between
+    rounds, every rank continues from what ``synchronize()`` would have given at the save
+    (the outer step over the saved ranks' weights, a landed round applied first), with the
+    saved ranks' mean inner optimizer state and hook errors (and float buffers).
 
     Args:
         path: the checkpoint's folder.
@@ -107,17 +189,24 @@ def load(path: str | Path, *, model: torch.nn.Module, optimizer: Any = None) -> 
     Example:
         >>> extra = ddl.torch.checkpoint.load("ckpt", model=model, optimizer=opt)  # doctest: +SKIP
     """
-    staged = together(lambda: _read(path, model, optimizer))
-    ckpt, model_values, opt_state = staged
+    ckpt, model_values, loaded = together(lambda: _read(path, model, optimizer))
     with torch.no_grad():
         for t, value in model_values:
             t.copy_(value)
-    if optimizer is not None:
-        assert opt_state is not None
-        if isinstance(optimizer, ShardedOptimizer):
-            optimizer.load_shard(opt_state)
-        else:
-            _inner(optimizer).load_state_dict(opt_state)
+    if optimizer is None:
+        return dict(ckpt.manifest.extra)
+    assert loaded is not None
+    if isinstance(optimizer, _Periodic):
+        _load_periodic(optimizer, model, loaded)
+        return dict(ckpt.manifest.extra)
+    if isinstance(optimizer, ShardedOptimizer):
+        optimizer.load_shard(loaded["state"])
+    else:
+        _inner(optimizer).load_state_dict(loaded["state"])
+    if loaded.get("hook") is not None:
+        if loaded["order"] is not None:
+            optimizer._adopt_order(loaded["order"])
+        optimizer.hook_state.load_state_dict(*loaded["hook"])
     return dict(ckpt.manifest.extra)
 
 
@@ -126,54 +215,254 @@ def _read(path: str | Path, model: torch.nn.Module,
     """Everything this rank loads, read and checked, nothing applied yet."""
     ckpt = Checkpoint.open(path, framework=FRAMEWORK)
     m, where = ckpt.manifest, Path(path) / "manifest.json"
+    rank, size = _world()
     state = model.state_dict()
-    saved = list(m.meta.get("model", {}).get("keys", []))
-    if saved != list(state):
-        missing = [k for k in state if k not in saved]
-        unexpected = [k for k in saved if k not in state]
-        raise CheckpointError(f"{where}: field meta.model.keys differs from the model's state_dict: "
-                              f"missing {missing[:5]}, unexpected {unexpected[:5]} (same model, same names?)")
-    model_values = []
-    for key, t in state.items():
-        entry = ckpt.reader.entry(f"model/{key}")
-        if tuple(entry.shape) != tuple(t.shape) or entry.dtype != _dtype_name(t.dtype):
-            raise CheckpointError(f"{where}: entry 'model/{key}' is {entry.dtype}{list(entry.shape)}, the model's "
-                                  f"tensor is {_dtype_name(t.dtype)}{list(t.shape)}")
-        model_values.append((t, _from_raw(ckpt.reader.raw(f"model/{key}"), entry.dtype, entry.shape)))
+    _check_names(list(m.meta.get("model", {}).get("keys", [])), list(state), f"{where}: field meta.model.keys",
+                 "the model's state_dict")
+    replicas = m.meta["model"].get("replicas")
+    periodic = isinstance(optimizer, _Periodic)
+    if replicas is not None and replicas != size and not periodic:
+        raise CheckpointError(f"{where}: field meta.model.replicas is {replicas}: the {replicas} ranks that saved it "
+                              "held different weights (LocalSGD or DiLoCo between rounds); load it at "
+                              f"{replicas} ranks, or with optimizer= the LocalSGD/DiLoCo it was saved with (which "
+                              "continues from what synchronize() would have given), not at "
+                              f"{size} with the model alone")
+    if replicas is None:
+        model_values = [(t, _entry(ckpt, f"model/{key}", t, where)) for key, t in state.items()]
+    elif replicas == size:
+        model_values = [(t, _entry(ckpt, f"{local(rank)}/model/{key}", t, where)) for key, t in state.items()]
+    else:
+        model_values = []  # the periodic optimizer's load sets them from every saved rank's
     if optimizer is None:
         return ckpt, model_values, None
     info = m.meta.get("optimizer")
     if info is None:
         raise CheckpointError(f"{where}: field meta.optimizer is missing: this checkpoint was saved without an "
                               "optimizer; load it with optimizer=None")
-    inner, params, names = _optimizer_parts(optimizer, model)
-    if info["class"] != _class_name(inner):
+    wanted = _class_name(optimizer) if periodic else _class_name(_inner(optimizer))
+    if info["class"] != wanted:
         raise CheckpointError(f"{where}: field meta.optimizer.class is {info['class']}, the optimizer is "
-                              f"{_class_name(inner)}: build the optimizer the checkpoint was saved with")
-    if list(info["params"]) != names:
-        diff = next(((a, b) for a, b in zip(info["params"], names, strict=False) if a != b), None)
-        raise CheckpointError(f"{where}: field meta.optimizer.params differs from the optimizer's parameters "
-                              + (f"(saved {diff[0]!r} where the optimizer has {diff[1]!r})" if diff else
-                                 f"({len(info['params'])} saved, {len(names)} now)"))
-    groups = [decode_value(g) for g in info["param_groups"]]
-    if [len(g["params"]) for g in groups] != [len(g["params"]) for g in inner.param_groups]:
-        raise CheckpointError(f"{where}: field meta.optimizer.param_groups has groups of "
-                              f"{[len(g['params']) for g in groups]} parameters, the optimizer "
-                              f"{[len(g['params']) for g in inner.param_groups]}")
+                              f"{wanted}: build the optimizer the checkpoint was saved with")
+    if periodic:
+        return ckpt, model_values, _read_periodic(ckpt, info, optimizer, model, where, replicas)
+    inner, params, names = _optimizer_parts(optimizer, model)
+    _check_names(list(info["params"]), names, f"{where}: field meta.optimizer.params", "the optimizer's parameters")
+    groups = _groups_by_name(decode_value(info["param_groups"]), list(info["params"]), inner, names,
+                             f"{where}: field meta.optimizer.param_groups")
     sharded = isinstance(optimizer, ShardedOptimizer)
+    state_of = _read_state(ckpt, "optimizer/state", params, names,
+                           lambda i: not sharded or optimizer.owns(params[i]))  # another rank's part in this world
+    loaded: dict[str, Any] = {"state": {"state": state_of, "param_groups": groups}, "hook": None, "order": None}
+    hook = info.get("hook")
+    if hook is not None and isinstance(optimizer, DistributedOptimizer) and saves_hook(optimizer.hook_state):
+        loaded["hook"] = read_hook(ckpt, hook, "hook", saved_world=m.world_size, rank=rank, size=size)
+        loaded["order"] = hook.get("order")
+    return ckpt, model_values, loaded
+
+
+def _read_periodic(ckpt: Checkpoint, info: dict[str, Any], opt: _Periodic, model: torch.nn.Module, where: Path,
+                   replicas: int | None) -> dict[str, Any]:
+    """LocalSGD/DiLoCo: this rank's part (its own at the saved world size, the saved ranks'
+    mean at another) and, for another world between rounds, every saved rank's weights."""
+    rank, size = _world()
+    periodic = info["periodic"]
+    saved_world = int(periodic["world"])
+    names = _names(opt._params, model, {})
+    _check_names(list(info["params"]), names, f"{where}: field meta.optimizer.params", "the optimizer's parameters")
+    if (int(periodic["period"]), int(periodic["overlap"])) != (opt.period, opt.overlap):
+        raise CheckpointError(f"{where}: field meta.optimizer.periodic has period={periodic['period']}, "
+                              f"overlap={periodic['overlap']}; the optimizer period={opt.period}, "
+                              f"overlap={opt.overlap}: build it as it was saved")
+    inner, inner_params, inner_names = _optimizer_parts(opt.optimizer, model)
+    if info["inner"]["class"] != _class_name(inner):
+        raise CheckpointError(f"{where}: field meta.optimizer.inner.class is {info['inner']['class']}, the inner "
+                              f"optimizer is {_class_name(inner)}: build the one the checkpoint was saved with")
+    _check_names(list(info["inner"]["params"]), inner_names, f"{where}: field meta.optimizer.inner.params",
+                 "the inner optimizer's parameters")
+    same_world = saved_world == size
+    ranks = [rank] if same_world else list(range(saved_world))
+    inner_states = [_read_state(ckpt, f"{local(r)}/inner", inner_params, inner_names, lambda i: True) for r in ranks]
+    out: dict[str, Any] = {
+        "periodic": periodic,
+        "inner": {"state": inner_states[0] if same_world else _mean_states(inner_states),
+                  "param_groups": _groups_by_name(decode_value(info["param_groups"]), list(info["inner"]["params"]),
+                                                  inner, inner_names, f"{where}: field meta.optimizer.param_groups")},
+        "anchor": _read_tensors(ckpt, "optimizer/anchor", names, opt._params) if periodic["anchored"] else None,
+        "landed": _read_tensors(ckpt, "optimizer/landed", names, opt._params) if periodic["landed"] else None,
+        "boundary": None, "outer": None, "hook": None, "replicas": None,
+    }
+    if periodic["landed"] and same_world:
+        out["boundary"] = _read_tensors(ckpt, f"{local(rank)}/boundary", names, opt._params)
+    outer = getattr(opt, "outer_optimizer", None)
+    if "outer" in info and isinstance(outer, torch.optim.Optimizer):
+        outer_inner, outer_params, outer_names = _optimizer_parts(outer, model)
+        if info["outer"]["class"] != _class_name(outer_inner):
+            raise CheckpointError(f"{where}: field meta.optimizer.outer.class is {info['outer']['class']}, the outer "
+                                  f"optimizer is {_class_name(outer_inner)}")
+        out["outer"] = {"state": _read_state(ckpt, "optimizer/outer", outer_params, outer_names, lambda i: True),
+                        "param_groups": _groups_by_name(decode_value(info["outer"]["param_groups"]),
+                                                        list(info["outer"]["params"]), outer_inner, outer_names,
+                                                        f"{where}: field meta.optimizer.outer.param_groups")}
+    if info.get("hook") is not None and saves_hook(opt.hook_state):
+        out["hook"] = read_hook(ckpt, info["hook"], "hook", saved_world=saved_world, rank=rank, size=size)
+    if replicas is not None and not same_world:
+        state = model.state_dict()
+        out["replicas"] = [{key: _entry(ckpt, f"{local(r)}/model/{key}", t, where) for key, t in state.items()}
+                           for r in range(replicas)]
+        if periodic["landed"]:
+            out["boundaries"] = [_read_tensors(ckpt, f"{local(r)}/boundary", names, opt._params)
+                                 for r in range(replicas)]
+        out["names"] = names
+    return out
+
+
+def _load_periodic(opt: _Periodic, model: torch.nn.Module, loaded: dict[str, Any]) -> None:
+    periodic = loaded["periodic"]
+    opt.optimizer.load_state_dict(loaded["inner"])
+    if loaded["outer"] is not None:
+        opt.outer_optimizer.load_state_dict(loaded["outer"])  # type: ignore[attr-defined]
+    opt.steps, opt._unsent, opt._merge_at = int(periodic["steps"]), int(periodic["unsent"]), int(periodic["merge_at"])
+    opt._anchor = opt._like_params(loaded["anchor"])
+    opt._landed = opt._like_params(loaded["landed"])
+    opt._boundary = opt._like_params(loaded["boundary"]) or []
+    opt._pending = None
+    if loaded["hook"] is not None:
+        opt.hook_state.load_state_dict(*loaded["hook"])
+    replicas = loaded["replicas"]
+    if replicas is None:
+        return
+    # Saved between rounds at another world size: every rank continues from what
+    # synchronize() would have given there (other state: float buffers the saved ranks'
+    # mean, the rest rank 0's; the optimizer's parameters are set from the anchor).
+    names = loaded["names"]
+    with torch.no_grad():
+        for key, t in model.state_dict().items():
+            if key not in names:
+                t.copy_(_mean([r[key] for r in replicas]) if t.dtype.is_floating_point else replicas[0][key])
+    weights = [[r[key].to(p.device, p.dtype) for key, p in zip(names, opt._params, strict=True)] for r in replicas]
+    boundaries = loaded.get("boundaries")
+    opt._synchronize_saved(weights, [[b.to(p.device, p.dtype) for b, p in zip(bs, opt._params, strict=True)]
+                                     for bs in boundaries] if boundaries else None)
+
+
+# -- the pieces ---------------------------------------------------------------------------------
+def _same_on_every_rank(state: Mapping[str, torch.Tensor]) -> bool:
+    """Whether every rank holds these very bytes (a collective)."""
+    return same_on_every_rank((_tensor(t).data for t in state.values()), name="ddl.torch.checkpoint.same")
+
+
+def _names(params: list[torch.Tensor], model: torch.nn.Module, given: Mapping[torch.Tensor, str]) -> list[str]:
+    by_model: dict[torch.Tensor, str] = {p: n for n, p in model.named_parameters()}
+    return [by_model.get(p) or given.get(p) or f"param.{i}" for i, p in enumerate(params)]
+
+
+def _groups_of(optimizer: torch.optim.Optimizer) -> list[Any]:
+    groups = optimizer.state_dict()["param_groups"]
+    return [encode_value(g, f"param_groups[{i}]") for i, g in enumerate(groups)]
+
+
+def _state_entries(inner: torch.optim.Optimizer, params: list[torch.Tensor], names: list[str], prefix: str,
+                   writes: Callable[[int], bool], tensors: dict[str, Tensor], values: dict[str, Any]) -> None:
+    """The per-parameter state of ``inner`` that this rank writes, under ``prefix/<name>/<slot>``."""
+    for i, p in enumerate(params):
+        if not writes(i) or p not in inner.state:
+            continue
+        for slot, value in inner.state[p].items():
+            key = f"{prefix}/{names[i]}/{slot}"
+            if isinstance(value, torch.Tensor):
+                tensors[key] = _tensor(value)
+            else:
+                values[key] = value
+
+
+def _read_state(ckpt: Checkpoint, prefix: str, params: list[torch.Tensor], names: list[str],
+                reads: Callable[[int], bool]) -> dict[int, dict[str, Any]]:
+    """The per-parameter state under ``prefix``, by place in the optimizer, for those ``reads`` takes."""
+    m = ckpt.manifest
     state_of: dict[int, dict[str, Any]] = {}
-    for i, (p, name) in enumerate(zip(params, names, strict=True)):
-        if sharded and not optimizer.owns(p):
-            continue  # another rank's part in this world
-        prefix = f"optimizer/state/{name}/"
+    for i, name in enumerate(names):
+        if not reads(i):
+            continue
+        start = f"{prefix}/{name}/"
         slots = {}
-        for key in m.keys(prefix):
+        for key in m.keys(start):
             entry = m.entries[key]
-            slots[key[len(prefix):]] = (entry.value if entry.inline
-                                        else _from_raw(ckpt.reader.raw(key), entry.dtype, entry.shape))
+            slots[key[len(start):]] = (entry.value if entry.inline
+                                       else _from_raw(ckpt.reader.raw(key), entry.dtype, entry.shape))
         if slots:
             state_of[i] = slots
-    return ckpt, model_values, {"state": state_of, "param_groups": groups}
+    return state_of
+
+
+def _read_tensors(ckpt: Checkpoint, prefix: str, names: list[str], like: list[torch.Tensor]) -> list[torch.Tensor]:
+    where = ckpt.folder / "manifest.json"
+    return [_entry(ckpt, f"{prefix}/{name}", t, where) for name, t in zip(names, like, strict=True)]
+
+
+def _entry(ckpt: Checkpoint, key: str, like: torch.Tensor, where: Path) -> torch.Tensor:
+    """Tensor ``key``, checked against the shape and dtype of ``like``."""
+    entry = ckpt.reader.entry(key)
+    if tuple(entry.shape) != tuple(like.shape) or entry.dtype != _dtype_name(like.dtype):
+        raise CheckpointError(f"{where}: entry {key!r} is {entry.dtype}{list(entry.shape)}, the model's "
+                              f"tensor is {_dtype_name(like.dtype)}{list(like.shape)}")
+    return _from_raw(ckpt.reader.raw(key), entry.dtype, entry.shape)
+
+
+def _mean(tensors: list[torch.Tensor]) -> torch.Tensor:  # in torch: bfloat16 and devices as they are
+    return torch.stack([t.double() for t in tensors]).mean(0).to(tensors[0].dtype)
+
+
+def _mean_states(states: list[dict[int, dict[str, Any]]]) -> dict[int, dict[str, Any]]:
+    """The saved ranks' states combined for a world of another size: floating tensors averaged
+    over the ranks that hold the slot, anything else rank 0's (the first that holds it)."""
+    out: dict[int, dict[str, Any]] = {}
+    for i in sorted({i for s in states for i in s}):
+        slots: dict[str, Any] = {}
+        for slot in dict.fromkeys(k for s in states if i in s for k in s[i]):
+            held = [s[i][slot] for s in states if i in s and slot in s[i]]
+            first = held[0]
+            slots[slot] = (_mean(held) if isinstance(first, torch.Tensor) and first.is_floating_point() else first)
+        out[i] = slots
+    return out
+
+
+def _check_names(saved: list[str], now: list[str], field: str, what: str) -> None:
+    """The same names, in any order (tensors load by name), or an error naming the differences."""
+    if set(saved) == set(now) and len(saved) == len(now):
+        return
+    missing = [k for k in now if k not in set(saved)]
+    unexpected = [k for k in saved if k not in set(now)]
+
+    def some(keys: list[str]) -> str:
+        return f"{keys[:5]}" + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+    raise CheckpointError(f"{field} differs from {what}: {len(missing)} missing from the checkpoint {some(missing)}, "
+                          f"{len(unexpected)} not in {what} {some(unexpected)}: load it into the model it was saved "
+                          "from (or rename the keys)")
+
+
+def _groups_by_name(saved: list[dict[str, Any]], saved_names: list[str], inner: torch.optim.Optimizer,
+                    names: list[str], field: str) -> list[dict[str, Any]]:
+    """The saved parameter groups (their hyperparameters) renumbered for ``inner``'s parameters,
+    which may list the same names in another order; each group must hold the same names."""
+    now = [[names[i] for i in range(start, start + len(g["params"]))]
+           for start, g in zip(_starts(inner.param_groups), inner.param_groups, strict=True)]
+    then = [[saved_names[int(i)] for i in g["params"]] for g in saved]
+    if len(then) != len(now) or any(set(a) != set(b) for a, b in zip(then, now, strict=True)):
+        raise CheckpointError(f"{field} has groups of {[len(g) for g in then]} parameters "
+                              f"(first names {[g[:2] for g in then]}), the optimizer "
+                              f"{[len(g) for g in now]} (first names {[g[:2] for g in now]}): build the "
+                              "optimizer's parameter groups as they were saved")
+    return [{**g, "params": list(range(start, start + len(g["params"])))}
+            for start, g in zip(_starts(inner.param_groups), saved, strict=True)]
+
+
+def _starts(groups: list[dict[str, Any]]) -> list[int]:
+    out, at = [], 0
+    for g in groups:
+        out.append(at)
+        at += len(g["params"])
+    return out
 
 
 def consolidate(path: str | Path, out: str | Path, *, optimizer_out: str | Path | None = None) -> list[str]:

@@ -70,6 +70,7 @@ class _Periodic(torch.optim.Optimizer):
         self._anchor: list[torch.Tensor] | None = None  # taken at the first step: after the user's broadcast
         self._boundary: list[torch.Tensor] = []  # the weights when the round in flight started
         self._pending: Pending | None = None
+        self._landed: list[torch.Tensor] | None = None  # a round's average, finished but not applied yet
         self._merge_at = 0
         self.steps = 0  # inner steps taken
         self._unsent = 0  # inner steps whose progress no round has carried yet
@@ -115,17 +116,33 @@ class _Periodic(torch.optim.Optimizer):
         return self._rounds.state
 
     # -- the steps -----------------------------------------------------------------------
+    #: ``torch.amp.GradScaler.step(opt)`` calls ``step()`` on every rank, skipped or not, with
+    #: ``grad_scale`` and ``found_inf`` set: a rank whose gradients overflowed skips its inner
+    #: step alone, and every rank still counts the step, so the rounds stay aligned.
+    _step_supports_amp_scaling = True
+
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """One inner step on this rank's gradients; every ``period`` steps, an outer step."""
+        """One inner step on this rank's gradients; every ``period`` steps, an outer step.
+
+        Under a ``GradScaler`` (``scaler.step(opt)``) the inner step is skipped on a rank
+        whose gradients are not finite, and the gradients are unscaled here if
+        ``scaler.unscale_(opt)`` did not do it; the step is counted on every rank.
+        """
         if self._anchor is None:
             self._anchor = [p.detach().clone() for p in self._params]
-        loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        found_inf, grad_scale = self.__dict__.get("found_inf"), self.__dict__.get("grad_scale")
+        if found_inf is not None and float(found_inf) > 0:
+            loss = None  # this rank's gradients overflowed: its inner step is skipped, as GradScaler does
+        else:
+            if grad_scale is not None:
+                _unscale(self.optimizer, grad_scale)
+            loss = self.optimizer.step(closure) if closure is not None else self.optimizer.step()
         self.steps += 1
         self._unsent += 1
         if self._pending is not None:
             self._pending.done()  # moves a PowerSGD round on
-            if self.steps >= self._merge_at:
-                self._merge()
+        if (self._pending is not None or self._landed is not None) and self.steps >= self._merge_at:
+            self._merge()
         if self.steps % self.period == 0:
             self._start_round()
             if self.overlap == 0:
@@ -135,7 +152,7 @@ class _Periodic(torch.optim.Optimizer):
     def synchronize(self) -> None:
         """Every rank to the same weights now: finish the round in flight and average the
         steps taken since (an outer step over them, if any). A collective call."""
-        if self._pending is not None:
+        if self._pending is not None or self._landed is not None:
             self._merge()
         if self._unsent and self._anchor is not None:
             self._start_round()
@@ -156,15 +173,27 @@ class _Periodic(torch.optim.Optimizer):
         self._merge_at = self.steps + self.overlap
         self._unsent = 0
 
+    def in_sync(self) -> bool:
+        """Whether every rank holds the same weights now: no round in flight or waiting to be
+        applied, and no step since the last one (or none at all)."""
+        return self._pending is None and self._landed is None and (self._unsent == 0 or self._anchor is None)
+
+    def _land(self) -> None:
+        """Finish the round in flight (a collective) and keep its average, not applied yet."""
+        if self._pending is not None:
+            assert self._anchor is not None
+            self._landed = [from_numpy(v, a).clone() for v, a in zip(self._pending.wait(), self._anchor, strict=True)]
+            self._pending = None
+
     def _merge(self) -> None:
         """Apply the finished round: the outer update of the anchor, then this rank's weights
         = new anchor + what it moved since the round started (nothing without overlap)."""
-        assert self._pending is not None and self._anchor is not None
-        averaged = self._pending.wait()
-        self._pending = None
+        self._land()
+        assert self._landed is not None and self._anchor is not None
+        averaged, self._landed = self._landed, None
         with torch.no_grad():
             moved = [p - b for p, b in zip(self._params, self._boundary, strict=True)]
-            self._outer_update([from_numpy(v, a) for v, a in zip(averaged, self._anchor, strict=True)])
+            self._outer_update(averaged)
             for p, a, d in zip(self._params, self._anchor, moved, strict=True):
                 p.copy_(a)
                 if self.overlap:
@@ -180,25 +209,54 @@ class _Periodic(torch.optim.Optimizer):
     # -- state ---------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Inner optimizer, anchor, step count, hook state (and outer optimizer). A round in
-        flight is finished first (every rank commits at the same step, so all do)."""
-        if self._pending is not None:
-            self._merge()
+        flight is finished first (every rank commits at the same step, so all do) and kept
+        with the weights it started from, to be applied when it would have been."""
+        self._land()
         hook = getattr(self._rounds.state, "state_dict", None)
         return {"inner": self.optimizer.state_dict(), "steps": self.steps, "unsent": self._unsent,
-                "anchor": None if self._anchor is None else [a.clone() for a in self._anchor],
-                "hook": hook() if hook is not None else None}
+                "anchor": _copies(self._anchor), "landed": _copies(self._landed),
+                "boundary": _copies(self._boundary) if self._landed is not None else None,
+                "merge_at": self._merge_at, "hook": hook() if hook is not None else None}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load a :meth:`state_dict` (PowerSGD's rank-local errors start at zero)."""
         self.optimizer.load_state_dict(state_dict["inner"])
         self.steps, self._unsent = int(state_dict["steps"]), int(state_dict.get("unsent", 0))
-        anchor = state_dict.get("anchor")
-        self._anchor = None if anchor is None else [a.to(p.device, p.dtype).clone()
-                                                    for a, p in zip(anchor, self._params, strict=True)]
-        self._pending, self._boundary = None, []
+        self._anchor = self._like_params(state_dict.get("anchor"))
+        self._landed = self._like_params(state_dict.get("landed"))
+        self._boundary = self._like_params(state_dict.get("boundary")) or []
+        self._merge_at = int(state_dict.get("merge_at", self.steps))
+        self._pending = None
         load = getattr(self._rounds.state, "load_state_dict", None)
         if load is not None and state_dict.get("hook") is not None:
             load(state_dict["hook"])
+
+    def _synchronize_saved(self, replicas: list[list[torch.Tensor]], boundaries: list[list[torch.Tensor]] | None) -> None:
+        """What :meth:`synchronize` would have done when a checkpoint was saved, from every
+        saved rank's weights (``replicas``; ``boundaries``: where each started the landed
+        round), without a collective: a world of another size continues from the one point
+        every saved rank would have reached. The anchor, landed round and counters must be
+        loaded already; the parameters end at the new anchor."""
+        assert self._anchor is not None
+        with torch.no_grad():
+            if self._landed is not None:
+                assert boundaries is not None
+                averaged, self._landed = self._landed, None
+                self._outer_update(averaged)
+                replicas = [[a + (w - b) for a, w, b in zip(self._anchor, ws, bs, strict=True)]
+                            for ws, bs in zip(replicas, boundaries, strict=True)]
+            if self._unsent:
+                self._outer_update([torch.stack([a - ws[i] for ws in replicas]).mean(0)
+                                    for i, a in enumerate(self._anchor)])
+            for p, a in zip(self._params, self._anchor, strict=True):
+                p.copy_(a)
+        self._unsent, self._boundary, self._pending = 0, [], None
+
+    def _like_params(self, tensors: Any) -> list[torch.Tensor] | None:
+        """Saved tensors, one per parameter, on the parameters' devices and dtypes (None stays None)."""
+        if tensors is None:
+            return None
+        return [torch.as_tensor(t).to(p.device, p.dtype).clone() for t, p in zip(tensors, self._params, strict=True)]
 
     def __repr__(self) -> str:
         return f"ddl.torch.{type(self).__name__}({self.optimizer!r}, period={self.period}, overlap={self.overlap})"
@@ -324,6 +382,20 @@ class DiLoCo(_Periodic):
         super().load_state_dict(state_dict)
         if "outer" in state_dict:
             self.outer_optimizer.load_state_dict(state_dict["outer"])
+
+
+def _copies(tensors: list[torch.Tensor] | None) -> list[torch.Tensor] | None:
+    return None if tensors is None else [t.detach().clone() for t in tensors]
+
+
+def _unscale(optimizer: torch.optim.Optimizer, grad_scale: torch.Tensor) -> None:
+    """Divide the gradients by the loss scale, as ``GradScaler.unscale_`` (its float64 reciprocal)."""
+    inv = grad_scale.double().reciprocal().float()
+    with torch.no_grad():
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    (p.grad._values() if p.grad.is_sparse else p.grad).mul_(inv.to(p.grad.device))
 
 
 def _host_tensor(view: Any, dtype: torch.dtype) -> torch.Tensor:

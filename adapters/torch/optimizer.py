@@ -68,6 +68,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             1/N of the parameters and updates only those; gradients reach their owners by
             a reduce-scatter and the updated parameters every rank by an allgather (see
             :class:`~ddl.torch.sharded_optimizer.ShardedOptimizer` and the sharding guide).
+            grad_scaler: the ``torch.amp.GradScaler`` that scales the loss, for a stateful hook:
+            PowerSGD keeps its error memory in the scale's units and follows its changes.
+            Optional: the scaler that first unscales this optimizer becomes its scaler.
+
+    ``torch.amp.GradScaler`` works as with DDP: ``scaler.step(opt)`` (and ``scaler.unscale_``)
+    first finish the reduction (:mod:`ddl.torch.amp`), so every rank unscales, checks for inf
+    and skips on the same, reduced gradients. With a stateful hook, a step's hook state is
+    committed by ``step()``: a step that is not taken (a scaler that found inf or NaN skips
+    it) leaves the hook state as it was. Other changes to gradients (clipping) need
+    ``synchronize()`` first, then ``step()`` inside ``skip_synchronize()``; a gradient changed
+    in place before the reduction finished is an error at ``step()``.
 
     Example:
         >>> opt = ddl.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
@@ -75,6 +86,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
     """
 
     hook_state: Any  # the stateful hook's state (PowerSGD's), None with a plain compressor
+    #: GradScaler's flag for optimizers that unscale and skip by themselves (fused ones): not
+    #: this wrapper, whatever the wrapped optimizer says (``__getattr__`` would pass its flag
+    #: on): the scaler unscales, after :meth:`_reduce_before_unscale` has reduced.
+    _step_supports_amp_scaling = False
 
     def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
         # op=ddl.Adasum is a different algorithm (Horovod's _DistributedAdasumOptimizer):
@@ -108,6 +123,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         gradient_predivide_factor: float = 1.0, num_groups: int = 0, groups: Any = None,
         sparse_as_dense: bool = False, process_set: Any = None, *, bucket_cap_mb: float = BUCKET_BYTES / MiB,
         first_bucket_mb: float = FIRST_BUCKET_BYTES / MiB, shard_optimizer_state: bool = False,
+        grad_scaler: Any = None,
     ) -> None:
         if isinstance(optimizer, DistributedOptimizer):
             raise TypeError("this optimizer is already a ddl.torch.DistributedOptimizer; wrap it once")
@@ -127,9 +143,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                              f"and first_bucket_mb={first_bucket_mb}")
         if shard_optimizer_state:
             _check_shardable(optimizer, compression, process_set)
+        if grad_scaler is not None and not callable(getattr(grad_scaler, "get_scale", None)):
+            raise TypeError(f"grad_scaler must be a torch.amp.GradScaler (something with get_scale()), got "
+                            f"{type(grad_scaler).__name__}")
         self.__dict__["optimizer"] = optimizer
+        self.__dict__["_grad_scaler"] = grad_scaler
         hook = as_hook(compression)
-        self.__dict__["hook_state"] = None if isinstance(hook, Compressor) else hook.new_state()
+        self.__dict__["hook_state"] = None if isinstance(hook, Compressor) else _deferred(hook.new_state())
         self._options = Options(
             compression=hook, backward_passes_per_step=backward_passes_per_step,
             op=reduce_op, gradient_predivide_factor=float(gradient_predivide_factor),
@@ -201,6 +221,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__["optimizer"] = state["optimizer"]
         self.__dict__["hook_state"] = state.get("hook_state")
+        self.__dict__["_grad_scaler"] = None  # a copy is stepped by its own scaler: pass it again to the copy
         self._options = state["options"]
         self._outside = state.get("outside", False)
         params = _all_params(self.optimizer)
@@ -239,8 +260,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                      check: bool) -> Reducer:
         """The reducer for ``params`` (``check``: a collective call is allowed, as at construction)."""
         outside = self.__dict__.get("_outside", False)
+        scaler = self.__dict__.get("_grad_scaler")
         return Reducer([] if outside else params, self._names, self._options, prefix, order=order,
-                       no_sync=self.__dict__.get("_no_sync", False), hook_state=self.hook_state)
+                       no_sync=self.__dict__.get("_no_sync", False), hook_state=self.hook_state,
+                       loss_scale=None if scaler is None else scaler.get_scale)
 
     def _next_prefix(self) -> str:
         self._version += 1
@@ -263,6 +286,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """
         return None if self._reducer.agreed is None else list(self._reducer.agreed)
 
+    def _adopt_order(self, order: list[int]) -> None:
+        """Plan the buckets in ``order`` (a checkpoint's: the same on every rank, so no
+        collective), as the ranks that saved it had agreed: a stateful hook's per-bucket
+        state then meets the same buckets."""
+        if self._reducer.agreed == list(order) or self.__dict__.get("_outside", False):
+            return
+        if self._reducer.in_flight():
+            raise RuntimeError("loading a checkpoint while gradient allreduces are in flight; call step() first")
+        self._attach(prefix=self._prefix, check=False, order=list(order))
+
     def register_comm_hook(self, state: Any, hook: Any) -> None:
         """Reduce the gradient buckets with ``hook(state, bucket)`` (DDP's ``register_comm_hook``).
 
@@ -281,7 +314,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             state = None
         elif state is None:
             state = checked.new_state()
-        self.__dict__["hook_state"] = state
+        self.__dict__["hook_state"] = _deferred(state)
         self._options = dataclasses.replace(self._options, compression=checked)
         self._attach(prefix=self._prefix, check=False, order=self._reducer.agreed)
 
@@ -382,7 +415,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._skip = False
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:  # type: ignore[override]
-        """Synchronize the gradients, then run the wrapped optimizer's ``step``."""
+        """Synchronize the gradients, then run the wrapped optimizer's ``step`` (and commit a
+        stateful hook's state of this step)."""
         if closure is not None:
             def reduced_closure() -> Any:
                 with torch.enable_grad():
@@ -390,7 +424,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self._sync()
                 return loss
 
-            return self.optimizer.step(reduced_closure)
+            loss = self.optimizer.step(reduced_closure)
+            self._commit_hook()
+            return loss
         if not self._skip:
             if self.__dict__.get("_user_synchronized"):
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context after "
@@ -399,7 +435,40 @@ class DistributedOptimizer(torch.optim.Optimizer):
                               "your code.", stacklevel=2)
             self._sync()
         self.__dict__["_user_synchronized"] = False
-        return self.optimizer.step()
+        loss = self.optimizer.step()
+        self._commit_hook()
+        return loss
+
+    def _reduce_before_unscale(self, scaler: Any) -> None:
+        """``GradScaler.unscale_(self)`` is about to read ``.grad`` (:mod:`ddl.torch.amp`): finish
+        the reduction, so every rank reads the same gradients. The scaler is this optimizer's
+        loss scaler from now on if none was given (a stateful hook follows its scale; this
+        step's hook values carried its current scale)."""
+        if self.__dict__.get("_grad_scaler") is None and self.hook_state is not None:
+            self.__dict__["_grad_scaler"] = scaler
+            self._reducer.loss_scale = scaler.get_scale
+            relabel = getattr(self.hook_state, "relabel", None)
+            if relabel is not None:
+                relabel(float(scaler.get_scale()))
+        if not self._outside:
+            self._sync()
+
+    def _commit_hook(self) -> None:
+        """The step was taken: a stateful hook's update of it stands. Say once if an earlier
+        step was not (a GradScaler's skip) while the hook does not know the loss scale."""
+        state = self.hook_state
+        commit = getattr(state, "commit", None)
+        if commit is None:
+            return
+        commit()
+        if getattr(state, "skipped", 0) and self.__dict__.get("_grad_scaler") is None \
+                and not self.__dict__.get("_told_dropped"):
+            self.__dict__["_told_dropped"] = True
+            warnings.warn(f"{self._options.compression!r}: a step's gradients were not finite, or optimizer.step() "
+                          "did not follow their reduction (a GradScaler that found inf or NaN skips it); the hook "
+                          "state of that step was left out, as it should be. If a GradScaler scales the loss, pass "
+                          "grad_scaler=scaler to DistributedOptimizer: the hook's error memory must follow the "
+                          "scale's changes", stacklevel=3)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The wrapped optimizer's ``zero_grad``.
@@ -428,6 +497,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer.add_param_group(param_group)
         self._name_new()
         self._attach(prefix=self._next_prefix())
+
+
+def _deferred(state: Any) -> Any:
+    """A stateful hook's state whose updates wait for ``step()`` (when it can: PowerSGD's)."""
+    if callable(getattr(state, "commit", None)) and hasattr(state, "deferred"):
+        state.deferred = True
+    return state
 
 
 def _check_shardable(optimizer: torch.optim.Optimizer, compression: Any, process_set: Any) -> None:

@@ -64,9 +64,15 @@ class Reducer:
     """
 
     def __init__(self, params: Sequence[torch.Tensor], names: dict[torch.Tensor, str], options: Options,
-                 prefix: str, *, order: list[int] | None = None, no_sync: bool = False, hook_state: Any = None) -> None:
+                 prefix: str, *, order: list[int] | None = None, no_sync: bool = False, hook_state: Any = None,
+                 loss_scale: Callable[[], float] | None = None) -> None:
         self.options = options
         self.hook_state = hook_state  # a stateful hook's state (the optimizer's, kept across reducers)
+        self.loss_scale = loss_scale  # the loss scale the gradients carry (a GradScaler's), for the hook
+        self._scale_read = False  # this step's loss scale was handed to the hook state
+        # The gradients each launched bucket took, with their version counters: a change in
+        # place before synchronize (GradScaler.unscale_, clipping) would be lost, so it is an error.
+        self._taken: list[tuple[torch.Tensor, torch.Tensor, int]] = []
         self._hooked: list[Future] = []  # stateful hooks' futures in flight, moved on as gradients arrive
         self.names = names
         self.prefix = prefix
@@ -217,10 +223,32 @@ class Reducer:
                 for dst, src in zip(dsts, srcs, strict=True):
                     dst.copy_(src)
                 self._submit(bucket)
+                self._take(bucket)
                 return
             bucket.copy = bucket.device.to_host(dsts, srcs)
+        self._take(bucket)
         bucket.handle = _LANDING
         self._landing.append(bucket)
+
+    def _take(self, bucket: Bucket) -> None:
+        """Note the version of each dense gradient the bucket took (after this reducer's own
+        writes into the buffer, which a gradient left as its view shares)."""
+        for p in bucket.params:
+            g = p.grad
+            if g is not None and not g.is_sparse:
+                self._taken.append((p, g, g._version))
+
+    def _check_taken(self) -> None:
+        """Raise if a gradient a bucket took was changed or replaced before the reduction finished."""
+        for p, g, version in self._taken:
+            if p.grad is not g or g._version != version:
+                raise RuntimeError(
+                    f"the gradient of {self.names[p]!r} was changed after its bucket's reduction started (by "
+                    "GradScaler.unscale_ or scaler.step(optimizer), clipping, or another in-place change before "
+                    "optimizer.step()); the change would be lost and the step would use the reduced gradients "
+                    "as they were. Reduce first, then change them: optimizer.synchronize(); "
+                    "scaler.unscale_(optimizer); clip...; then `with optimizer.skip_synchronize(): "
+                    "scaler.step(optimizer)`")
 
     def _submit_landed(self, *, wait: bool = False) -> None:
         """Submit the allreduce of every launched bucket whose copy has landed (``wait``: all)."""
@@ -249,6 +277,9 @@ class Reducer:
                                                 compression=opts.compression, inplace=True)
             return
         # A stateful hook: the gradients, then the presence flags (uncompressed, as a vector).
+        if self.loss_scale is not None and not self._scale_read:
+            self.hook_state.loss_scale = float(self.loss_scale())
+            self._scale_read = True
         shapes = (*(tuple(p.shape) for p in bucket.params), (view.size - bucket.numel,))
         grad_bucket = GradBucket(bucket.index, bucket.name, view, shapes, op, api.collectives(opts.process_set))
         future = apply_hook(opts.compression, self.hook_state, grad_bucket)
@@ -276,6 +307,7 @@ class Reducer:
             for b in [*todo, *extra]:
                 if b.handle is not _LOCAL:
                     b.handle.wait()  # type: ignore[attr-defined]
+            self._check_taken()
             gathering = self._start_sparse([*todo, *extra])
             for b in [*todo, *extra]:
                 self._unpack(b, post)
@@ -369,6 +401,8 @@ class Reducer:
         self._armed = False
         self._landing = []
         self._hooked = []
+        self._taken = []
+        self._scale_read = False
         if self._observed is not None:
             self._observed = []
 

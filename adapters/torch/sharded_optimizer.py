@@ -52,8 +52,9 @@ class ShardedOptimizer(DistributedOptimizer, shards=True):
     Horovod's start-up recipe works unchanged: ``broadcast_optimizer_state(opt, root_rank)``
     gives every rank its part of the root's state as it was when the root wrapped its
     optimizer or last called ``load_state_dict`` (a checkpoint the root alone loaded), and
-    the root's hyperparameters; once training has stepped, the state is one logical state
-    already and only the hyperparameters travel.
+    the root's hyperparameters as they are at the broadcast (a scheduler built or a learning
+    rate set after wrapping included); once training has stepped, the state is one logical
+    state already and only the hyperparameters travel.
 
     Example:
         >>> opt = ddl.torch.DistributedOptimizer(torch.optim.Adam(model.parameters()),  # doctest: +SKIP
@@ -110,6 +111,12 @@ class ShardedOptimizer(DistributedOptimizer, shards=True):
         (the owners alone get theirs when ``step()`` synchronizes by itself)."""
         self._reducer.full_gradients = True  # type: ignore[attr-defined]
         super().synchronize()
+
+    def _reduce_before_unscale(self, scaler: Any) -> None:
+        """``GradScaler.unscale_`` reads every gradient: give every rank all of them (with only
+        its own, each rank would find inf in its part alone and skip other steps)."""
+        self._reducer.full_gradients = True  # type: ignore[attr-defined]
+        super()._reduce_before_unscale(scaler)
 
     def _sync(self) -> None:
         params = _all_params(self.optimizer)
@@ -209,19 +216,28 @@ class ShardedOptimizer(DistributedOptimizer, shards=True):
         self._pending = None
 
     def broadcast_state(self, root_rank: int) -> None:
-        """``broadcast_optimizer_state`` for a sharded optimizer (see the class docstring)."""
+        """``broadcast_optimizer_state`` for a sharded optimizer (see the class docstring).
+
+        The root sends the state it held when it wrapped its optimizer or last loaded one
+        (the parts it no longer keeps), and its hyperparameters as they are now: a learning
+        rate set, or a scheduler built, after wrapping (with the keys a scheduler adds, such
+        as ``initial_lr``) reaches every rank as the root has it. The root changes nothing.
+        """
         if ddl.rank() == root_rank:
             pending = self.__dict__.get("_pending")
-            sent = to_cpu(pending) if pending is not None else {
-                "state": None, "param_groups": self.optimizer.state_dict()["param_groups"]}
+            sent = {"state": None if pending is None else to_cpu(pending["state"]),
+                    "param_groups": self.optimizer.state_dict()["param_groups"]}
         else:
             sent = None
         got = ddl.broadcast_object(sent, root_rank, name=f"{self._prefix}.broadcast_state")
-        if got["state"] is not None:
-            self.load_state_dict(got)
-        else:
-            for mine, theirs in zip(self.optimizer.param_groups, got["param_groups"], strict=True):
-                mine.update({k: v for k, v in theirs.items() if k != "params"})
+        if ddl.rank() != root_rank:
+            if got["state"] is not None:
+                self.load_state_dict(got)
+            else:
+                for mine, theirs in zip(self.optimizer.param_groups, got["param_groups"], strict=True):
+                    params = mine["params"]
+                    mine.clear()  # the root's keys, no more and no fewer
+                    mine.update({k: v for k, v in theirs.items() if k != "params"}, params=params)
         self._pending = None
 
     def __repr__(self) -> str:

@@ -166,6 +166,15 @@ ANNOUNCED_SIZE_VARIABLES: tuple[tuple[str, str], ...] = (
 )
 
 
+#: Variables that name a hostfile for an MPI launcher, as Kubeflow's MPI Operator sets them
+#: in an MPIJob's launcher (MPICH's hydra, Open MPI 4's ORTE, Intel MPI), then PRRTE's (Open MPI 5).
+HOSTFILE_VARIABLES: tuple[str, ...] = ("HYDRA_HOST_FILE", "OMPI_MCA_orte_default_hostfile",
+                                       "I_MPI_HYDRA_HOST_FILE", "PRTE_MCA_prte_default_hostfile")
+#: The variables Kubeflow Trainer's torch runtime sets in every pod of a TrainJob (torchrun's).
+PET_VARIABLES: tuple[str, ...] = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK", "PET_MASTER_ADDR",
+                                  "PET_MASTER_PORT")
+
+
 @dataclasses.dataclass(frozen=True)
 class Announced:
     """What the launcher that started this process said the world is.
@@ -196,6 +205,12 @@ class JobEnv:
         mpi_launched: one of :data:`MPI_RANK_VARIABLES` is set.
         announced: the world the launcher announced (see :func:`announced_world`), or
             None for a process no launcher started (``python train.py``).
+        mpijob_role: ``K_MPI_JOB_ROLE`` (``launcher`` or ``worker``), set by Kubeflow's MPI
+            Operator in an MPIJob's pods; None elsewhere.
+        hostfiles: the hostfile variables that are set, as (name, path) in
+            :data:`HOSTFILE_VARIABLES`' order (the MPI Operator sets one per MPI).
+        pet: Kubeflow Trainer's torch variables that are set (``PET_NNODES``, ...), as
+            (name, value) in :data:`PET_VARIABLES`' order, unparsed.
     """
 
     slurm_job_id: str | None = None
@@ -206,6 +221,9 @@ class JobEnv:
     slurm_procid: int | None = None
     mpi_launched: bool = False
     announced: Announced | None = None
+    mpijob_role: str | None = None
+    hostfiles: tuple[tuple[str, str], ...] = ()
+    pet: tuple[tuple[str, str], ...] = ()
 
     @property
     def in_slurm(self) -> bool:
@@ -232,6 +250,9 @@ def job_from_env(env: Mapping[str, str] | None = None) -> JobEnv:
         slurm_procid=_count(env, "SLURM_PROCID", minimum=0),
         mpi_launched=any(_str(env, name) is not None for name in MPI_RANK_VARIABLES),
         announced=announced_world(env),
+        mpijob_role=_str(env, "K_MPI_JOB_ROLE"),
+        hostfiles=_set_pairs(env, HOSTFILE_VARIABLES),
+        pet=_set_pairs(env, PET_VARIABLES),
     )
 
 
@@ -310,6 +331,10 @@ def search_path(env: Mapping[str, str] | None = None) -> list[str]:
 def _str(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(name, "").strip()
     return value or None
+
+
+def _set_pairs(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    return tuple((name, value) for name in names if (value := _str(env, name)) is not None)
 
 
 def _count(env: Mapping[str, str], name: str, *, minimum: int = 1) -> int | None:

@@ -39,7 +39,13 @@ from typing import NoReturn
 import numpy as np
 
 from ddl.base.dtypes import accumulator
-from ddl.base.errors import DDLError, MismatchError, RankLeftError, RemoteError
+from ddl.base.errors import (
+    DDLError,
+    HorovodInternalError,
+    MismatchError,
+    RankLeftError,
+    RemoteError,
+)
 from ddl.engine import codec, fusion, join, naming, negotiation
 from ddl.engine.codec import Exchange, Verdict
 from ddl.engine.compression import as_compressor
@@ -260,8 +266,8 @@ class Engine:
                     continue
                 seen = self._last_cycle
                 with self._baton:
-                    if self._finished:
-                        return
+                    if self._finished or self._interrupted is not None:
+                        return  # an interrupted world runs no collective again
                     if self._last_cycle != seen and not stopping:
                         continue  # a caller cycled while this thread waited for the baton
                     busy = self._cycle()
@@ -280,6 +286,8 @@ class Engine:
     # -- one cycle (baton held) ----------------------------------------------------
     def _cycle(self) -> bool:
         """Negotiate and run what is ready everywhere; True if anything ran."""
+        if self._interrupted is not None:
+            raise self._interrupted  # the world is over here: no MPI call after interrupt()
         with self._lock:
             batch = list(self._pending)
             stopping = self._stop
@@ -317,6 +325,14 @@ class Engine:
         the job, because the other ranks wait in a collective this rank left."""
         if exc is self._interrupted:
             raise exc  # the world is ending anyway (see interrupt): no abort
+        if self.ctx.config.elastic_world and _from_mpi(exc):
+            # In an elastic world a collective that MPI fails is a peer lost (Horovod's rule):
+            # this rank leaves for the next world (elastic.run), nothing is aborted.
+            error = HorovodInternalError(f"a collective failed in elastic world {self.ctx.config.elastic_world} "
+                                         f"({type(exc).__name__}: {exc}); elastic.run restores the last commit "
+                                         "and the next world resumes from it")
+            self.interrupt(error)
+            raise error
         self._failure = exc
         with self._lock:
             for req in self._pending:
@@ -608,6 +624,11 @@ def _leaving(rank: str, why: int) -> str:
     if why == codec.STOP_FAILED:
         return f"{rank} left after an uncaught exception (its traceback is in its output)"
     return f"{rank} left: its program is ending (its last line, sys.exit or ddl.shutdown)"
+
+
+def _from_mpi(exc: BaseException) -> bool:
+    """Whether the MPI library raised ``exc`` (mpi4py's ``MPI.Exception``), not ddl or the program."""
+    return type(exc).__module__.startswith("mpi4py")
 
 
 def _stand_in(desc: Descriptor) -> Request:

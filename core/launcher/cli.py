@@ -23,6 +23,7 @@ from typing import Any
 from ddl import __version__
 from ddl.base.config import BY_FIELD, environment, job_from_env, search_path
 from ddl.base.cpus import available_cpus
+from ddl.launcher import kubernetes, platforms
 from ddl.launcher.command import (
     FLAGGED,
     Launch,
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also write each rank's output to DIR/rank.N/stdout and stderr (horovodrun's "
                              "--output-filename layout)")
     elastic_flags.add_arguments(parser)
+    kubernetes.add_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="the program every rank runs; 'python'/'python3' becomes ddlrun's interpreter")
     return parser
@@ -107,9 +109,24 @@ def main(argv: list[str] | None = None) -> int:
     if given_elastic:
         _error(f"{', '.join(given_elastic)} only apply with --elastic")
         return USAGE_ERROR
+    job = job_from_env()
+    try:  # torchrun-style nodes (a Kubeflow TrainJob's PET_* variables): every node runs ddlrun, no ssh
+        place = kubernetes.node_place({f: getattr(args, f) for f in kubernetes.NODE_FLAGS}, job,
+                                      gpus=platforms.gpus_here(), cpus=available_cpus())
+        if place is not None:
+            kubernetes.check_node_options(place, np=args.np, hosts_given=bool(args.hosts or args.hostfile))
+    except LaunchError as exc:
+        _error(str(exc))
+        return USAGE_ERROR
+    if place is not None and place.nnodes > 1:
+        return _nodes(parser, args, command, place)
     try:
-        given = _hosts(args)
-        np_, hosts, where = placement(args.np, given, job_from_env())
+        typed = _hosts(args)
+        pod = None if typed or job.in_slurm else platforms.mpijob_hosts(job)  # a Kubeflow MPIJob's launcher pod
+        given = typed or (pod.hosts if pod else ())
+        np_, hosts, where = placement(args.np if place is None else place.np, given, job)
+        where = [*(pod.notes if pod else []), *where]
+        wait = kubernetes.wait_timeout(args.wait_for_workers, on_platform=pod is not None and pod.in_mpijob)
         options = LaunchOptions(
             np=np_,
             command=tuple(command),
@@ -118,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
             **{field: getattr(args, field) for field in FLAGGED if field != "verbose"},
         )
         validate_options(options)
-        check_resolvable(given)  # names the user typed; a scheduler's own are its business
+        if not wait:  # names the user typed or set (a scheduler's own are its business)
+            check_resolvable(given)
         options.hosts, merged = merge_same_machines(options.hosts)
         check_command(options.command, path_dirs=search_path(), cwd=Path.cwd())
     except ProgramNotFound as exc:
@@ -134,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     mpi = _detect_mpi()
     if isinstance(mpi, int):
         return mpi
+    if wait and hosts:  # the pods of a fresh MPIJob come up after its launcher
+        waited = platforms.wait_for_workers(hosts, np_, mpi=mpi, env=environment(), timeout=wait)
+        if waited is not None:
+            return waited
     server = WatchServer()
     monitor = server.address(reachable_address([h.name for h in options.hosts]))
     launch = build_launch(
@@ -145,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         is_root=_is_root(),
         wrap=(sys.executable, "-m", "ddl.launcher.watch.keeper", "--"),
     )
+    launch = platforms.finish_launch(launch, mpi=mpi, base_env=environment(), hosts_given=bool(hosts))
     if options.verbose:
         for note in [*where, *launch.notes]:
             print(f"ddlrun: {note}", file=sys.stderr)
@@ -169,6 +192,8 @@ def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
     try:
         given = _hosts(args)
         hosts = given
+        if not hosts:  # an elastic MPIJob: the operator's discover_hosts.sh, its workers' slots
+            platforms.mpijob_discovery(args, job_from_env())
         if not hosts and not args.host_discovery_script:
             hosts = placement(args.np or 1, given, job_from_env())[1]  # the Slurm allocation's, if any
         settings = {field: getattr(args, field) for field in FLAGGED if field != "verbose"}
@@ -188,6 +213,26 @@ def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
     supervisor = Supervisor(options, mpi=mpi, base_env=environment(), python_executable=sys.executable,
                                     cpu_count=available_cpus(), is_root=_is_root())
     return supervisor.run()
+
+
+def _nodes(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str],
+           place: kubernetes.NodePlace) -> int:
+    """Node mode (:func:`ddl.launcher.platforms.run_nodes`): this node's part of a world without ssh."""
+    settings = {field: getattr(args, field) for field in FLAGGED if field != "verbose"}
+    try:
+        validate_options(LaunchOptions(np=place.np, command=tuple(command), verbose=args.verbose, **settings))
+        wait = kubernetes.wait_timeout(args.wait_for_workers, on_platform=True)
+    except LaunchError as exc:
+        if not command:
+            parser.print_usage(sys.stderr)
+        _error(str(exc))
+        return USAGE_ERROR
+    mpi = _detect_mpi()
+    if isinstance(mpi, int):
+        return mpi
+    return platforms.run_nodes(place, command=tuple(command), settings=settings, verbose=args.verbose, mpi=mpi,
+                               base_env=environment(), cpu_count=available_cpus(), is_root=_is_root(),
+                               timeout=wait, python_executable=sys.executable)
 
 
 def check_resolvable(hosts: tuple[HostSlots, ...]) -> None:

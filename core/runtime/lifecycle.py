@@ -23,7 +23,7 @@ from ddl import __version__
 from ddl.base import notes
 from ddl.base.config import BY_FIELD, Config, JobEnv, job_from_env, settings_differences
 from ddl.base.cpus import available_cpus
-from ddl.base.errors import SettingsMismatchError
+from ddl.base.errors import SettingsMismatchError, WorldMismatchError
 from ddl.base.topology import build_topology, host_keys
 from ddl.engine.collectives import Collectives
 from ddl.engine.context import Context
@@ -41,7 +41,7 @@ from ddl.runtime.running import (
     is_initialized,
     topology,
 )
-from ddl.runtime.world_check import check_world
+from ddl.runtime.world_check import check_world, one_host_refusal
 from ddl.wire.comm import MPIComm, SelfComm, world_comm
 from ddl.wire.mpi_library import describe_loaded_mpi
 from ddl.wire.splits import shared_node_leader
@@ -137,6 +137,10 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
                 "MPI calls and hang: " + " | ".join(differences)
                 + ". Start every rank with the same DDL_* environment (ddlrun passes its own to all ranks)."
             )
+        trap = one_host_refusal(hostnames, job) if isinstance(comm, MPIComm) else None
+        if trap:  # every rank holds the same host names and variables: all refuse alike
+            comm.free()
+            raise WorldMismatchError(trap)
         topo = build_topology(comm.rank, keys, spec, source=source)
         if isinstance(comm, MPIComm):
             # Measured on 2 cores: sleeping waits free a core for the training loop at 2

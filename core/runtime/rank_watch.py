@@ -113,10 +113,25 @@ def _watch(fd: int, parent: int, timeout: float, rank: int | None, size: int | N
                         os._exit(0)  # it lives on without MPI: nothing of it is ours to clean
                     break
         _wait_gone(parent, 5.0)
+        if not started:  # it may have died (killed at once) before this watcher read its word
+            told += _drain(fd)
+            if told.startswith(_STARTED):
+                segments |= _parse(told[len(_STARTED):])
         remove_left(segments)
         os._exit(0)
     except BaseException:  # noqa: BLE001
         os._exit(1)
+
+
+def _drain(fd: int) -> bytes:
+    """What is left in the pipe of a process that has ended (its end is closed: EOF comes)."""
+    data = b""
+    while select.select([fd], [], [], 1.0)[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        data += chunk
+    return data
 
 
 def _parse(text: bytes) -> set[Segment]:

@@ -109,6 +109,16 @@ def polite_wait(request: Any, spin: float = 250e-6, longest: float = 200e-6,
         pause = min(pause * 2, longest)
 
 
+class _Prepared:
+    """A persistent collective request and whether a run of it is still unfinished."""
+
+    __slots__ = ("active", "request")
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+        self.active = False
+
+
 class MPIComm:
     """:class:`Comm` over an mpi4py communicator (a private duplicate of the world's)."""
 
@@ -130,7 +140,7 @@ class MPIComm:
         }
         self._windows: dict[tuple[int, ...], MPISharedWindow] = {}
         self._user_ops: dict[tuple[np.dtype, ReduceOp], tuple[Any, Any]] = {}
-        self._persistent: list[Any] = []  # prepared collectives, freed before the communicator
+        self._persistent: list[_Prepared] = []  # prepared collectives, freed before the communicator
 
     @property
     def rank(self) -> int:
@@ -206,17 +216,24 @@ class MPIComm:
         order, and every rank either gets one (the same library everywhere) or not.
         """
         try:
-            request = self._comm.Allgather_init(send, recv)
+            prepared = _Prepared(self._comm.Allgather_init(send, recv))
         except (NotImplementedError, AttributeError, self._MPI.Exception):
             return None
-        self._persistent.append(request)
+        self._persistent.append(prepared)
 
         def run() -> None:
-            request.Start()
+            if prepared.active:
+                # An earlier run left it unfinished (a wait interrupted when an elastic world
+                # lost a peer): MPI forbids starting it again, and no exchange may follow.
+                raise RuntimeError("the engine's prepared exchange is still active from an interrupted run; this "
+                                   "world can run no collective any more")
+            prepared.request.Start()
+            prepared.active = True
             if self.polite:
-                polite_wait(request, owner=self)
+                polite_wait(prepared.request, owner=self)
             else:
-                request.Wait()
+                prepared.request.Wait()
+            prepared.active = False
 
         return run
 
@@ -270,8 +287,9 @@ class MPIComm:
         for window in self._windows.values():  # shared windows and group comms go first
             window.free()
         self._windows.clear()
-        for request in self._persistent:
-            request.Free()
+        for prepared in self._persistent:
+            if not prepared.active:  # freeing an active persistent collective is erroneous; the world is over
+                prepared.request.Free()
         self._persistent.clear()
         for _, user_op in self._user_ops.values():
             user_op.Free()

@@ -31,6 +31,17 @@ def read_maps() -> str:
         return ""
 
 
+def open_mpi_major(version: str) -> int | None:
+    """Open MPI's major version from ``MPI.Get_library_version()``'s text; None for another MPI.
+
+    Example:
+        >>> open_mpi_major("Open MPI v5.0.11, package: Open MPI user@localhost Distribution"), open_mpi_major("MPICH Version: 5.0.2")
+        (5, None)
+    """
+    found = re.search(r"Open MPI v(\d+)\.", version)
+    return int(found.group(1)) if found else None
+
+
 def describe_loaded_mpi() -> str:
     """'MPICH Version: 5.0.2 (/venv/lib/libmpi.so.12)': the library mpi4py loaded, for messages.
 

@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import os
+import queue
 import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from ddl.launcher import cli
-from ddl.launcher.elastic.flags import check_bounds
-from ddl.launcher.elastic.membership import (
-    DiscoveryError,
-    Membership,
-    WorldPlan,
-    parse_discovery,
-    run_discovery,
+from ddl.launcher.elastic.discovery import (
+    Discovered,
+    DiscoveryFailed,
+    DiscoveryRunner,
+    parse_lenient,
+    run_once,
 )
+from ddl.launcher.elastic.flags import check_bounds
+from ddl.launcher.elastic.membership import Membership, WorldPlan
 from ddl.launcher.elastic.preload import PythonTarget, imports_of, python_target
 from ddl.launcher.hosts import HostSlots
 from ddl.runtime.elastic import protocol
@@ -40,27 +43,85 @@ from ddl.runtime.elastic.wire import LineReader, host_folder, send
 
 
 def hosts(text: str) -> tuple[HostSlots, ...]:
-    return parse_discovery(text.replace(",", "\n"), default_slots=1, source="test")
+    listed, skipped = parse_lenient(text.replace(",", "\n"), default_slots=1, source="test")
+    assert not skipped
+    return listed
 
 
 # -- discovery and membership ----------------------------------------------------------------
 
 
-def test_discovery_output_is_horovods_host_slots_lines() -> None:
-    assert parse_discovery("h1:2\n\n  h2  \n# a comment\nh3 slots=4 # spare\n", default_slots=3, source="d.sh") == (
-        HostSlots("h1", 2), HostSlots("h2", 3), HostSlots("h3", 4))
-    with pytest.raises(DiscoveryError, match="d.sh line 2"):
-        parse_discovery("h1:2\nh2:zero\n", default_slots=1, source="d.sh")
+def test_discovery_output_is_horovods_host_slots_lines_and_other_lines_are_named_and_skipped() -> None:
+    assert parse_lenient("h1:2\n\n  h2  \n# a comment\nh3 slots=4 # spare\n", default_slots=3, source="d.sh") == (
+        (HostSlots("h1", 2), HostSlots("h2", 3), HostSlots("h3", 4)), ())
+    listed, skipped = parse_lenient("h1:2\nh2:zero\n<html><body>\nh3:1\n", default_slots=1, source="d.sh")
+    assert listed == (HostSlots("h1", 2), HostSlots("h3", 1))
+    assert skipped == ("d.sh line 2: 'h2:zero'", "d.sh line 3: '<html><body>'")
+
+
+def script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "d.sh"
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(0o755)
+    return str(path)
 
 
 def test_a_failing_discovery_script_says_why(tmp_path: Path) -> None:
-    script = tmp_path / "d.sh"
-    script.write_text("#!/bin/sh\necho broken >&2\nexit 3\n")
-    script.chmod(0o755)
-    with pytest.raises(DiscoveryError, match="exited with status 3: broken"):
-        run_discovery(str(script), default_slots=1)
-    script.write_text("#!/bin/sh\necho h1:2\necho h2\n")
-    assert run_discovery(str(script), default_slots=2) == (HostSlots("h1", 2), HostSlots("h2", 2))
+    failed = run_once(script(tmp_path, "echo h1:1\necho broken >&2\nexit 3\n"), default_slots=1, timeout=10)
+    assert isinstance(failed, DiscoveryFailed) and "exited with status 3 (broken)" in failed.why
+    garbage = run_once(script(tmp_path, "echo '{\"hosts\": [1, 2]}'\n"), default_slots=1, timeout=10)
+    assert isinstance(garbage, DiscoveryFailed) and "printed no host[:slots] line" in garbage.why
+    found = run_once(script(tmp_path, "echo h1:2\necho h2\n"), default_slots=2, timeout=10)
+    assert isinstance(found, Discovered) and found.hosts == (HostSlots("h1", 2), HostSlots("h2", 2))
+    empty = run_once(script(tmp_path, "true\n"), default_slots=2, timeout=10)  # no host listed is a list
+    assert isinstance(empty, Discovered) and empty.hosts == ()
+    missing = run_once(str(tmp_path / "nothing.sh"), default_slots=1, timeout=10)
+    assert isinstance(missing, DiscoveryFailed) and "could not run" in missing.why
+
+
+def test_a_hanging_discovery_script_is_killed_at_its_timeout_with_what_it_started(tmp_path: Path) -> None:
+    """The shell's child (sleep) holds the output pipe: killing the shell alone would leave the run
+    waiting for it; the whole session goes."""
+    marker = tmp_path / "child.pid"
+    start = time.monotonic()
+    hung = run_once(script(tmp_path, f"sleep 300 &\necho $! > {marker}\nwait\n"), default_slots=1, timeout=0.5)
+    assert isinstance(hung, DiscoveryFailed) and "did not finish in 0.5 s (--discovery-timeout); killed" in hung.why
+    assert time.monotonic() - start < 5
+    child = int(marker.read_text())
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the script's child outlived the timeout"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_discovery_runner_posts_events_beside_the_caller_and_stops_what_runs(tmp_path: Path) -> None:
+    """Runs one after another, each posted as it ends; the caller never waits for one; stop()
+    kills a run in progress."""
+    events: queue.Queue[object] = queue.Queue()
+    path = script(tmp_path, f"n=$(cat {tmp_path}/n 2>/dev/null || echo 0); echo $((n+1)) > {tmp_path}/n\n"
+                            f"[ $n -ge 2 ] && echo $$ > {tmp_path}/pid && exec sleep 300\necho h$n:1\n")
+    runner = DiscoveryRunner(path, default_slots=1, interval=0.05, timeout=60, post=events.put)
+    start = time.monotonic()
+    runner.start()
+    assert time.monotonic() - start < 0.5
+    first, second = events.get(timeout=10), events.get(timeout=10)
+    assert [e.hosts for e in (first, second)] == [(HostSlots("h0", 1),), (HostSlots("h1", 1),)]  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)  # the third run sleeps
+    stopping = time.monotonic()
+    runner.stop()
+    assert time.monotonic() - stopping < 5 and events.empty()
+    assert not _alive(int((tmp_path / "pid").read_text())), "stop() left the running script behind"
 
 
 def test_the_survivors_come_first_and_max_np_cuts_the_last_host() -> None:
@@ -77,8 +138,9 @@ def test_a_failed_host_returns_only_when_listed_again_after_leaving_the_list() -
     m.observe(hosts("a,b,c"), now=0)
     m.fail("c", now=1)
     assert [h.name for h in m.eligible()] == ["a", "b"]
-    assert m.observe(hosts("a,b,c"), now=100) == []  # still listed: a partitioned host must not come back
-    assert m.observe(hosts("a,b"), now=101) == []
+    assert m.observe(hosts("a,b,c"), now=100) == [] and m.left == []  # still listed: a partitioned host stays out
+    assert m.observe(hosts("a,b"), now=101) == [] and m.left == ["c"]  # said once (ddlrun logs it)
+    assert m.observe(hosts("a,b"), now=101.5) == [] and m.left == []
     assert m.observe(hosts("a,b,c"), now=102) == ["c"]  # the scheduler replaced or repaired it
     assert [h.name for h in m.eligible()] == ["a", "b", "c"]
 
@@ -141,7 +203,8 @@ def test_messages_are_lines_and_may_arrive_in_pieces() -> None:
 
 
 _SAMPLES = {"str": "h1", "int": 3, "float": 1.5, "list[str]": ["json"], "dict[str, str]": {"a": "b"},
-            "Step": Step.COMMIT, "EndCause": protocol.EndCause.SIGNAL, "StopWhy": protocol.StopWhy.LOST}
+            "Step": Step.COMMIT, "EndCause": protocol.EndCause.SIGNAL, "StopWhy": protocol.StopWhy.LOST,
+            "Reason": protocol.Reason.COLLECTIVE_FAILED}
 
 
 @pytest.mark.parametrize("kind", sorted(protocol.KINDS))
@@ -153,14 +216,17 @@ def test_every_message_kind_survives_the_wire_as_itself(kind: str) -> None:
 
 
 @pytest.mark.parametrize(("data", "words"), [
-    ({"v": 1, "t": "beat", "host": "h", "seq": 1}, "protocol version 1, but this ddl speaks version 2"),
+    ({"v": 2, "t": "beat", "host": "h", "seq": 1}, "protocol version 2, but this ddl speaks version 3"),
     ({"t": "beat", "host": "h", "seq": 1}, "protocol version None"),
-    ({"v": 2, "t": "hug"}, "unknown elastic message kind 'hug'"),
-    ({"v": 2, "t": "beat", "host": "h"}, "lacks its field 'seq'"),
-    ({"v": 2, "t": "beat", "host": "h", "seq": "1"}, "field 'seq' must be int"),
-    ({"v": 2, "t": "beat", "host": "h", "seq": True}, "field 'seq' must be int"),
-    ({"v": 2, "t": "stop", "world": 1, "why": "bored"}, "field 'why' is 'bored'; one of lost, reset, error, done"),
-    ({"v": 2, "t": "quit", "now": 1}, "unknown field"),
+    ({"v": 3, "t": "hug"}, "unknown elastic message kind 'hug'"),
+    ({"v": 3, "t": "beat", "host": "h"}, "lacks its field 'seq'"),
+    ({"v": 3, "t": "beat", "host": "h", "seq": "1"}, "field 'seq' must be int"),
+    ({"v": 3, "t": "beat", "host": "h", "seq": True}, "field 'seq' must be int"),
+    ({"v": 3, "t": "stop", "world": 1, "why": "bored", "lost": []},
+     "field 'why' is 'bored'; one of lost, reset, error, done"),
+    ({"v": 3, "t": "report", "step": "reset", "serial": 1, "reason": "HorovodInternalError"},
+     "field 'reason' is 'HorovodInternalError'; one of none, hosts_updated, collective_failed, exception"),
+    ({"v": 3, "t": "quit", "now": 1}, "unknown field"),
 ])
 def test_a_message_this_ddl_cannot_take_is_refused_saying_why(data: dict[str, object], words: str) -> None:
     with pytest.raises(ProtocolError, match=re.escape(words)):
@@ -171,7 +237,7 @@ def test_a_message_on_the_wrong_route_is_refused() -> None:
     reader = LineReader(Route.AGENT_TO_SUPERVISOR)
     with pytest.raises(ProtocolError, match="travels supervisor -> agent, not agent -> supervisor"):
         reader.feed(encode(protocol.Quit()))
-    assert decode({"v": 2, "t": "report", "step": "reset", "serial": 3}) == RankReport(step=Step.RESET, serial=3)
+    assert decode({"v": 3, "t": "report", "step": "reset", "serial": 3}) == RankReport(step=Step.RESET, serial=3)
 
 
 def test_descriptors_travel_with_the_first_message(tmp_path: Path) -> None:
@@ -252,3 +318,28 @@ def test_after_a_resize_the_world_continues_where_the_order_stands() -> None:
         processed += steps * 10 * size
     assert sorted(seen) == sorted(order[:processed].tolist())  # exactly the first samples of the order, once
     assert epoch_order(5, epoch=0, seed=0, shuffle=True).tolist() != epoch_order(5, epoch=1, seed=0, shuffle=True).tolist()
+
+
+# -- ddlrun's supervisor: never a traceback ------------------------------------------------------
+
+def test_an_unexpected_error_in_the_supervisor_is_one_line_and_status_1(capsys: pytest.CaptureFixture[str],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in ddlrun's loop (here: an IndexError where issue 39 found one) ends the job with one line
+    naming it and status 1, never a traceback; what the job started is cleaned up."""
+    from ddl.launcher.command import MpiInfo
+    from ddl.launcher.elastic.flags import ElasticOptions
+    from ddl.launcher.elastic.supervisor import Supervisor
+
+    options = ElasticOptions(command=("python", "train.py"), min_np=1, max_np=1)
+    supervisor = Supervisor(options, mpi=MpiInfo(flavour="mpich", mpiexec="mpiexec"), base_env={},
+                            python_executable=sys.executable, cpu_count=2, is_root=False)
+
+    def broken() -> None:
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(supervisor, "_begin", broken)
+    assert supervisor.run() == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    [line] = [line for line in err.splitlines() if line.startswith("ddlrun: error:")]
+    assert "ddlrun failed (IndexError: tuple index out of range at test_elastic.py:" in line

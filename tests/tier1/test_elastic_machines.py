@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from ddl.launcher.elastic import agent_machine as am
+from ddl.launcher.elastic import discovery as dm
 from ddl.launcher.elastic import host as hm
 from ddl.launcher.elastic import job as jm
 from ddl.launcher.elastic import world as wm
@@ -30,10 +31,12 @@ from ddl.runtime.elastic.protocol import (
     HostsUpdated,
     Ping,
     Quit,
+    RankBeat,
     RankEnded,
     RankProgress,
     RankReport,
     RankStarted,
+    Reason,
     Step,
     StopWhy,
     StopWorld,
@@ -168,27 +171,66 @@ def test_progress_reports_are_logged_once_and_change_nothing_else() -> None:
     state, actions = wm.step(state, wm.RankProgress(0, Step.COMMIT, 11, at=2.0), T)
     assert actions == [wm.Note("world 2: first commit (11)")]
     assert wm.step(state, wm.RankProgress(0, Step.COMMIT, 12, at=3.0), T) == (state, [])
-    assert wm.step(state, wm.RankProgress(0, Step.RESET, 15, at=4.0, why="HostsUpdatedInterrupt"), T) == (
+    assert wm.step(state, wm.RankProgress(0, Step.RESET, 15, at=4.0, reason=Reason.HOSTS_UPDATED), T) == (
         state, [wm.Note("world 2: the ranks leave at commit 15 for the next world")])
-    assert wm.step(state, wm.RankProgress(2, Step.RESET, 15, at=4.0, why="HostsUpdatedInterrupt"), T) == (state, [])
-    assert wm.step(state, wm.RankProgress(2, Step.DONE, 15, at=4.0), T) == (state, [])
+    assert wm.step(state, wm.RankProgress(2, Step.RESET, 15, at=4.0, reason=Reason.HOSTS_UPDATED), T) == (state, [])
+    done, actions = wm.step(state, wm.RankProgress(2, Step.DONE, 15, at=4.0), T)
+    assert done.done == {2} and not actions and done.phase is state.phase
 
 
 @covers("W4")
 def test_a_rank_leaving_after_a_failed_collective_stops_the_others_at_once() -> None:
     state = synced(world())
-    state, actions = wm.step(state, wm.RankProgress(0, Step.RESET, 10, at=5.0, why="HorovodInternalError"), T)
+    state, actions = wm.step(state, wm.RankProgress(0, Step.RESET, 10, at=5.0, reason=Reason.COLLECTIVE_FAILED), T)
     assert (state.phase, state.ending, state.ending_since) == (wm.WorldPhase.ENDING, wm.Ending.RESET, 5.0)
     assert actions[-1] == wm.StopRanks(2, StopWhy.RESET) and "HorovodInternalError" in actions[0].text  # type: ignore[union-attr]
-    assert wm.step(state, wm.RankProgress(1, Step.RESET, 10, at=5.1, why="HorovodInternalError"), T) == (state, [])
+    assert wm.step(state, wm.RankProgress(1, Step.RESET, 10, at=5.1, reason=Reason.COLLECTIVE_FAILED), T) == (state, [])
 
 
-@covers("W7")
-def test_a_rank_killed_by_a_signal_fails_its_host_and_ends_the_world() -> None:
+@covers("W7", "W23", "W24")
+def test_a_rank_killed_by_a_signal_fails_its_host_after_the_settle_time_and_a_frozen_one_at_once() -> None:
     state, actions = wm.step(synced(world()), wm.RankEnded(2, -9, EndCause.SIGNAL, at=4.0), T)
-    assert state.ending is wm.Ending.LOST and state.lost_hosts == {"h3"} and state.exits[2].code == -9
-    assert actions[0] == wm.FailHost("h3") and actions[-1] == wm.StopRanks(2, StopWhy.LOST)
+    assert state.ending is None and state.exits[2].code == -9 and not actions  # noted: judged after the settle
+    assert wm.step(state, wm.Tick(4.0 + T.settle), T) == (state, [])
+    state, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+    assert state.ending is wm.Ending.LOST and state.lost_hosts == {"h3"}
+    assert actions[0] == wm.FailHost("h3") and actions[-1] == wm.StopRanks(2, StopWhy.LOST, ("h3",))
     assert "lost host h3 (rank 2 was killed by signal 9)" in actions[1].text  # type: ignore[union-attr]
+    state, actions = wm.step(synced(world()), wm.RankEnded(1, -9, EndCause.FROZEN, at=4.0), T)
+    assert state.ending is wm.Ending.LOST and actions[0] == wm.FailHost("h2")
+    assert "sent no heartbeat for the rank bound (frozen" in actions[1].text  # type: ignore[union-attr]
+
+
+@covers("W4", "W7", "W9", "W21")
+def test_a_survivor_crashed_by_a_peers_exit_is_not_blamed() -> None:
+    """Measured in the chaos run: rank 0 left with sys.exit(0) and MPI then killed rank 2 on another host
+    by SIGSEGV. The rank that left is the lost one; the crashed survivor's host stays; a rank whose
+    collective failed meanwhile (HorovodInternalError) has the ends judged at once."""
+    state, _ = wm.step(synced(world()), wm.RankEnded(0, 0, EndCause.EXIT, at=4.0), T)
+    state, _ = wm.step(state, wm.RankEnded(2, -11, EndCause.SIGNAL, at=4.1), T)
+    judged, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+    assert judged.lost_hosts == {"h1"} and [a for a in actions if isinstance(a, wm.FailHost)] == [wm.FailHost("h1")]
+    # The SIGSEGV heard first (another agent's report may overtake): the same verdict.
+    state, _ = wm.step(synced(world()), wm.RankEnded(2, -11, EndCause.SIGNAL, at=4.0), T)
+    state, _ = wm.step(state, wm.RankEnded(0, 0, EndCause.EXIT, at=4.05), T)
+    failed, actions = wm.step(state, wm.RankProgress(1, Step.RESET, 10, at=4.2, reason=Reason.COLLECTIVE_FAILED), T)
+    assert failed.ending is wm.Ending.LOST and failed.lost_hosts == {"h1"}
+    assert [a for a in actions if isinstance(a, wm.FailHost)] == [wm.FailHost("h1")]
+
+
+@covers("W7", "W23")
+def test_a_rank_killed_from_outside_is_blamed_not_the_survivor_mpi_crashed() -> None:
+    """Measured in the chaos run: one rank SIGKILLed alone, and MPI crashed a survivor on another host.
+    The SIGKILLed rank's host fails, whatever order the reports come in; a crash alone still counts."""
+    for order in ((2, -9, 0, -11), (0, -11, 2, -9)):
+        state = synced(world())
+        state, _ = wm.step(state, wm.RankEnded(order[0], order[1], EndCause.SIGNAL, at=4.0), T)
+        state, _ = wm.step(state, wm.RankEnded(order[2], order[3], EndCause.SIGNAL, at=4.1), T)
+        state, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+        assert state.lost_hosts == {"h3"} and [a for a in actions if isinstance(a, wm.FailHost)] == [wm.FailHost("h3")]
+    crashed, _ = wm.step(synced(world()), wm.RankEnded(1, -11, EndCause.SIGNAL, at=4.0), T)
+    crashed, actions = wm.step(crashed, wm.Tick(4.0 + T.settle + 0.01), T)
+    assert crashed.lost_hosts == {"h2"} and "killed by signal 11" in actions[1].text  # type: ignore[union-attr]
 
 
 @covers("W8", "W11")
@@ -196,27 +238,60 @@ def test_a_rank_leaving_at_a_commit_ends_the_world_without_stopping_the_others()
     state, actions = wm.step(synced(world()), wm.RankEnded(0, 75, EndCause.EXIT, at=4.0), T)
     assert state.ending is wm.Ending.RESET and actions == []  # the others leave at the same commit by themselves
     state, actions = wm.step(state, wm.RankEnded(1, 3, EndCause.EXIT, at=4.1), T)
-    assert state.error is None and not actions  # while ending, a rank's status is only recorded
+    assert state.early == () and not actions  # while ending, a rank's status is only recorded
     state, actions = wm.step(state, wm.RankEnded(2, -9, EndCause.STOP, at=4.2), T)
     assert state.lost_hosts == frozenset() and not actions
 
 
-@covers("W9", "W14")
-def test_an_error_of_the_program_ends_the_job_once_no_lost_host_explains_it() -> None:
-    state, actions = wm.step(synced(world()), wm.RankEnded(1, 3, EndCause.EXIT, at=4.0), T)
-    assert state.error == (1, 3, 4.0) and state.ending is None and not actions
+@covers("W9", "W14", "W22")
+def test_an_exception_of_the_program_ends_the_job_once_no_lost_host_explains_it() -> None:
+    state, actions = wm.step(synced(world()), wm.RankProgress(1, Step.FAILED, 10, at=3.9, reason=Reason.EXCEPTION,
+                                                              detail="ValueError: bad batch"), T)
+    assert state.raised == {1: "ValueError: bad batch"} and not actions
+    state, actions = wm.step(state, wm.RankEnded(1, 3, EndCause.EXIT, at=4.0), T)
+    assert state.early == (wm.EarlyEnd(rank=1, code=3, cause=EndCause.EXIT, at=4.0),) and state.ending is None
+    assert not actions
     assert wm.step(state, wm.Tick(4.0 + T.settle), T) == (state, [])  # a lost host may still show up
     state, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
-    assert state.ending is wm.Ending.ERROR and actions[-1] == wm.StopRanks(2, StopWhy.ERROR)
-    assert "rank 1 exited with status 3: an error of the program" in actions[0].text  # type: ignore[union-attr]
+    assert state.ending is wm.Ending.ERROR and state.status == 3 and actions[-1] == wm.StopRanks(2, StopWhy.ERROR)
+    assert "rank 1 raised ValueError: bad batch and exited with status 3: an error of the program" in \
+        actions[0].text  # type: ignore[union-attr]
+    # A rank that returned from its training function (done), then failed: the job's error too.
+    after, _ = wm.step(synced(world()), wm.RankProgress(0, Step.DONE, 10, at=1.0), T)
+    after, _ = wm.step(after, wm.RankEnded(0, 2, EndCause.EXIT, at=2.0), T)
+    after, actions = wm.step(after, wm.Tick(2.0 + T.settle + 0.01), T)
+    assert after.ending is wm.Ending.ERROR and "after its training function returned" in actions[0].text  # type: ignore[union-attr]
+
+
+@covers("W9", "W21", "W13")
+def test_a_rank_that_exits_before_it_finished_is_a_lost_rank_not_a_hang() -> None:
+    """sys.exit(3) or exit status 0 mid-step, or an exit before init (never synced): once the settle
+    time shows no lost host and no end of the others, its host fails and the world ends (lost),
+    so the ranks waiting for it leave for the next world at once."""
+    for code in (3, 0):
+        for state in (synced(world()), world()):  # mid-step; before init (nothing synced)
+            state, actions = wm.step(state, wm.RankEnded(2, code, EndCause.EXIT, at=4.0), T)
+            assert state.early and not actions
+            state, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+            assert state.ending is wm.Ending.LOST and state.lost_hosts == {"h3"}
+            assert actions[0] == wm.FailHost("h3") and actions[-1] == wm.StopRanks(2, StopWhy.LOST, ("h3",))
+            assert f"rank 2 exited with status {code} before it finished (a lost rank)" in actions[1].text  # type: ignore[union-attr]
+    # Every rank leaving with 0 within the settle time (a program that ends without elastic.run): done.
+    state = synced(world())
+    for r in range(3):
+        state, _ = wm.step(state, wm.RankEnded(r, 0, EndCause.EXIT, at=4.0 + r * 0.1), T)
+    state, actions = wm.step(state, wm.Tick(4.5), T)
+    assert state.ending is wm.Ending.DONE and not actions
 
 
 @covers("W10", "W12")
 def test_a_stub_ended_by_mpiexec_is_an_error_unless_a_host_loss_explains_it() -> None:
     state, _ = wm.step(synced(world()), wm.RankEnded(0, -9, EndCause.STUB, at=4.0), T)
-    assert state.error == (0, 0, 4.0)
+    assert state.early == (wm.EarlyEnd(rank=0, code=-9, cause=EndCause.STUB, at=4.0),)
+    aborted, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+    assert aborted.ending is wm.Ending.ERROR and aborted.status == 0 and "MPI_Abort" in actions[0].text  # type: ignore[union-attr]
     state, actions = wm.step(state, wm.HostLost("h2", "its agent's connection closed", at=4.5), T)
-    assert state.ending is wm.Ending.LOST and actions[-1] == wm.StopRanks(2, StopWhy.LOST)  # lost wins over error
+    assert state.ending is wm.Ending.LOST and actions[-1] == wm.StopRanks(2, StopWhy.LOST, ("h2",))  # lost wins
     other = synced(world())
     assert wm.step(other, wm.HostLost("h9", "x", at=1.0), T) == (other, [])  # not a host of this world
     state, actions = wm.step(state, wm.HostLost("h3", "again", at=4.6), T)  # already ending for a loss: noted only
@@ -247,7 +322,7 @@ def test_mpiexec_ending_early_fails_the_hosts_whose_ranks_never_started_or_ends_
     nobody = world()  # no rank started anywhere: the problem is not one host's
     nobody, _ = wm.step(nobody, wm.Tick(3.0, mpiexec_code=7), T)
     nobody, actions = wm.step(nobody, wm.Tick(5.5, mpiexec_code=7), T)
-    assert nobody.ending is wm.Ending.ERROR and nobody.error == (-1, 7, 5.5)
+    assert nobody.ending is wm.Ending.ERROR and nobody.status == 7
     assert "mpiexec ended with status 7 before every rank reported" in actions[0].text  # type: ignore[union-attr]
 
 
@@ -300,7 +375,8 @@ def test_ranks_that_do_not_leave_are_stopped_again_and_the_world_closes_at_last(
 def test_ddlrun_ending_stops_the_ranks() -> None:
     state, actions = wm.step(synced(world()), wm.Shutdown(at=3.0), T)
     assert state.ending is wm.Ending.DONE and actions == [wm.StopRanks(2, StopWhy.DONE)]
-    error, _ = wm.step(synced(world()), wm.RankEnded(1, 3, EndCause.EXIT, at=0.0), T)
+    error, _ = wm.step(synced(world()), wm.RankProgress(1, Step.FAILED, 1, at=0.0, reason=Reason.EXCEPTION), T)
+    error, _ = wm.step(error, wm.RankEnded(1, 3, EndCause.EXIT, at=0.0), T)
     error, _ = wm.step(error, wm.Tick(T.settle + 1), T)
     error, actions = wm.step(error, wm.Tick(T.settle + 1 + T.ending), T)
     assert actions == [wm.Close(2, wm.Ending.ERROR, 3)]
@@ -322,6 +398,20 @@ def test_the_first_world_waits_for_every_listed_slot_or_np() -> None:
     assert decide(hosts_starting=False) == jm.StartWorld(plan("h1", "h2"))  # nothing more is coming
     assert decide(first=False, plan=plan("h1", "h2")) == jm.StartWorld(plan("h1", "h2"))  # later: --min-np
     assert decide(first=False, plan=plan("h1"), hosts_starting=True) == jm.Wait()
+
+
+@covers("J1", "J3", "J5")
+def test_the_first_world_is_never_smaller_than_min_np_even_when_fewer_slots_are_listed() -> None:
+    """--min-np 3 --max-np 3 with 2 slots listed: wait for a third (not a world of 2 that exits 0),
+    and fail after --start-timeout; a host failing before any world (0 listed) starts nothing."""
+    two = plan("h1", "h2")
+    for starting in (True, False):
+        assert decide(plan=two, min_np=3, max_np=3, listed_slots=2, hosts_starting=starting) == jm.Wait()
+    finish = decide(plan=two, min_np=3, max_np=3, listed_slots=2, hosts_starting=False, elapsed=121)
+    assert isinstance(finish, jm.Finish) and finish.status == 1 and "--min-np 3 needs more" in finish.message
+    assert decide(plan=plan(), min_np=1, listed_slots=0, hosts_starting=False) == jm.Wait()
+    assert decide(plan=plan("h1", "h2", "h3"), min_np=3, max_np=3, listed_slots=3) == jm.StartWorld(
+        plan("h1", "h2", "h3"))
 
 
 @covers("J2", "J3")
@@ -378,18 +468,18 @@ def test_an_announcement_reaches_the_linked_ranks_of_that_world_and_later_links(
     state = agent(entry(10, world=2, linked=True), entry(11, world=2), entry(12, world=3, linked=True))
     state, actions = am.step(state, am.FromSupervisor(AnnounceHosts(world=2), at=1.0), T)
     assert actions == [am.TellRank(10, HostsUpdated())] and state.announced_world == 2
-    state, actions = am.step(state, am.RankLinked(11), T)  # linked after the announcement: told at once
+    state, actions = am.step(state, am.RankLinked(11, at=1.0), T)  # linked after the announcement: told at once
     assert state.ranks[11].linked and actions == [am.TellRank(11, HostsUpdated())]
-    assert am.step(state, am.RankLinked(99), T) == (state, [])  # not a rank of this agent
+    assert am.step(state, am.RankLinked(99, at=1.0), T) == (state, [])  # not a rank of this agent
 
 
 @covers("A3", "A13")
 def test_a_world_that_lost_a_host_raises_first_and_kills_after_the_grace() -> None:
-    state = agent(entry(10, linked=True), entry(11, rank=1))
-    state, actions = am.step(state, am.FromSupervisor(StopWorld(world=2, why=StopWhy.LOST), at=1.0), T)
-    assert actions == [am.TellRank(10, WorldLost(why="a host of this elastic world was lost")), am.KillRank(11)]
+    state = agent(entry(10, linked=True, heard=1.0), entry(11, rank=1))
+    state, actions = am.step(state, am.FromSupervisor(StopWorld(world=2, why=StopWhy.LOST, lost=["h3"]), at=1.0), T)
+    assert actions == [am.TellRank(10, WorldLost(world=2, lost=["h3"])), am.KillRank(11)]
     assert state.ranks[10].kill_at == 1.0 + T.lost_grace and state.ranks[11].killed_because is EndCause.STOP
-    again, actions = am.step(state, am.FromSupervisor(StopWorld(world=2, why=StopWhy.LOST), at=1.1), T)
+    again, actions = am.step(state, am.FromSupervisor(StopWorld(world=2, why=StopWhy.LOST, lost=["h3"]), at=1.1), T)
     assert actions == []  # told already, its kill is due
     _, actions = am.step(state, am.Tick(1.0 + T.lost_grace - 0.01), T)
     assert am.KillRank(10) not in actions
@@ -400,8 +490,32 @@ def test_a_world_that_lost_a_host_raises_first_and_kills_after_the_grace() -> No
 @covers("A4")
 def test_other_stops_kill_the_worlds_ranks_but_not_a_newer_worlds() -> None:
     state = agent(entry(10, world=2, linked=True), entry(20, world=3, rank=0))
-    state, actions = am.step(state, am.FromSupervisor(StopWorld(world=2, why=StopWhy.ERROR), at=1.0), T)
+    state, actions = am.step(state, am.FromSupervisor(StopWorld(world=2, why=StopWhy.ERROR, lost=[]), at=1.0), T)
     assert actions == [am.KillRank(10)] and state.ranks[20].killed_because is None
+
+
+@covers("A18", "A4")
+def test_a_rank_forked_for_a_stopped_world_is_killed_at_once() -> None:
+    state, _ = am.step(agent(), am.FromSupervisor(StopWorld(world=3, why=StopWhy.LOST, lost=["h2"]), at=1.0), T)
+    assert state.stopped_world == 3
+    state, actions = am.step(state, am.RankForked(pid=10, world=3, rank=1), T)  # its stub came late
+    assert actions == [am.TellSupervisor(RankStarted(host="h1", world=3, rank=1, pid=10)), am.KillRank(10)]
+    assert state.ranks[10].killed_because is EndCause.STOP
+    _, actions = am.step(state, am.RankForked(pid=11, world=4, rank=1), T)  # the next world's
+    assert actions == [am.TellSupervisor(RankStarted(host="h1", world=4, rank=1, pid=11))]
+
+
+@covers("W12", "W19")
+def test_a_world_lost_while_it_starts_does_not_wait_for_ranks_never_forked() -> None:
+    """A host lost while the next world's ranks start (the chaos run's 'fault while a new world syncs'):
+    the world closes once its forked ranks are gone, not after the ending timeout."""
+    state = world()
+    for r in (0, 2):
+        state, _ = wm.step(state, wm.RankStarted(r), T)  # rank 1's stub (on h2) has not reached its agent
+    state, _ = wm.step(state, wm.HostLost("h3", "its agent's connection closed", at=1.0), T)
+    assert wm.step(state, wm.Tick(1.1), T)[1] == []  # rank 0 (forked, on h1) is still there
+    state, _ = wm.step(state, wm.RankEnded(0, -9, EndCause.STOP, at=1.2), T)
+    assert wm.step(state, wm.Tick(1.3), T)[1] == [wm.Close(2, wm.Ending.LOST, 0)]
 
 
 @covers("A5", "A6")
@@ -414,8 +528,10 @@ def test_quit_and_a_gone_supervisor_end_the_agent() -> None:
 def test_a_ranks_life_is_reported_to_ddlrun_and_its_stub() -> None:
     state, actions = am.step(agent(), am.RankForked(pid=10, world=2, rank=5), T)
     assert actions == [am.TellSupervisor(RankStarted(host="h1", world=2, rank=5, pid=10))]
-    state, actions = am.step(state, am.RankSaid(10, RankReport(step=Step.COMMIT, serial=4)), T)
-    assert actions == [am.TellSupervisor(RankProgress(host="h1", world=2, rank=5, step=Step.COMMIT, serial=4))]
+    state, actions = am.step(state, am.RankSaid(10, RankReport(step=Step.FAILED, serial=4, reason=Reason.EXCEPTION,
+                                                               detail="KeyError: 'x'"), at=1.0), T)
+    assert actions == [am.TellSupervisor(RankProgress(host="h1", world=2, rank=5, step=Step.FAILED, serial=4,
+                                                      reason=Reason.EXCEPTION, detail="KeyError: 'x'"))]
     done, actions = am.step(state, am.RankExited(10, 0), T)
     assert 10 not in done.ranks
     assert actions == [am.TellSupervisor(RankEnded(host="h1", world=2, rank=5, code=0, cause=EndCause.EXIT)),
@@ -435,11 +551,103 @@ def test_a_stub_going_away_or_signalled_ends_its_rank() -> None:
     assert actions[0].message.cause is EndCause.STUB  # type: ignore[union-attr]  # who ended it, not the signal
 
 
+@covers("A16", "A17")
+def test_a_frozen_rank_is_killed_after_the_rank_bound_and_a_slow_one_never_is() -> None:
+    """A rank's own beats (a thread of its link) keep it alive however slow its steps (a straggler);
+    a linked rank silent for the rank bound (SIGSTOP, not scheduled) is killed, and ddlrun hears
+    it ended frozen (W7: its host fails). Unlinked ranks (importing, before init) are not judged."""
+    assert T.rank_silent_after == 2 * T.lost_after == 3.0  # the target: frozen within 2x the heartbeat bound
+    state = agent(entry(10, linked=True, heard=0.0), entry(11, rank=1))
+    now = 0.0
+    while now < 60.0:  # a straggler: a beat every second, steps of any length
+        now += 1.0
+        state, _ = am.step(state, am.RankSaid(10, RankBeat(seq=int(now)), at=now), T)
+        state, _ = am.step(state, am.FromSupervisor(Ping(seq=1), at=now), T)
+        state, actions = am.step(state, am.Tick(now), T)
+        assert not any(isinstance(a, am.KillRank) for a in actions), now
+    assert state.ranks[10].heard == 60.0
+    state, _ = am.step(state, am.FromSupervisor(Ping(seq=2), at=60.0 + T.rank_silent_after), T)  # ddlrun is there
+    _, actions = am.step(state, am.Tick(60.0 + T.rank_silent_after), T)
+    assert not any(isinstance(a, am.KillRank) for a in actions)
+    state, actions = am.step(state, am.Tick(60.0 + T.rank_silent_after + 0.01), T)
+    assert am.KillRank(10) in actions and am.KillRank(11) not in actions  # 11 never linked
+    assert state.ranks[10].killed_because is EndCause.FROZEN
+    assert any(isinstance(a, am.Log) and "sent nothing for 3.0 s (frozen" in a.text for a in actions)
+    _, actions = am.step(state, am.RankExited(10, -9), T)
+    assert actions[0] == am.TellSupervisor(RankEnded(host="h1", world=2, rank=0, code=-9, cause=EndCause.FROZEN))
+    # A report counts as a word too.
+    state, _ = am.step(agent(entry(10, linked=True, heard=0.0)), am.RankSaid(
+        10, RankReport(step=Step.COMMIT, serial=1), at=9.0), T)
+    assert state.ranks[10].heard == 9.0
+    # Measured on the PyTorch example at load 14: a rank done with training went silent for more than
+    # the bound while its interpreter exited (its beating thread ends first). Leaving ranks are not judged.
+    for step in (Step.DONE, Step.RESET, Step.FAILED):
+        state, _ = am.step(agent(entry(10, linked=True, heard=0.0)), am.RankSaid(
+            10, RankReport(step=step, serial=1), at=1.0), T)
+        state, _ = am.step(state, am.FromSupervisor(Ping(seq=1), at=30.0), T)
+        _, actions = am.step(state, am.Tick(30.0), T)
+        assert not any(isinstance(a, am.KillRank) for a in actions), step
+
+
+# -- the discovery's decisions ---------------------------------------------------------------------
+
+def discovered(*names: str, at: float = 1.0, seconds: float = 0.1, skipped: tuple[str, ...] = ()) -> dm.Discovered:
+    return dm.Discovered(tuple(HostSlots(n, 1) for n in names), skipped, seconds, at)
+
+
+def discover(state: dm.DiscoveryState, event: dm.DiscoveryEvent) -> tuple[dm.DiscoveryState, list[dm.DiscoveryAction]]:
+    return dm.step(state, event, slow_after=T.elastic_timeout, script="d.sh")
+
+
+@covers("D1", "D2", "D5")
+def test_discovery_lists_are_observed_garbage_named_once_and_a_failed_first_run_ends_the_job() -> None:
+    state, actions = discover(dm.DiscoveryState(), discovered("h1", "h2"))
+    assert state.known and actions == [dm.Observe((HostSlots("h1", 1), HostSlots("h2", 1)))]
+    junk = ("d.sh line 3: '<html>'",)
+    state, actions = discover(state, discovered("h1", skipped=junk))
+    assert actions == [dm.Note("host discovery printed 1 line(s) that are not host[:slots], skipped: d.sh line 3: "
+                               "'<html>'"), dm.Observe((HostSlots("h1", 1),))]
+    _, actions = discover(state, discovered("h1", skipped=junk))
+    assert actions == [dm.Observe((HostSlots("h1", 1),))]  # said once
+    _, actions = discover(dm.DiscoveryState(), dm.DiscoveryFailed("d.sh exited with status 2 (no API)", 0.1, 1.0))
+    assert len(actions) == 1 and isinstance(actions[0], dm.FailJob)
+    assert "the first host discovery failed: d.sh exited with status 2 (no API)" in actions[0].message
+
+
+@covers("D3", "D4", "D7")
+def test_a_failing_discovery_keeps_the_last_list_and_says_so_once_per_reason() -> None:
+    state, _ = discover(dm.DiscoveryState(), discovered("h1", "h2"))
+    state, actions = discover(state, dm.DiscoveryFailed("d.sh exited with status 1 (boom)", 0.1, 5.0))
+    assert actions == [dm.Note("host discovery failed: d.sh exited with status 1 (boom); keeping the last list "
+                               "(1 failure(s) in a row)")]  # no Observe: the membership keeps its list
+    state, actions = discover(state, dm.DiscoveryFailed("d.sh exited with status 1 (boom)", 0.1, 6.0))
+    assert actions == [] and state.failures == 2
+    state, actions = discover(state, dm.DiscoveryFailed("d.sh did not finish in 3 s (--discovery-timeout); killed",
+                                                         3.0, 9.5))
+    assert len(actions) == 1 and "did not finish in 3 s" in actions[0].text  # type: ignore[union-attr]
+    state, actions = discover(state, discovered("h1", at=12.0))
+    assert actions[0] == dm.Note("host discovery works again after 3 failure(s) over 7.1 s")  # from 4.9 (5.0 - 0.1)
+    assert actions[-1] == dm.Observe((HostSlots("h1", 1),)) and state.failing_since is None
+
+
+@covers("D6")
+def test_a_slow_discovery_is_logged_once_per_slow_spell() -> None:
+    state, _ = discover(dm.DiscoveryState(), discovered("h1"))
+    state, actions = discover(state, discovered("h1", seconds=6.2))
+    assert actions[0] == dm.Note("host discovery took 6.2 s (the job went on meanwhile; runs start one after "
+                                 "another, so new hosts are seen that much later)")
+    state, actions = discover(state, discovered("h1", seconds=30.0))
+    assert actions == [dm.Observe((HostSlots("h1", 1),))]
+    state, _ = discover(state, discovered("h1", seconds=0.1))
+    _, actions = discover(state, discovered("h1", seconds=7.0))
+    assert isinstance(actions[0], dm.Note)
+
+
 # -- every transition is covered ---------------------------------------------------------------
 
 def test_every_transition_of_every_machine_is_covered_by_a_test() -> None:
     covered = {i for test in globals().values() for i in getattr(test, "covers", ())}
-    tables = {**hm.TRANSITIONS, **wm.TRANSITIONS, **jm.TRANSITIONS, **am.TRANSITIONS}
+    tables = {**hm.TRANSITIONS, **wm.TRANSITIONS, **jm.TRANSITIONS, **am.TRANSITIONS, **dm.TRANSITIONS}
     assert not set(tables) - covered, f"transitions no test covers: {sorted(set(tables) - covered)}"
     assert not covered - set(tables), f"tests name transitions no machine has: {sorted(covered - set(tables))}"
 

@@ -271,7 +271,7 @@ def test_the_agent_forks_a_warm_rank_for_a_stub_and_reports_its_end(tmp_path: Pa
                                   "--hosts", "h1,h1",
                                   "--", sys.executable, "-c", sleeper], env=env)
         messages.until(RankStarted)
-        conn.sendall(encode(StopWorld(world=1, why=StopWhy.DONE)))
+        conn.sendall(encode(StopWorld(world=1, why=StopWhy.DONE, lost=[])))
         assert stub2.wait(timeout=30) == -9
         assert messages.until(RankEnded).cause.value == "stop"
         conn.sendall(encode(Quit()))

@@ -313,11 +313,13 @@ def test_an_idle_engine_backs_off_and_work_brings_it_back() -> None:
 
 def test_interrupt_fails_waiting_and_later_collectives_with_the_given_error() -> None:
     """A peer that will never submit (lost): interrupt() wakes the waiter with
-    HorovodInternalError within a poll, and later calls raise it at once."""
+    HorovodInternalError within a poll, later calls raise it at once, and the engine runs no
+    exchange again: on MPI, the interrupted one (a persistent request) is still active, and
+    starting it again aborted the job ("Persistent request ... already active", issue 39)."""
 
     def fn(c: Collectives) -> str:
         if c.topology.rank == 1:
-            time.sleep(0.6)  # the "lost" rank submits nothing
+            time.sleep(1.0)  # the "lost" rank submits nothing (its engine still cycles, as a live one would)
             return "idle"
         handle = c.allreduce_async(np.ones(3), op=ddl.Sum, name="never-matched")
         threading.Timer(0.2, c.engine.interrupt, [ddl.HorovodInternalError("peer lost")]).start()
@@ -326,8 +328,12 @@ def test_interrupt_fails_waiting_and_later_collectives_with_the_given_error() ->
             handle.wait()
         waited = time.monotonic() - start
         assert waited < 1.0, waited
+        cycles = c.engine.cycles
+        time.sleep(0.4)  # idle cycles would come every 20-320 ms
+        assert c.engine.cycles == cycles, "an interrupted engine ran another exchange"
         with pytest.raises(ddl.HorovodInternalError):
             c.allreduce(np.ones(3), name="later")
         return "interrupted"
 
-    assert run_engines(2, fn) == ["interrupted", "idle"]
+    # No stop(): an interrupted rank leaves without the agreeing shutdown (its peer is lost).
+    assert run_engines(2, fn, stop=False) == ["interrupted", "idle"]

@@ -254,3 +254,93 @@ def test_hooked_buckets_run_a_user_hook_with_its_state_and_refuse_a_second_start
         hb.start(None)  # type: ignore[arg-type]
     hb.state["gate"].set_result(None)
     assert [v.tolist() for v in pending.wait()] == [[[2.0, 2.0], [2.0, 2.0]], [2.0, 2.0, 2.0]]
+
+
+# -- PowerSGD across skipped steps, loss scales and resumes (issue 44) -------------------------
+def _call(hook: PowerSGD, state: object, x: np.ndarray, c: Collectives, name: str = "b0") -> np.ndarray:
+    return apply_hook(hook, state, GradBucket(0, name, x.copy(), SHAPES, ddl.Average, c)).wait().copy()
+
+
+def test_powersgd_a_non_finite_round_is_non_finite_on_every_rank_and_changes_nothing() -> None:
+    """One rank's overflow: every rank gets NaN in the compressed weights (a scaler skips the
+    step), and the state is as if the call never happened: no inf or NaN is kept."""
+    hook = PowerSGD(rank=1, start_iter=0)
+
+    def fn(c: Collectives) -> tuple[bool, bool, bool, int]:
+        rank = c.topology.rank
+        state, clean = hook.new_state(), hook.new_state()
+        for step in range(2):
+            _call(hook, state, _grads(rank, step), c)
+            _call(hook, clean, _grads(rank, step), c)
+        bad = _grads(rank, 2)
+        if rank == 1:
+            bad[3] = np.inf
+        out = _call(hook, state, bad, c)
+        mem = next(iter(state.buckets.values()))
+        nan_where_compressed = all(np.isnan(out[p.offset : p.offset + p.size]).all() for p in mem.compressed)
+        finite_state = all(np.isfinite(q).all() for q in mem.qs) and all(np.isfinite(e).all() for e in mem.errors or [])
+        after, expected = _call(hook, state, _grads(rank, 3), c), _call(hook, clean, _grads(rank, 3), c)
+        return nan_where_compressed, finite_state, bool(np.array_equal(after, expected)), state.skipped
+
+    assert run_engines(2, fn, config=CFG) == [(True, True, True, 1)] * 2
+
+
+def test_powersgd_deferred_updates_wait_for_commit_and_a_step_not_taken_is_dropped() -> None:
+    hook = PowerSGD(rank=1, start_iter=1)
+
+    def fn(c: Collectives) -> tuple[bool, int, int]:
+        rank = c.topology.rank
+        taken, skipping = hook.new_state(), hook.new_state()
+        skipping.deferred = True
+        for step in range(3):
+            _call(hook, taken, _grads(rank, step), c)
+            _call(hook, skipping, _grads(rank, step), c)
+            skipping.commit()
+        _call(hook, skipping, _grads(rank, 99), c)  # reduced, and its step not taken: no commit
+        calls = next(iter(skipping.buckets.values())).calls
+        same = np.array_equal(_call(hook, taken, _grads(rank, 3), c), _call(hook, skipping, _grads(rank, 3), c))
+        return same, calls, skipping.skipped
+
+    assert run_engines(2, fn, config=CFG) == [(True, 3, 1)] * 2
+
+
+def test_powersgd_error_memory_follows_the_loss_scale_bit_for_bit() -> None:
+    """Values scaled by a power of two that changes every step, with ``loss_scale`` set: the
+    outputs are the unscaled run's times the scale, exactly."""
+    hook = PowerSGD(rank=1, start_iter=1)
+    scales = [1024.0, 2048.0, 512.0, 512.0, 4096.0, 8.0]
+
+    def fn(c: Collectives) -> bool:
+        rank = c.topology.rank
+        plain, scaled = hook.new_state(), hook.new_state()
+        same = True
+        for step, s in enumerate(scales):
+            x = _grads(rank, step)
+            scaled.loss_scale = s
+            same &= np.array_equal(_call(hook, plain, x, c) * np.float32(s), _call(hook, scaled, x * np.float32(s), c))
+        return bool(same)
+
+    assert run_engines(2, fn, config=CFG) == [True, True]
+
+
+def test_powersgd_errors_travel_with_the_state_and_a_resume_continues_exactly() -> None:
+    """state_dict + errors_state_dict into a fresh state: the next outputs equal the continuing
+    run's; without errors they differ (a resume that drops them is not the same run)."""
+    hook = PowerSGD(rank=1, start_iter=1)
+
+    def fn(c: Collectives) -> tuple[bool, bool]:
+        rank = c.topology.rank
+        state = hook.new_state()
+        state.loss_scale = 256.0
+        for step in range(3):
+            _call(hook, state, _grads(rank, step) * np.float32(256.0), c)
+        shared, errors = state.state_dict(), state.errors_state_dict()
+        resumed, forgetful = hook.new_state(), hook.new_state()
+        resumed.load_state_dict(shared, errors)
+        forgetful.load_state_dict(shared)
+        x = _grads(rank, 3) * np.float32(256.0)
+        want = _call(hook, state, x, c)
+        return (bool(np.array_equal(want, _call(hook, resumed, x, c))),
+                bool(np.array_equal(want, _call(hook, forgetful, x, c))))
+
+    assert run_engines(2, fn, config=CFG) == [(True, False)] * 2

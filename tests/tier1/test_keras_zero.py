@@ -108,3 +108,49 @@ def test_consolidate_writes_a_keras_weights_file(tmp_path: Path, capsys: pytest.
     b.load_weights(str(out))
     for x, y in zip(a.get_weights(), b.get_weights(), strict=True):
         np.testing.assert_array_equal(x, y)
+
+
+# -- loss scaling and layered optimizers (issue 44) -------------------------------------------
+def lso(inner: keras.optimizers.Optimizer) -> keras.optimizers.Optimizer:
+    return keras.optimizers.LossScaleOptimizer(inner, initial_scale=256.0, dynamic_growth_steps=2)
+
+
+def test_loss_scaling_is_refused_where_ranks_would_skip_alone_and_taken_where_they_cannot() -> None:
+    with pytest.raises(ValueError, match=r"LossScaleOptimizer\(DistributedOptimizer\(opt, shard_optimizer_state=True"):
+        dk.DistributedOptimizer(lso(keras.optimizers.Adam(1e-2)), shard_optimizer_state=True)
+    with pytest.raises(ValueError, match="unscaled twice.*auto_scale_loss=False"):
+        lso(dk.DistributedOptimizer(lso(keras.optimizers.SGD(0.1))))
+    with pytest.raises(TypeError, match="or a LossScaleOptimizer around one; not DistributedOptimizer"):
+        dk.LocalSGD(dk.DistributedOptimizer(keras.optimizers.SGD(0.1)), period=2)
+    for opt in (dk.LocalSGD(lso(keras.optimizers.SGD(0.1)), period=2),
+                lso(dk.DistributedOptimizer(keras.optimizers.SGD(0.1), shard_optimizer_state=True))):
+        fit(mlp(), opt)  # both train
+
+
+def test_a_checkpoint_keeps_every_layer_of_a_layered_optimizer(tmp_path: Path) -> None:
+    """A loss scale (inside and around the wrapper), a hook's state and a LocalSGD's counters
+    come back, and training goes on as the uninterrupted run."""
+    makers = {"lso-in": lambda: dk.DistributedOptimizer(lso(keras.optimizers.SGD(0.1, momentum=0.9))),
+              "lso-out": lambda: lso(dk.DistributedOptimizer(keras.optimizers.Adam(1e-2))),
+              "powersgd": lambda: dk.DistributedOptimizer(keras.optimizers.SGD(0.1),
+                                                          compression=ddl.PowerSGD(rank=1, start_iter=1)),
+              "localsgd": lambda: dk.LocalSGD(keras.optimizers.SGD(0.1, momentum=0.9), period=3)}
+    for name, make in makers.items():
+        a = fit(mlp(), make(), slice(0, 16))
+        dk.checkpoint.save(tmp_path / name, model=a, optimizer=a.optimizer)
+        b = mlp(seed=5)
+        opt = make()
+        b.compile(optimizer=opt, loss=LOSS)
+        opt.build(b.trainable_variables)
+        dk.checkpoint.load(tmp_path / name, model=b, optimizer=opt)
+        if name.startswith("lso"):  # 2 finite steps: the scale grew from 256 to 512, and that came back
+            scaler = opt if name == "lso-out" else opt.inner_optimizer
+            assert float(scaler.dynamic_scale.numpy()) == 512.0 and int(scaler.step_counter.numpy()) == 0
+        a.fit(X[16:], Y[16:], batch_size=8, shuffle=False, verbose=0)
+        b.fit(X[16:], Y[16:], batch_size=8, shuffle=False, verbose=0)
+        for x, y in zip(a.get_weights(), b.get_weights(), strict=True):
+            np.testing.assert_array_equal(x, y, err_msg=name)
+    meta = read_manifest(tmp_path / "lso-out").meta["optimizer"]
+    assert meta["layers"] == {"lossscale-outside": "keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer",
+                              "wrapper": "ddl.tensorflow.keras.optimizer.DistributedOptimizer",
+                              "holder": "keras.src.optimizers.adam.Adam"}

@@ -45,7 +45,8 @@ def project_modules() -> dict[str, Path]:
     packages = _package_dirs()
     found = {}
     for path in sorted(ROOT.rglob("*.py")):
-        if SKIPPED & set(path.relative_to(ROOT).parts):
+        parts = path.relative_to(ROOT).parts
+        if SKIPPED & set(parts) or any(part.startswith(".venv") for part in parts):  # .venv-openmpi5 too
             continue
         found[module_name(path, packages)] = path
     return found

@@ -26,7 +26,10 @@ from . import callbacks
 from . import checkpoint as checkpoint  # save / load: sharded, at any world size
 from . import elastic as elastic  # Horovod's hvd.elastic: KerasState and its callbacks
 from .local_sgd import DiLoCo, LocalSGD
+from .lossscale import install as _agree_before_loss_scale_checks
 from .optimizer import DistributedOptimizer
+
+_agree_before_loss_scale_checks()  # a LossScaleOptimizer around ddl's optimizers skips alike on every rank
 
 
 def allreduce(value: Any, name: str | None = None, average: bool | None = None, prescale_factor: float = 1.0,

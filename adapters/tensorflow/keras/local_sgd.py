@@ -23,6 +23,7 @@ import numpy as np
 from keras.src.utils import tracking  # the decorator Keras's own wrappers use in build()
 
 import tensorflow as tf
+from ddl.checkpoint.replicas import mean
 from ddl.engine.hooked import HookedBuckets, Pending
 from ddl.engine.hooks import as_hook
 from ddl.engine.naming import manifest_name
@@ -30,6 +31,7 @@ from ddl.runtime import api
 
 from ..bridge import host_call
 from ..hooked import hook_config, hook_from_config
+from .lossscale import is_loss_scale
 
 __all__ = ["DiLoCo", "LocalSGD"]
 
@@ -44,9 +46,11 @@ class _Periodic(keras.optimizers.Optimizer):  # type: ignore[misc]
         if not isinstance(inner_optimizer, keras.optimizers.Optimizer):
             raise TypeError(f"{type(self).__name__} wraps a Keras 3 optimizer, got "
                             f"{type(inner_optimizer).__module__}.{type(inner_optimizer).__name__}")
-        if hasattr(inner_optimizer, "inner_optimizer"):
-            raise TypeError(f"{type(self).__name__} wraps a plain Keras optimizer (each rank steps alone), not "
-                            f"{type(inner_optimizer).__name__}")
+        held = getattr(inner_optimizer, "inner_optimizer", None)
+        if held is not None and not (is_loss_scale(inner_optimizer) and not hasattr(held, "inner_optimizer")):
+            raise TypeError(f"{type(self).__name__} wraps a plain Keras optimizer (each rank steps alone), or a "
+                            f"LossScaleOptimizer around one; not {type(inner_optimizer).__name__}: pass the optimizer "
+                            "it wraps")
         if not isinstance(period, int) or isinstance(period, bool) or period < 1:
             raise ValueError(f"{type(self).__name__}: period must be an integer >= 1 (inner steps per outer step), "
                              f"got {period!r}")
@@ -110,12 +114,35 @@ class _Periodic(keras.optimizers.Optimizer):  # type: ignore[misc]
             self.build(tvs)
         tf.cond(tf.equal(self._anchored, 0), lambda: self._take_anchor(tvs), lambda: tf.constant(False))
         self.inner_optimizer.apply(grads, tvs)
+        self._count(tvs)
+
+    def _count(self, tvs: list[Any]) -> tf.Tensor:
+        """Count an inner step (taken or skipped) and do the outer step it makes due."""
         self._steps.assign_add(1)
         self._unsent.assign_add(1)
         if self.overlap:
             due = tf.logical_and(tf.equal(self._in_flight, 1), self._steps >= self._merge_at)
             tf.cond(due, lambda: self._merge(tvs), lambda: tf.constant(False))
         tf.cond(tf.equal(self._steps % self.period, 0), lambda: self._round(tvs), lambda: tf.constant(False))
+        return tf.constant(True)
+
+    def _before_loss_scale_check(self, grads: list[Any], trainable_variables: Any, scaler: Any) -> list[Any]:
+        """A ``LossScaleOptimizer`` around this one is about to check this rank's ``grads``
+        (:mod:`ddl.tensorflow.keras.lossscale`): each rank decides alone, as it steps alone, but
+        a rank that will skip its inner step still counts it here, so every rank starts the
+        rounds at the same steps."""
+        tvs = list(self._trainable_variables if trainable_variables is None else trainable_variables)
+        if not self.built:
+            self.build(tvs)
+        dense = [tf.convert_to_tensor(g) for g in grads if g is not None]
+        finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in dense])
+
+        def skipped() -> tf.Tensor:
+            tf.cond(tf.equal(self._anchored, 0), lambda: self._take_anchor(tvs), lambda: tf.constant(False))
+            return self._count(tvs)
+
+        tf.cond(finite, lambda: tf.constant(False), skipped)
+        return grads
 
     def synchronize(self) -> None:
         """Every rank to the same weights now (eagerly, after ``fit``): finish the round in
@@ -173,6 +200,33 @@ class _Periodic(keras.optimizers.Optimizer):  # type: ignore[misc]
 
     def _outer_update(self, averaged: list[tf.Tensor], tvs: list[Any]) -> None:
         raise NotImplementedError
+
+    # -- checkpoints ------------------------------------------------------------------
+    def _restored(self) -> None:
+        """After a load (:mod:`ddl.tensorflow.keras.checkpoint`): no Python side of a round is left;
+        a round the variables say is in flight starts again from them when it is due."""
+        self._pending = None
+
+    def _synchronize_saved(self, replicas: list[list[np.ndarray]], boundaries: list[list[np.ndarray]] | None) -> None:
+        """What :meth:`synchronize` would have done at a checkpoint's save, from every saved
+        rank's trained weights (``boundaries``: where each started the round in flight),
+        without a collective: a world of another size goes on from that one point. Eager; the
+        anchors and counters are loaded already."""
+        tvs = list(self._trainable_variables)
+        anchors = [np.asarray(a) for a in self._anchors]
+        if int(self._in_flight.numpy()):
+            assert boundaries is not None
+            self._outer_update([tf.constant(mean([a - b[i] for b in boundaries])) for i, a in enumerate(anchors)], tvs)
+            replicas = [[np.asarray(a) + (w[i] - b[i]) for i, a in enumerate(self._anchors)]
+                        for w, b in zip(replicas, boundaries, strict=True)]
+            self._in_flight.assign(0)
+            anchors = [np.asarray(a) for a in self._anchors]
+        if int(self._unsent.numpy()):
+            self._outer_update([tf.constant(mean([a - w[i] for w in replicas])) for i, a in enumerate(anchors)], tvs)
+        for v, a in zip(tvs, self._anchors, strict=True):
+            v.assign(a)
+        self._unsent.assign(0)
+        self._pending = None
 
     # -- the host side ----------------------------------------------------------------
     def _start(self, *deltas: Any) -> list[Any]:

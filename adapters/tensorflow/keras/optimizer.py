@@ -16,7 +16,8 @@ from ddl.reduction.partition import partition_by_bytes
 
 from ..gradients import check_gradient_op, name_for, reduce_gradients
 from ..hooked import HookedReducer, as_reduction, hook_config, hook_from_config
-from .sharding import gather_from_owners, reduce_to_owners
+from .lossscale import is_loss_scale
+from .sharding import agree_finite, gather_from_owners, reduce_to_owners
 
 
 def _context_key(tvs: list[Any]) -> tuple[Any, ...]:
@@ -103,6 +104,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self._process_set = None if process_set is None or process_set.process_set_id == 0 else process_set
         self._prefix = ""  # from the variables, at build
         self._computed_for: tuple[Any, ...] | None = None  # what compute_gradients last reduced
+        self._reduced_for: tuple[int, ...] | None = None  # the variables an outer LossScaleOptimizer's check reduced
 
     @tracking.no_automatic_dependency_tracking  # type: ignore[misc,untyped-decorator]
     def build(self, var_list: list[Any]) -> None:
@@ -164,6 +166,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         if len(grads) != len(tvs):
             raise ValueError(f"got {len(grads)} gradients for {len(tvs)} variables")
         computed, self._computed_for = self._computed_for == _context_key(tvs), None
+        if self._reduced_for == tuple(id(v) for v in tvs):  # reduced before the loss scaler's check
+            computed, self._reduced_for = True, None
         if self.shard_optimizer_state:
             self._apply_sharded(grads, tvs, reduced=computed)
             return
@@ -249,11 +253,35 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self._computed_for = _context_key(tvs)
         return list(zip(grads, tvs, strict=True))
 
-    def _reduce(self, grads: list[Any], tvs: list[Any]) -> list[Any]:
+    def _reduce(self, grads: list[Any], tvs: list[Any], loss_scale: Any = None) -> list[Any]:
+        if loss_scale is None and is_loss_scale(self.inner_optimizer) and self.inner_optimizer.built:
+            loss_scale = self.inner_optimizer.dynamic_scale  # the scale the gradients carry (a hook follows it)
         out: list[Any] = reduce_gradients(grads, name=name_for(tvs, self._prefix), op=self._op,
                                           compression=self._compression, sparse_as_dense=self.sparse_as_dense,
-                                          process_set=self._process_set)
+                                          process_set=self._process_set, loss_scale=loss_scale)
         return out
+
+    def _before_loss_scale_check(self, grads: list[Any], trainable_variables: Any, scaler: Any) -> list[Any]:
+        """A ``LossScaleOptimizer`` around this one (``mixed_float16``'s ``compile`` puts one there) is
+        about to check ``grads`` for inf and NaN (:mod:`ddl.tensorflow.keras.lossscale`): hand it
+        what every rank agrees on. Unsharded: the reduced gradients (then applied as they are);
+        sharded: the gradients, made non-finite on every rank if they are on any.
+
+        Raises:
+            ValueError: ``backward_passes_per_step > 1`` (the scaler would check local sums).
+        """
+        tvs = list(self._trainable_variables if trainable_variables is None else trainable_variables)
+        if not self.built:
+            self.build(tvs)
+        if self.backward_passes_per_step > 1:
+            raise ValueError("a LossScaleOptimizer around a DistributedOptimizer with backward_passes_per_step > 1 "
+                             "would check each rank's partial sums; accumulate with the wrapped optimizer's "
+                             "gradient_accumulation_steps instead")
+        if self.shard_optimizer_state:
+            return agree_finite(grads, name=name_for(tvs, self._prefix) + ".finite")
+        reduced = self._reduce(grads, tvs, loss_scale=scaler.dynamic_scale)
+        self._reduced_for = tuple(id(v) for v in tvs)
+        return reduced
 
     def _step_due(self) -> tf.Tensor:
         assert self._passes is not None
@@ -334,6 +362,11 @@ def _check_shardable(optimizer: Any, backward_passes_per_step: int, compression:
     if optimizer.global_clipnorm:
         raise ValueError("shard_optimizer_state=True: global_clipnorm would measure this rank's gradients only; "
                          "use clipnorm (per variable) or clip the gradients before apply_gradients")
+    if is_loss_scale(optimizer):
+        raise ValueError("shard_optimizer_state=True: a LossScaleOptimizer inside would check each rank's own "
+                         "variables' gradients and skip steps alone; put it outside: "
+                         "keras.optimizers.LossScaleOptimizer(DistributedOptimizer(opt, shard_optimizer_state=True)) "
+                         "(model.compile does so under the mixed_float16 policy)")
     if optimizer.use_ema:
         raise ValueError("shard_optimizer_state=True cannot keep an exponential moving average of every variable "
                          "(use_ema): each rank updates its part only; train unsharded to use it")

@@ -118,3 +118,19 @@ def gather_from_owners(values: Sequence[tf.Tensor], owners: Sequence[int], rank:
 def _layout(tensors: Sequence[Any], owners: Sequence[int], world_size: int) -> Layout:
     sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in tensors]
     return Layout(sizes, [np.dtype(t.dtype.as_numpy_dtype) for t in tensors], owners, world_size)
+
+
+def agree_finite(grads: Sequence[Any], *, name: str) -> list[Any]:
+    """``grads``, made non-finite on every rank if any rank's are not finite (one flag per rank,
+    reduced): a loss scaler that checks them then skips the step on every rank alike."""
+    dense = [tf.convert_to_tensor(g) for g in grads if g is not None]
+    finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(g)) for g in dense]) if dense else tf.constant(True)
+
+    def fn(flag: np.ndarray) -> list[np.ndarray]:
+        everywhere = api.allreduce(np.asarray([0.0 if flag else 1.0], np.float64), op=ReduceOp.MAX, name=name)
+        return [np.asarray(everywhere[0] == 0.0)]
+
+    agreed = host_call(fn, [finite], [tf.bool], [()], what="loss scale agreement")[0]
+    nan = tf.cond(agreed, lambda: tf.constant(0.0), lambda: tf.constant(float("nan")))
+    return [None if g is None else (tf.convert_to_tensor(g) + tf.cast(nan, tf.convert_to_tensor(g).dtype))
+            for g in grads]

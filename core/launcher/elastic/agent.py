@@ -48,6 +48,7 @@ from ddl.runtime.elastic.protocol import (
     Ping,
     ProtocolError,
     Quit,
+    RankBeat,
     RankLink,
     RankReport,
     Route,
@@ -85,6 +86,7 @@ class Agent:
         self.links: dict[int, socket.socket] = {}  # rank pid -> its own connection
         self.state = machine.AgentState(host=host, last_heard=time.monotonic())
         self.listener: socket.socket | None = None
+        self.socket_inode: int | None = None
 
     # -- to ddlrun ---------------------------------------------------------------------
     def tell(self, message: Message) -> None:
@@ -125,6 +127,7 @@ class Agent:
         path.unlink(missing_ok=True)  # a socket left by a crashed agent of this very list entry
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind(str(path))
+        self.socket_inode = path.stat().st_ino
         self.listener.listen(64)
         self.selector.register(self.listener, selectors.EVENT_READ, "listener")
         self.selector.register(self.supervisor, selectors.EVENT_READ, "supervisor")
@@ -166,6 +169,8 @@ class Agent:
                 if stub is not None:
                     self._to(stub, action.message)
                     self._forget(stub)
+            elif isinstance(action, machine.Log):
+                print(f"ddl agent on {self.host}: {action.text}", file=sys.stderr, flush=True)
             else:
                 print(f"ddl agent on {self.host}: {action.why}", file=sys.stderr, flush=True)
                 self.end()
@@ -225,11 +230,11 @@ class Agent:
         elif isinstance(message, RankLink):
             if message.pid in self.state.ranks:
                 self.links[message.pid] = sock
-                self._apply(machine.RankLinked(message.pid))
-        elif isinstance(message, RankReport):
+                self._apply(machine.RankLinked(message.pid, time.monotonic()))
+        elif isinstance(message, (RankReport, RankBeat)):
             pid = next((p for p, s in self.links.items() if s is sock), None)
             if pid is not None:
-                self._apply(machine.RankSaid(pid, message))
+                self._apply(machine.RankSaid(pid, message, time.monotonic()))
         return None
 
     def _to(self, sock: socket.socket, message: Message) -> None:
@@ -296,6 +301,12 @@ class Agent:
             time.sleep(0.02)
         if self.listener is not None:
             self.listener.close()
+        try:
+            ours = self.socket_inode is None or (self.folder / AGENT_SOCKET).stat().st_ino == self.socket_inode
+        except OSError:
+            ours = True
+        if not ours:
+            return  # a newer agent of this host took the folder over (this one was frozen meanwhile): its, now
         shutil.rmtree(self.folder, ignore_errors=True)
         parent = self.folder.parent
         with contextlib.suppress(OSError):

@@ -23,10 +23,12 @@ from ddl.runtime.elastic.protocol import (
     Message,
     Ping,
     Quit,
+    RankBeat,
     RankEnded,
     RankProgress,
     RankReport,
     RankStarted,
+    Step,
     StopWhy,
     StopWorld,
     StubExit,
@@ -50,6 +52,10 @@ TRANSITIONS: dict[str, str] = {
     "A13": "a rank told of a lost host is still there after the grace: killed",
     "A14": "a heartbeat is due: sent",
     "A15": "nothing from ddlrun for --elastic-timeout: the agent ends its host's ranks (fences itself)",
+    "A16": "a rank's own heartbeat (or any word from it) arrived: it is alive, however slow its steps",
+    "A17": "a linked rank silent for the rank bound (stopped, or not scheduled: frozen) that has not said it leaves "
+           "(done, reset, failed: its interpreter's exit beats no more): killed, ddlrun learns it was frozen",
+    "A18": "a rank forked for a world ddlrun already stopped (its stub came late): killed at once",
 }
 
 
@@ -61,6 +67,8 @@ class RankEntry:
     linked: bool = False
     killed_because: EndCause | None = None
     kill_at: float | None = None  # told its world lost a host: killed then if still running
+    heard: float = 0.0  # its last word (link, report, beat); judged once it linked
+    leaving: bool = False  # it reported done, a reset or a failure: its interpreter's exit beats no more
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -69,6 +77,7 @@ class AgentState:
     last_heard: float  # from ddlrun
     ranks: Mapping[int, RankEntry] = dataclasses.field(default_factory=dict)
     announced_world: int = 0
+    stopped_world: int = 0  # the newest world ddlrun stopped (its ranks, and older ones, have no place)
     next_beat: float = 0.0
     beats: int = 0
 
@@ -96,12 +105,16 @@ class RankForked:
 @dataclasses.dataclass(frozen=True)
 class RankLinked:
     pid: int
+    at: float
 
 
 @dataclasses.dataclass(frozen=True)
 class RankSaid:
+    """A rank's report or heartbeat arrived at ``at``."""
+
     pid: int
-    report: RankReport
+    report: RankReport | RankBeat
+    at: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +177,18 @@ class EndAgent:
     why: str
 
 
-AgentAction = KillRank | TellSupervisor | TellRank | TellStub | EndAgent
+@dataclasses.dataclass(frozen=True)
+class Log:
+    """A line for the agent's output."""
+
+    text: str
+
+
+AgentAction = KillRank | TellSupervisor | TellRank | TellStub | EndAgent | Log
+
+
+#: Reports after which a rank is on its way out (its beating thread stops with the interpreter's exit).
+_LEAVING = frozenset({Step.DONE, Step.RESET, Step.FAILED})
 
 
 def step(state: AgentState, event: AgentEvent, timing: Timing) -> tuple[AgentState, list[AgentAction]]:
@@ -175,8 +199,12 @@ def step(state: AgentState, event: AgentEvent, timing: Timing) -> tuple[AgentSta
     if isinstance(event, SupervisorGone):  # A6
         return state, [EndAgent("ddlrun closed the connection; ending")]
     if isinstance(event, RankForked):  # A7
-        return (_with(state, RankEntry(pid=event.pid, world=event.world, rank=event.rank)),
-                [TellSupervisor(RankStarted(host=state.host, world=event.world, rank=event.rank, pid=event.pid))])
+        state = _with(state, RankEntry(pid=event.pid, world=event.world, rank=event.rank))
+        started = TellSupervisor(RankStarted(host=state.host, world=event.world, rank=event.rank, pid=event.pid))
+        if event.world <= state.stopped_world:  # A18
+            state, kill = _kill(state, state.ranks[event.pid], EndCause.STOP)
+            return state, [started, *kill]
+        return state, [started]
     if isinstance(event, Tick):
         return _tick(state, event.now, timing)
     known = state.ranks.get(event.pid)
@@ -184,12 +212,17 @@ def step(state: AgentState, event: AgentEvent, timing: Timing) -> tuple[AgentSta
         return state, []
     entry = known
     if isinstance(event, RankLinked):  # A8
-        state = _with(state, dataclasses.replace(entry, linked=True))
+        state = _with(state, dataclasses.replace(entry, linked=True, heard=event.at))
         return state, [TellRank(entry.pid, HostsUpdated())] if entry.world <= state.announced_world else []
-    if isinstance(event, RankSaid):  # A9
+    if isinstance(event, RankSaid):
         report = event.report
-        return state, [TellSupervisor(RankProgress(host=state.host, world=entry.world, rank=entry.rank,
-                                                   step=report.step, serial=report.serial, why=report.why))]
+        leaving = entry.leaving or (isinstance(report, RankReport) and report.step in _LEAVING)
+        state = _with(state, dataclasses.replace(entry, heard=max(entry.heard, event.at), leaving=leaving))  # A16
+        if isinstance(report, RankBeat):
+            return state, []
+        return state, [TellSupervisor(RankProgress(host=state.host, world=entry.world, rank=entry.rank,  # A9
+                                                   step=report.step, serial=report.serial, reason=report.reason,
+                                                   detail=report.detail))]
     if isinstance(event, StubGone):  # A10
         return _kill(state, entry, EndCause.STUB) if entry.killed_because is None else (state, [])
     if isinstance(event, StubSignalled):  # A11
@@ -214,6 +247,7 @@ def _from_supervisor(state: AgentState, message: Ping | StopWorld | AnnounceHost
         return state, [TellRank(e.pid, HostsUpdated()) for e in state.ranks.values()
                        if e.world <= announced and e.linked]
     actions: list[AgentAction] = []  # A3, A4: StopWorld
+    state = dataclasses.replace(state, stopped_world=max(state.stopped_world, message.world))
     for entry in list(state.ranks.values()):
         if entry.world > message.world or entry.killed_because is not None:
             continue
@@ -222,7 +256,7 @@ def _from_supervisor(state: AgentState, message: Ping | StopWorld | AnnounceHost
                 # Its collectives raise HorovodInternalError first (elastic.run restores and
                 # leaves); one blocked inside an MPI call is killed when the grace ends.
                 state = _with(state, dataclasses.replace(entry, kill_at=at + timing.lost_grace))
-                actions.append(TellRank(entry.pid, WorldLost(why="a host of this elastic world was lost")))
+                actions.append(TellRank(entry.pid, WorldLost(world=entry.world, lost=list(message.lost))))
         else:
             state, more = _kill(state, entry, EndCause.STOP)
             actions += more
@@ -234,10 +268,16 @@ def _tick(state: AgentState, now: float, timing: Timing) -> tuple[AgentState, li
         return state, [EndAgent(f"nothing from ddlrun for {timing.fence_after:g} s; ending this host's ranks "
                                 "(it may be cut off from the job)")]
     actions: list[AgentAction] = []
-    for entry in list(state.ranks.values()):  # A13
-        if entry.kill_at is not None and now >= entry.kill_at and entry.killed_because is None:
+    for entry in list(state.ranks.values()):
+        if entry.killed_because is not None:
+            continue
+        if entry.kill_at is not None and now >= entry.kill_at:  # A13
             state, more = _kill(state, entry, EndCause.STOP)
             actions += more
+        elif entry.linked and not entry.leaving and now - entry.heard > timing.rank_silent_after:  # A17
+            state, more = _kill(state, entry, EndCause.FROZEN)
+            actions += [Log(f"rank {entry.rank} of world {entry.world} (pid {entry.pid}) sent nothing for "
+                            f"{now - entry.heard:.1f} s (frozen: stopped, or not scheduled); killing it"), *more]
     if now >= state.next_beat:  # A14
         state = dataclasses.replace(state, beats=state.beats + 1, next_beat=now + timing.beat)
         actions.append(TellSupervisor(Beat(host=state.host, seq=state.beats)))

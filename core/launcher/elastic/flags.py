@@ -30,6 +30,7 @@ class ElasticOptions:
     reset_limit: int | None = None
     cold_start: bool = False
     discovery_interval: float = 1.0
+    discovery_timeout: float = 60.0
     store_root: str = "/dev/shm"
 
 
@@ -68,14 +69,17 @@ def add_arguments(parser: Any) -> None:
     group.add_argument("--max-np", type=int, metavar="N", help="most ranks (default: -np, or all slots)")
     group.add_argument("--host-discovery-script", metavar="FILE",
                        help="executable that prints the available hosts, 'host:slots' a line; re-run every second")
+    group.add_argument("--discovery-timeout", type=float, metavar="SECONDS", default=None,
+                       help="a discovery run still going after this long is killed and counts as failed; the job "
+                            "keeps the last list meanwhile (default 60)")
     group.add_argument("--slots", type=int, metavar="N", default=None,
                        help="slots of a host the discovery script lists without a count (default 1)")
     group.add_argument("--start-timeout", type=float, metavar="SECONDS", default=None,
                        help="longest wait for hosts and for a world's ranks to start (default 120)")
     group.add_argument("--elastic-timeout", type=float, metavar="SECONDS", default=None,
                        help="sets the heartbeat: agents beat every SECONDS/20, a host that misses 6 beats in a row "
-                            "is lost (1.5 s at the default 5), an agent that hears nothing from ddlrun for "
-                            "SECONDS ends its ranks")
+                            "is lost (1.5 s at the default 5), a rank silent for twice that is frozen, an agent "
+                            "that hears nothing from ddlrun for SECONDS ends its ranks")
     group.add_argument("--blacklist-cooldown-range", type=float, nargs=2, metavar=("MIN", "MAX"), default=None,
                        help="a failed host may return after MIN seconds, doubling per failure up to MAX "
                             "(default: only when the discovery script lists it again)")
@@ -87,7 +91,8 @@ def add_arguments(parser: Any) -> None:
                        help="end the job after this many changes of hosts (default: no limit)")
 
 
-ELASTIC_ONLY = ("min_np", "max_np", "host_discovery_script", "slots", "start_timeout", "elastic_timeout",
+ELASTIC_ONLY = ("min_np", "max_np", "host_discovery_script", "discovery_timeout", "slots", "start_timeout",
+                "elastic_timeout",
                 "blacklist_cooldown_range", "reset_limit", "cold_start")
 
 
@@ -114,6 +119,11 @@ def options_from_args(args: Any, *, command: tuple[str, ...], hosts: tuple[HostS
     slots = args.slots or 1
     known = sum(h.slots for h in hosts) if hosts else None
     min_np, max_np = check_bounds(args.np, args.min_np, args.max_np, known)
+    if args.discovery_timeout is not None and not args.discovery_timeout > 0:
+        raise ValueError(f"--discovery-timeout {args.discovery_timeout:g}: give the longest a discovery run may "
+                         "take, in seconds > 0 (default 60)")
+    if args.discovery_timeout is not None and not script:
+        raise ValueError("--discovery-timeout applies to --host-discovery-script; give one, or leave it out")
     cooldown = tuple(args.blacklist_cooldown_range) if args.blacklist_cooldown_range else None
     if cooldown is not None and not 0 <= cooldown[0] <= cooldown[1]:
         raise ValueError(f"--blacklist-cooldown-range {cooldown[0]:g} {cooldown[1]:g}: give 0 <= MIN <= MAX")
@@ -125,5 +135,6 @@ def options_from_args(args: Any, *, command: tuple[str, ...], hosts: tuple[HostS
                          if value is not None}),
         cooldown=(float(cooldown[0]), float(cooldown[1])) if cooldown else None, reset_limit=args.reset_limit,
         cold_start=bool(args.cold_start),
+        discovery_timeout=60.0 if args.discovery_timeout is None else float(args.discovery_timeout),
         store_root="/dev/shm" if os.path.isdir("/dev/shm") else "/tmp",
     )

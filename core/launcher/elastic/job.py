@@ -13,8 +13,8 @@ from ddl.launcher.elastic.membership import WorldPlan
 from ddl.launcher.elastic.world import Ending
 
 TRANSITIONS: dict[str, str] = {
-    "J1": "enough ranks are ready (the first world: -np or every listed slot; later: --min-np, or no host "
-          "still starting): start the world",
+    "J1": "enough ranks are ready (the first world: -np or every listed slot, never fewer than --min-np; later: "
+          "--min-np, or no host still starting with at least --min-np ready): start the world",
     "J2": "the first world: --start-timeout passed, or nothing is starting and no discovery script may add "
           "hosts, with at least --min-np ranks ready: start with what is ready",
     "J3": "the first world: the same, with fewer than --min-np ready: the job fails",
@@ -56,7 +56,9 @@ def start_decision(*, plan: WorldPlan, first: bool, np: int | None, max_np: int,
         elapsed: seconds since the job started.
         discovery: hosts come from a discovery script (more may be listed later).
     """
-    wanted = (np or min(max_np, listed_slots)) if first else min_np
+    # Never below --min-np: with fewer slots listed than that, the first world waits for more
+    # (J5) until --start-timeout, then the job fails (J3); it never runs a world too small.
+    wanted = max(min_np, (np or min(max_np, listed_slots)) if first else min_np)
     if plan.np >= wanted or (plan.np >= min_np and not hosts_starting):  # J1
         return StartWorld(plan)
     if first and (elapsed > start_timeout or (not hosts_starting and not discovery)):

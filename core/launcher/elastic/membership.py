@@ -1,6 +1,7 @@
-"""Which hosts an elastic job's next world runs on: discovery, failed hosts, and the rank bounds.
+"""Which hosts an elastic job's next world runs on: what discovery lists, failed hosts, and the rank bounds.
 
-Pure: :class:`Membership` is told what discovery lists and which hosts failed, and plans
+Pure: :class:`Membership` is told what discovery lists (:mod:`~ddl.launcher.elastic.discovery`
+runs the script) and which hosts failed, and plans
 each world. A failed host is left out until discovery stops listing it and lists it
 again (a scheduler replaced or repaired it) or, with a cooldown, until the cooldown has
 passed (Horovod's blacklist, with its doubling cooldown). Hosts of the previous world
@@ -12,55 +13,9 @@ allotted host by host up to ``max_np``.
 from __future__ import annotations
 
 import dataclasses
-import subprocess
 from collections.abc import Iterable, Sequence
 
-from ddl.launcher.hosts import HostListError, HostSlots, format_host_list, parse_hostfile
-
-
-class DiscoveryError(RuntimeError):
-    """The host discovery script failed or printed something that is not a host list."""
-
-
-def parse_discovery(text: str, *, default_slots: int, source: str) -> tuple[HostSlots, ...]:
-    """Hosts from a discovery script's output: ``host:slots`` lines, or ``host`` (``default_slots``).
-
-    Raises:
-        DiscoveryError: a malformed line (the message names it).
-
-    Example:
-        >>> parse_discovery("h1:2\\nh2\\n# spare\\n", default_slots=4, source="d.sh")
-        (HostSlots(name='h1', slots=2), HostSlots(name='h2', slots=4))
-    """
-    out: list[HostSlots] = []
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        try:
-            if ":" in line or "slots=" in line:
-                out += parse_hostfile(line, source=f"{source} line {number}")
-            else:
-                out += parse_hostfile(f"{line}:{default_slots}", source=f"{source} line {number}")
-        except HostListError as exc:
-            raise DiscoveryError(str(exc)) from None
-    return tuple(out)
-
-
-def run_discovery(script: str, *, default_slots: int, timeout: float = 10.0) -> tuple[HostSlots, ...]:
-    """Run the discovery script and parse what it prints (Horovod's contract).
-
-    Raises:
-        DiscoveryError: it could not run, failed, timed out, or printed a malformed line.
-    """
-    try:
-        proc = subprocess.run([script], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise DiscoveryError(f"host discovery script {script!r} did not run: {exc}") from None
-    if proc.returncode != 0:
-        raise DiscoveryError(f"host discovery script {script!r} exited with status {proc.returncode}: "
-                             f"{proc.stderr.strip()[-500:]}")
-    return parse_discovery(proc.stdout, default_slots=default_slots, source=script)
+from ddl.launcher.hosts import HostSlots, format_host_list
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,14 +60,19 @@ class Membership:
         self.failed: dict[str, float] = {}  # host -> when it may return (inf: when re-listed)
         self.failures: dict[str, int] = {}
         self._unlisted_since_failure: set[str] = set()
+        #: Failed hosts the last :meth:`observe` saw leave the list (they return when listed again).
+        self.left: list[str] = []
 
     def observe(self, hosts: Iterable[HostSlots], now: float) -> list[str]:
         """Take discovery's latest list; returns the failed hosts it lets back in."""
         self.listed = tuple(hosts)
         names = {h.name for h in self.listed}
         back = []
+        self.left = []
         for host, until in list(self.failed.items()):
             if host not in names:
+                if host not in self._unlisted_since_failure:
+                    self.left.append(host)
                 self._unlisted_since_failure.add(host)
             elif host in self._unlisted_since_failure or now >= until:
                 back.append(host)

@@ -1,11 +1,12 @@
-"""ddlrun's side of the elastic agents' connections: a TCP server whose messages become timed events, and processes.
+"""ddlrun's side of the elastic agents' connections: a TCP server whose messages become timed events, its pings, and processes.
 
 Every connection gets a reader thread that turns its lines into :class:`Event` s on one
 queue (a :class:`Gone` for a closed connection, or one that sent what this ddlrun cannot
 read), so the supervisor's loop is single threaded and decides in one place. Each event
 carries the time its bytes arrived, taken by the reader: a supervisor held up for a
-moment (a slow discovery script, a loaded host) then judges heartbeats by when they
-came, not by when it got to them.
+moment (a loaded host) then judges heartbeats by when they came, not by when it got to
+them. The pings that keep the agents from fencing themselves come from a thread of
+their own (:meth:`EventServer.start_pinging`), so they never wait for the loop.
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from ddl.runtime.elastic.protocol import Message, ProtocolError, Route, encode
+from ddl.runtime.elastic.protocol import Message, Ping, ProtocolError, Route, encode
 from ddl.runtime.elastic.wire import LineReader
 
 
@@ -45,12 +47,32 @@ class EventServer:
     def __init__(self) -> None:
         self.listener = socket.create_server(("0.0.0.0", 0), backlog=256)
         self.port = self.listener.getsockname()[1]
-        self.events: queue.Queue[Event] = queue.Queue()
+        #: What the readers post; the supervisor's other sources (discovery) post here too.
+        self.events: queue.Queue[Any] = queue.Queue()
         self._connections: dict[int, socket.socket] = {}
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()  # the pinger and the loop send on the same sockets
         self._ids = 0
         self._closed = False
         threading.Thread(target=self._accept, name="ddlrun-elastic-accept", daemon=True).start()
+
+    def start_pinging(self, interval: float, *, while_: Callable[[], bool]) -> None:
+        """Ping every connection each ``interval`` seconds from a thread of its own, while
+        ``while_()`` holds (the supervisor's loop still turns: a loop stuck for good lets the
+        agents fence themselves rather than keep a job alive that nobody runs)."""
+
+        def ping() -> None:
+            seq = 0
+            while not self._closed:
+                if while_():
+                    seq += 1
+                    with self._lock:
+                        ids = list(self._connections)
+                    for cid in ids:
+                        self.send(cid, Ping(seq=seq))
+                time.sleep(interval)
+
+        threading.Thread(target=ping, name="ddlrun-elastic-ping", daemon=True).start()
 
     def _accept(self) -> None:
         while not self._closed:
@@ -95,9 +117,10 @@ class EventServer:
             return False
         data = encode(message)
         try:
-            while data:
-                sent = conn.send(data, socket.MSG_DONTWAIT)
-                data = data[sent:]
+            with self._send_lock:
+                while data:
+                    sent = conn.send(data, socket.MSG_DONTWAIT)
+                    data = data[sent:]
             return True
         except BlockingIOError:
             self.drop(cid)
@@ -145,9 +168,14 @@ def start_process(argv: list[str], env: dict[str, str]) -> subprocess.Popen[byte
     return subprocess.Popen(argv, env=env, start_new_session=True)
 
 
+def kill_now(process: subprocess.Popen[bytes]) -> None:
+    """SIGKILL ``process`` and its process group without waiting (the caller reaps it later with ``poll``)."""
+    _kill_group(process.pid, signal.SIGKILL)
+
+
 def kill_process(process: subprocess.Popen[bytes], *, grace: float = 0.0, wait: float = 0.0) -> None:
     """End ``process`` and its process group: after ``wait`` seconds for it to end by itself,
-    SIGTERM, then SIGKILL after ``grace``."""
+    SIGTERM, then SIGKILL after ``grace``; waits (for the job's end, never inside the loop)."""
     if wait > 0:
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.wait(timeout=wait)

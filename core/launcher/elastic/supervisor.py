@@ -3,9 +3,13 @@
 What to do is decided by pure functions: :mod:`~ddl.launcher.elastic.host` (each host's
 agent: connection, import, heartbeats), :mod:`~ddl.launcher.elastic.world` (the running
 world: its ranks' reports and ends) and :mod:`~ddl.launcher.elastic.job` (when to start
-the next world, what a closed one means). This loop reads the agents' messages
-(:mod:`~ddl.launcher.elastic.server`), runs discovery, pings, starts and kills processes,
-and logs. See :mod:`ddl.launcher.elastic` for how a job recovers.
+the next world, what a closed one means) and :mod:`~ddl.launcher.elastic.discovery` (what
+a discovery run means). This loop reads one queue — the agents' messages
+(:mod:`~ddl.launcher.elastic.server`) and discovery's outcomes — starts processes, kills
+them, sends and logs. Nothing in it waits: discovery runs in a thread of its own, the pings
+that keep the agents alive in another, killed processes are reaped on later ticks. An
+unexpected exception ends the job with one line and status 1, never a traceback. See
+:mod:`ddl.launcher.elastic` for how a job recovers.
 """
 
 from __future__ import annotations
@@ -19,22 +23,25 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Mapping
 from types import FrameType
 
 from ddl.base.config import BY_FIELD
 from ddl.launcher.command import PYTHON_NAMES, Launch, LaunchOptions, MpiInfo, build_launch
+from ddl.launcher.elastic import discovery as discm
 from ddl.launcher.elastic import host as hostm
 from ddl.launcher.elastic import job as jobm
 from ddl.launcher.elastic import world as worldm
 from ddl.launcher.elastic.flags import ElasticOptions
-from ddl.launcher.elastic.membership import DiscoveryError, Membership, WorldPlan, run_discovery
+from ddl.launcher.elastic.membership import Membership, WorldPlan
 from ddl.launcher.elastic.server import (
     Event,
     EventServer,
     Gone,
     advertised_address,
+    kill_now,
     kill_process,
     start_process,
 )
@@ -44,7 +51,6 @@ from ddl.runtime.elastic.protocol import (
     AgentWarm,
     AnnounceHosts,
     Message,
-    Ping,
     Quit,
     RankEnded,
     RankProgress,
@@ -88,11 +94,14 @@ class Supervisor:
         self.resets = 0
         self.result: int | None = None
         self.t0 = time.monotonic()
-        self.next_discovery = 0.0
-        self.next_ping = 0.0
-        self.pings = 0
+        self.next_discovery = 0.0  # hosts given by flags: looked at again (cooldowns) at this time
+        self.discovery = discm.DiscoveryState()
+        self.runner: discm.DiscoveryRunner | None = None
         self.address = ""
         self.last_plan: WorldPlan | None = None
+        self.dying: list[subprocess.Popen[bytes]] = []  # killed, not reaped yet
+        self.done_world: subprocess.Popen[bytes] | None = None  # ended by itself: its output may still come
+        self.turned = time.monotonic()  # the loop's last turn (the pinger's proof of life)
         command = list(options.command)
         if command and command[0] in PYTHON_NAMES:
             command[0] = python_executable
@@ -116,18 +125,44 @@ class Supervisor:
                  f"{self.options.min_np} to {self.options.max_np} ranks; a heartbeat every {self.timing.beat:g} s, "
                  f"a host silent for {self.timing.lost_after:g} s is lost")
         try:
-            self._discover(force=True)
-            names = [h.name for h in self.membership.listed if h.name != LOCALHOST]
-            self.address = advertised_address(names)
-            self._ensure_agents()
+            self.server.start_pinging(self.timing.beat, while_=self._loop_turns)
+            self._begin()
             while self.result is None:
+                self.turned = time.monotonic()
                 self._drain(wait=min(0.05, self.timing.beat / 2))
                 self._tick(time.monotonic())
+        except Exception as exc:  # noqa: BLE001 - one line and a status, never a traceback from ddlrun
+            self._internal_error(exc)
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            except Exception as exc:  # noqa: BLE001
+                self._internal_error(exc)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+        assert self.result is not None
         return self.result
+
+    def _internal_error(self, exc: Exception) -> None:
+        frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        where = f" at {os.path.basename(frame.filename)}:{frame.lineno}" if frame else ""
+        print(f"ddlrun: error: elastic: ddlrun failed ({type(exc).__name__}: {exc}{where}); ending the job. "
+              "This is a bug of ddl: please report it with ddlrun's output (-v for more)", file=sys.stderr, flush=True)
+        self.result = 1 if self.result in (None, 0) else self.result
+
+    def _loop_turns(self) -> bool:
+        return time.monotonic() - self.turned < self.timing.loop_stuck_after
+
+    def _begin(self) -> None:
+        """Hosts from the flags are known at once; a discovery script's come as its first event."""
+        script = self.options.discovery_script
+        if script:
+            self.runner = discm.DiscoveryRunner(script, default_slots=self.options.slots,
+                                                interval=self.options.discovery_interval,
+                                                timeout=self.options.discovery_timeout, post=self.server.events.put)
+            self.runner.start()
+            return
+        self._observe(self.options.hosts or (HostSlots(LOCALHOST, self.options.max_np),), first=True)
 
     def _interrupted(self, signum: int, frame: FrameType | None) -> None:
         self.log(f"interrupted by signal {signum}; ending every rank and agent")
@@ -140,26 +175,30 @@ class Supervisor:
             event = self.server.events.get(timeout=wait)
         except queue.Empty:
             return
-        while True:
-            self._event(event)
+        while self.result is None:
+            if isinstance(event, (discm.Discovered, discm.DiscoveryFailed)):
+                self._discovery_event(event)
+            else:
+                self._event(event)
             try:
                 event = self.server.events.get_nowait()
             except queue.Empty:
                 return
 
     def _tick(self, now: float) -> None:
-        if now >= self.next_discovery:
-            self._discover()
-            self._ensure_agents()
+        self.dying = [p for p in self.dying if p.poll() is None]
+        if not self.options.discovery_script and now >= self.next_discovery:
+            self.next_discovery = now + self.options.discovery_interval
+            self._observe(self.options.hosts or (HostSlots(LOCALHOST, self.options.max_np),))  # cooldowns
         for agent in list(self.agents.values()):
             code = agent.process.poll()
             if code is not None:
                 self._host_event(agent, hostm.ProcessEnded(code, now))
             self._host_event(agent, hostm.Tick(now))
-        if now >= self.next_ping:
-            self.next_ping, self.pings = now + self.timing.beat, self.pings + 1
-            for agent in self.agents.values():
-                self._send(agent, Ping(seq=self.pings))
+        if self.result is not None:
+            return
+        if not self.discovery.known and self.options.discovery_script:
+            return  # no list yet: nothing to plan
         if self.world is None:
             self._maybe_start_world(now)
         else:
@@ -169,26 +208,33 @@ class Supervisor:
             self._world_event(tick)
 
     # -- discovery and agents -------------------------------------------------------------
-    def _discover(self, *, force: bool = False) -> None:
-        self.next_discovery = time.monotonic() + self.options.discovery_interval
-        if self.options.discovery_script:
-            try:
-                hosts = run_discovery(self.options.discovery_script, default_slots=self.options.slots)
-            except DiscoveryError as exc:
-                if force:
-                    raise
-                self.log(f"{exc}; keeping the last list")
-                return
-        else:
-            hosts = self.options.hosts or (HostSlots(LOCALHOST, self.options.max_np),)
+    def _discovery_event(self, event: discm.DiscoveryEvent) -> None:
+        self.discovery, actions = discm.step(self.discovery, event, slow_after=self.timing.elastic_timeout,
+                                             script=self.options.discovery_script or "")
+        for action in actions:
+            if isinstance(action, discm.Note):
+                self.log(action.text)
+            elif isinstance(action, discm.FailJob):
+                self._finish(jobm.Finish(1, action.message))
+            else:
+                self._observe(action.hosts, first=not self.address)
+
+    def _observe(self, hosts: tuple[HostSlots, ...], *, first: bool = False) -> None:
+        """Take a list of hosts (discovery's, or the flags'), log what changed, start missing agents."""
         before = {h.name for h in self.membership.eligible()}
         for host in self.membership.observe(hosts, time.monotonic()):
             self.log(f"host {host} may take part again (listed again by discovery, or its cooldown passed)")
+        for host in self.membership.left:
+            self.log(f"discovery no longer lists failed host {host}; it may take part again once listed again")
         after = {h.name for h in self.membership.eligible()}
-        if after - before and not force:
+        if after - before and not first:
             self.log(f"discovery: new host(s) {', '.join(sorted(after - before))}")
         if before - after:
             self.log(f"discovery: host(s) {', '.join(sorted(before - after))} no longer listed")
+        if first:
+            # Asked once, before any agent exists (a name lookup: nothing is waiting yet).
+            self.address = advertised_address([h.name for h in self.membership.listed if h.name != LOCALHOST])
+        self._ensure_agents()
 
     def _ensure_agents(self) -> None:
         """An agent on every eligible host (warm spares too: a join then costs no import)."""
@@ -255,7 +301,8 @@ class Supervisor:
         if isinstance(message, RankStarted):
             self._world_event(worldm.RankStarted(message.rank))
         elif isinstance(message, RankProgress):
-            self._world_event(worldm.RankProgress(message.rank, message.step, message.serial, at, message.why))
+            self._world_event(worldm.RankProgress(message.rank, message.step, message.serial, at, message.reason,
+                                                  message.detail))
         else:
             if self.options.verbose:
                 self.log(f"world {world.state.number}: rank {message.rank} ended ({message.cause.value}, "
@@ -276,7 +323,7 @@ class Supervisor:
     def _host_lost(self, agent: Agent, why: str) -> None:
         if agent.state.connection is not None:
             self.server.drop(agent.state.connection)
-        kill_process(agent.process)
+        self._kill(agent.process)
         host, now = agent.state.name, time.monotonic()
         self.membership.fail(host, now)
         if self.world is not None and host in self.world.state.plan.names:
@@ -292,7 +339,7 @@ class Supervisor:
             if isinstance(action, worldm.Note):
                 self.log(action.text)
             elif isinstance(action, worldm.StopRanks):
-                self._to_world_hosts(world, StopWorld(world=action.world, why=action.why))
+                self._to_world_hosts(world, StopWorld(world=action.world, why=action.why, lost=list(action.lost)))
             elif isinstance(action, worldm.Announce):
                 self._to_world_hosts(world, AnnounceHosts(world=action.world))
             elif isinstance(action, worldm.FailHost):
@@ -322,6 +369,8 @@ class Supervisor:
             self._finish(decision)
 
     def _start_world(self, plan: WorldPlan) -> None:
+        if plan.np < max(1, self.options.min_np):
+            raise RuntimeError(f"asked to start a world of {plan} under --min-np {self.options.min_np}")
         self.worlds += 1
         env = {BY_FIELD["elastic_world"].env: str(self.worlds)}
         calibration = BY_FIELD["calibration"].env
@@ -342,10 +391,12 @@ class Supervisor:
         self.log(f"world {self.worlds}: starting {plan}")
 
     def _close_world(self, world: RunningWorld, close: worldm.Close) -> None:
-        kill_process(world.process, wait=3.0 if close.ending is worldm.Ending.DONE else 0.0)
         self.world = None
         if close.ending is worldm.Ending.DONE:
+            self.done_world = world.process  # its mpiexec may still forward output: waited for at the end
             self.log(f"world {close.world}: every rank finished; the job is done")
+        else:
+            self._kill(world.process)
         self.resets, finish = jobm.after_close(close.ending, status=close.status, mpiexec_status=world.process.returncode,
                                                resets=self.resets, reset_limit=self.options.reset_limit)
         if finish is not None:
@@ -358,12 +409,21 @@ class Supervisor:
             print(f"ddlrun: error: elastic: {finish.message}", file=sys.stderr, flush=True)
         self.result = finish.status
 
+    def _kill(self, process: subprocess.Popen[bytes]) -> None:
+        """Kill a process group now and reap it on a later tick: the loop never waits for a kill."""
+        kill_now(process)
+        self.dying.append(process)
+
     def _shutdown(self) -> None:
+        if self.runner is not None:
+            self.runner.stop()
         world = self.world
         if world is not None:
             world.state, _ = worldm.step(world.state, worldm.Shutdown(time.monotonic()), self.timing)
-            self._to_world_hosts(world, StopWorld(world=world.state.number, why=StopWhy.DONE))
+            self._to_world_hosts(world, StopWorld(world=world.state.number, why=StopWhy.DONE, lost=[]))
             kill_process(world.process, grace=1.0)
+        if self.done_world is not None:
+            kill_process(self.done_world, wait=3.0)
         for agent in self.agents.values():
             self._send(agent, Quit())
         deadline = time.monotonic() + 5
@@ -371,6 +431,6 @@ class Supervisor:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.process.wait(timeout=max(0.0, deadline - time.monotonic()))
             kill_process(agent.process)
+        for process in self.dying:
+            kill_process(process)
         self.server.close()
-
-

@@ -75,6 +75,14 @@ class Timing:
         return self.elastic_timeout
 
     @property
+    def rank_silent_after(self) -> float:
+        """Silence of a linked rank (its own heartbeat thread) after which its agent kills it as frozen:
+        twice a host's bound (:attr:`lost_after`; 3 s by default), as a rank's beat needs the
+        interpreter's lock, which one long call into a library may hold for a moment. A rank frozen
+        with its agent (a whole host stopped) is caught by the agent's beats first."""
+        return 2 * self.lost_after
+
+    @property
     def settle(self) -> float:
         """How long a rank's own error waits for news of a lost host (detection, and one beat more)."""
         return self.lost_after + self.beat
@@ -89,6 +97,13 @@ class Timing:
         """Ranks of a world whose others left at a commit, still there after this long, are stopped
         (they all leave at the same commit, agreed by every rank: one still there is stuck)."""
         return self.elastic_timeout
+
+    @property
+    def loop_stuck_after(self) -> float:
+        """ddlrun's pings (a thread of their own) stop when its loop has not turned for this long:
+        nothing the loop does waits (discovery, kills, sends run beside it), so that is a bug, and
+        the agents then end their ranks rather than train for a job nobody runs."""
+        return max(30.0, 6 * self.elastic_timeout)
 
     @property
     def lost_grace(self) -> float:

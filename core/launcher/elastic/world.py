@@ -16,37 +16,53 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import signal
 from collections.abc import Mapping
 
 from ddl.launcher.elastic.membership import WorldPlan
 from ddl.launcher.elastic.timing import Timing
-from ddl.runtime.elastic.protocol import EndCause, Step, StopWhy
+from ddl.runtime.elastic.protocol import EndCause, Reason, Step, StopWhy
 from ddl.runtime.elastic.wire import RESET_EXIT
+
+#: Signals a process gets from its own fault (a crash), not from outside; MPI may send a survivor of a
+#: lost peer there, so they count against a host only when nothing else explains them.
+CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT, signal.SIGFPE, signal.SIGILL})
 
 #: Every transition of :func:`step`, as the tests name them.
 TRANSITIONS: dict[str, str] = {
     "W1": "a rank was forked: counted as started",
     "W2": "a rank synced; when the last one has, the world is RUNNING (logged)",
     "W3": "rank 0's first commit is logged",
-    "W4": "a rank left after a failed collective (HorovodInternalError): the others are stopped (reset)",
-    "W5": "rank 0 leaves at a commit for the next world (HostsUpdatedInterrupt): logged",
-    "W6": "a rank's training function returned: nothing to do yet",
-    "W7": "a rank was killed by a signal nobody in ddl sent: its host fails, the world ends (lost)",
+    "W4": "a rank left after a failed collective (reason collective_failed): the others are stopped (reset); "
+          "a rank that ended early before it is judged at once (W14, W21, W23): it broke the collective",
+    "W5": "rank 0 leaves at a commit for the next world (reason hosts_updated): logged",
+    "W6": "a rank's training function returned (done): recorded",
+    "W7": "a rank was killed by a signal nobody in ddl sent: noted, judged after the settle time (MPI may crash "
+          "the survivors of a peer's loss: another end or a lost host may explain it)",
     "W8": "a rank left at a commit (status 75): the world ends (reset) and the others leave by themselves",
-    "W9": "a rank exited with an error status: noted, judged after the settle time",
+    "W9": "a rank ended by itself before it finished (before init, mid-step, after raising; any status but 75, "
+          "or status 0 without done): noted, judged after the settle time",
     "W10": "mpiexec ended a rank's stub (MPI_Abort, or a failure elsewhere): noted as an error to judge",
-    "W11": "any other rank end (status 0, stopped, or while the world ends): recorded",
+    "W11": "any other rank end (status 0 after done, stopped, or while the world ends): recorded",
     "W12": "a host of this world was lost: its ranks are stopped (lost); ignored for another host",
     "W13": "every rank ended with status 0: the world ends (done)",
-    "W14": "an error no lost host explained within the settle time: the world ends (error)",
+    "W14": "an early end no lost host explained within the settle time, of a rank that raised (or after done, or "
+           "by MPI_Abort): an error of the program, the world ends (error)",
     "W15": "mpiexec ended before every rank reported: the hosts whose ranks never started fail (lost), "
            "or the job ends (error)",
     "W16": "ranks did not all sync within --start-timeout: the hosts whose ranks never started fail (lost), "
            "or the job ends (error)",
     "W17": "every rank synced and the hosts changed: the ranks are told (they leave at the next commit)",
     "W18": "ranks told to leave at a commit have not after a while: stopped again",
-    "W19": "an ending world whose ranks are gone, or that took too long: CLOSED",
+    "W19": "an ending world whose forked ranks are gone (those never forked are not waited for), or that took "
+           "too long: CLOSED",
     "W20": "ddlrun ends (interrupted, or the job is over): the ranks are stopped",
+    "W21": "an early end no lost host explained within the settle time, of a rank that did not raise (it exited, "
+           "before init or mid-step): a lost rank, its host fails, the world ends (lost)",
+    "W22": "a rank's training function raised (failed): recorded with the exception, its end follows",
+    "W23": "only deaths by signal are unexplained after the settle time: the hosts of ranks killed from outside "
+           "(SIGKILL...) fail, or, with none, those of ranks that crashed (SIGSEGV...); the world ends (lost)",
+    "W24": "a rank killed by its agent for silence (frozen): its host fails at once, the world ends (lost)",
 }
 
 
@@ -71,6 +87,17 @@ class RankEnd:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class EarlyEnd:
+    """A rank that ended before its world did (status 0: mpiexec ended it, for a STUB cause), judged
+    after :attr:`Timing.settle`: a lost host may explain it, or every other rank may end too."""
+
+    rank: int
+    code: int
+    cause: EndCause
+    at: float
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class WorldState:
     number: int
     plan: WorldPlan
@@ -82,7 +109,10 @@ class WorldState:
     ending: Ending | None = None
     ending_since: float = 0.0
     lost_hosts: frozenset[str] = frozenset()
-    error: tuple[int, int, float] | None = None  # rank, status (0: ended by mpiexec), when
+    early: tuple[EarlyEnd, ...] = ()  # ranks that ended early, in the order heard; judged together
+    done: frozenset[int] = frozenset()  # ranks whose training function returned
+    raised: Mapping[int, str] = dataclasses.field(default_factory=dict)  # rank -> the exception it reported
+    status: int = 0  # the job's status when the world ends in an error
     announced: bool = False
     mpiexec_ended_at: float | None = None
     first_commit_logged: bool = False
@@ -105,7 +135,8 @@ class RankProgress:
     step: Step
     serial: int
     at: float
-    why: str = ""
+    reason: Reason = Reason.NONE
+    detail: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,10 +176,11 @@ WorldEvent = RankStarted | RankProgress | RankEnded | HostLost | Tick | Shutdown
 
 @dataclasses.dataclass(frozen=True)
 class StopRanks:
-    """Tell the agents of this world's hosts to end its ranks."""
+    """Tell the agents of this world's hosts to end its ranks (``lost``: the hosts it lost, for their words)."""
 
     world: int
     why: StopWhy
+    lost: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,9 +249,11 @@ def _progress(state: WorldState, event: RankProgress) -> tuple[WorldState, list[
             return dataclasses.replace(state, first_commit_logged=True), [
                 Note(f"world {state.number}: first commit ({event.serial})")]
         return state, []
-    if event.step is Step.RESET and event.why == "HorovodInternalError":  # W4
+    if event.step is Step.RESET and event.reason is Reason.COLLECTIVE_FAILED:  # W4
         if state.ending is not None:
             return state, []
+        if state.early:
+            return _judge(state, event.at)  # what broke the collective
         # A collective failed there: the others wait for it in one and cannot reach a commit.
         ended, actions = _end(state, Ending.RESET, event.at, StopWhy.RESET)
         return ended, [Note(f"world {state.number}: rank {event.rank} left after a failed collective "
@@ -229,22 +263,30 @@ def _progress(state: WorldState, event: RankProgress) -> tuple[WorldState, list[
         if event.rank == 0:
             return state, [Note(f"world {state.number}: the ranks leave at commit {event.serial} for the next world")]
         return state, []
-    return state, []  # W6
+    if event.step is Step.FAILED:  # W22
+        return dataclasses.replace(state, raised={**state.raised, event.rank: event.detail}), []
+    return dataclasses.replace(state, done=state.done | {event.rank}), []  # W6
 
 
 def _rank_ended(state: WorldState, event: RankEnded) -> tuple[WorldState, list[WorldAction]]:
     state = dataclasses.replace(state, exits={**state.exits, event.rank: RankEnd(code=event.code, cause=event.cause)})
+    if state.ending is not None:
+        return state, []  # W11
     host = state.plan.host_of(event.rank)
-    if state.ending is None and event.cause is EndCause.SIGNAL:  # W7
-        failed, actions = _host_failed(state, host, f"rank {event.rank} was killed by signal {-event.code}", event.at)
+    if event.cause is EndCause.FROZEN:  # W24
+        why = (f"rank {event.rank} sent no heartbeat for the rank bound (frozen: stopped, or not scheduled); "
+               "its agent killed it")
+        failed, actions = _host_failed(state, host, why, event.at)
         return failed, [FailHost(host), *actions]
-    if state.ending is None and event.cause is EndCause.EXIT and event.code == RESET_EXIT:  # W8
+    if event.cause is EndCause.EXIT and event.code == RESET_EXIT:  # W8
         return _end(state, Ending.RESET, event.at, None)
-    if state.ending is None and state.error is None:
-        if event.cause is EndCause.EXIT and event.code != 0:  # W9
-            return dataclasses.replace(state, error=(event.rank, event.code, event.at)), []
-        if event.cause is EndCause.STUB:  # W10: MPI_Abort, or a lost host that will show within the settle time
-            return dataclasses.replace(state, error=(event.rank, 0, event.at)), []
+    early = (*state.early, EarlyEnd(rank=event.rank, code=event.code, cause=event.cause, at=event.at))
+    if event.cause is EndCause.SIGNAL:  # W7
+        return dataclasses.replace(state, early=early), []
+    if event.cause is EndCause.EXIT and (event.code != 0 or event.rank not in state.done):  # W9
+        return dataclasses.replace(state, early=early), []
+    if event.cause is EndCause.STUB:  # W10: MPI_Abort, or a lost host that will show within the settle time
+        return dataclasses.replace(state, early=early), []
     return state, []  # W11
 
 
@@ -252,13 +294,8 @@ def _tick_live(state: WorldState, event: Tick, timing: Timing) -> tuple[WorldSta
     now, n = event.now, state.plan.np
     if len(state.exits) == n and all(end.code == 0 for end in state.exits.values()):  # W13
         return _end(state, Ending.DONE, now, None)
-    if state.error is not None and now - state.error[2] > timing.settle:  # W14
-        rank, code, _ = state.error
-        how = (f"rank {rank} exited with status {code}" if code else
-               f"mpiexec ended rank {rank} (MPI_Abort: an uncaught exception on some rank)")
-        ended, actions = _end(state, Ending.ERROR, now, StopWhy.ERROR)
-        return ended, [Note(f"world {state.number}: {how}: an error of the program, not a lost host; ending the job"),
-                       *actions]
+    if state.early and now - state.early[0].at > timing.settle:
+        return _judge(state, now)
     if event.mpiexec_code is not None and len(state.exits) < n:  # W15
         since = state.mpiexec_ended_at if state.mpiexec_ended_at is not None else now
         state = dataclasses.replace(state, mpiexec_ended_at=since)
@@ -280,6 +317,46 @@ def _tick_live(state: WorldState, event: Tick, timing: Timing) -> tuple[WorldSta
     return state, []
 
 
+def _judge(state: WorldState, now: float) -> tuple[WorldState, list[WorldAction]]:
+    """What the early ends of this world mean, no lost host having explained them: an error of the
+    program (W14) first; else the first rank that exited by itself is a lost rank (W21), and the
+    deaths by signal that followed are taken for what its loss did to MPI; else the hosts of the
+    ranks killed by a signal fail (W23)."""
+    for early in state.early:
+        if early.cause is EndCause.STUB or early.rank in state.raised or early.rank in state.done:  # W14
+            return _program_error(state, early, now)
+    exited = [e for e in state.early if e.cause is EndCause.EXIT]
+    if exited:  # W21
+        early = exited[0]
+        host = state.plan.host_of(early.rank)
+        failed, lost = _host_failed(state, host, f"rank {early.rank} exited with status {early.code} before it "
+                                                 "finished (a lost rank)", now)
+        return failed, [FailHost(host), *lost]
+    # W23: signals sent from outside (SIGKILL: the OOM killer, an operator) before crashes (SIGSEGV,
+    # SIGABRT: what MPI may do to a survivor), which count only when nothing else explains them.
+    killed = [e for e in state.early if -e.code not in CRASH_SIGNALS] or list(state.early)
+    actions: list[WorldAction] = []
+    for early in killed:
+        host = state.plan.host_of(early.rank)
+        if host not in state.lost_hosts:
+            state, more = _host_failed(state, host, f"rank {early.rank} was killed by signal {-early.code}", now)
+            actions += [FailHost(host), *more]
+    return state, actions
+
+
+def _program_error(state: WorldState, early: EarlyEnd, now: float) -> tuple[WorldState, list[WorldAction]]:
+    if early.cause is EndCause.STUB:
+        how = f"mpiexec ended rank {early.rank} (MPI_Abort: an uncaught exception on some rank)"
+    elif early.rank in state.raised:
+        how = f"rank {early.rank} raised {state.raised[early.rank]} and exited with status {early.code}"
+    else:
+        how = f"rank {early.rank} exited with status {early.code} after its training function returned"
+    state = dataclasses.replace(state, status=early.code if early.cause is EndCause.EXIT else 0)
+    ended, actions = _end(state, Ending.ERROR, now, StopWhy.ERROR)
+    return ended, [Note(f"world {state.number}: {how}: an error of the program, not a lost host; ending the job"),
+                   *actions]
+
+
 def _never_started(state: WorldState, now: float, host_why: str, job_why: str,
                    status: int) -> tuple[WorldState, list[WorldAction]]:
     """The hosts whose ranks never started fail, when they are some but not all of the world's
@@ -291,19 +368,21 @@ def _never_started(state: WorldState, now: float, host_why: str, job_why: str,
             state, more = _host_failed(state, host, host_why, now)
             actions += [FailHost(host), *more]
         return state, actions
-    state = dataclasses.replace(state, error=state.error or (-1, status, now))
+    state = dataclasses.replace(state, status=status)
     ended, actions = _end(state, Ending.ERROR, now, StopWhy.ERROR)
     return ended, [Note(f"world {state.number}: {job_why}; ending the job"), *actions]
 
 
 def _tick_ending(state: WorldState, event: Tick, timing: Timing) -> tuple[WorldState, list[WorldAction]]:
     now = event.now
-    alive = [r for r in state.running() if state.plan.host_of(r) not in state.lost_hosts]
+    # Ranks never forked are stubs inside this world's mpiexec, which Close kills (a stub that reaches
+    # its agent after the stop has its rank killed there at once: A18): nobody waits for them.
+    alive = [r for r in state.running() if state.plan.host_of(r) not in state.lost_hosts and r in state.forked]
     if alive and now - state.ending_since < timing.ending:
         if state.ending is Ending.RESET and now - state.ending_since > timing.restop:  # W18
             return dataclasses.replace(state, ending_since=now), [StopRanks(state.number, StopWhy.RESET)]
         return state, []
-    status = state.error[1] if state.error and state.ending is Ending.ERROR else 0  # W19
+    status = state.status if state.ending is Ending.ERROR else 0  # W19
     assert state.ending is not None
     return dataclasses.replace(state, phase=WorldPhase.CLOSED), [Close(state.number, state.ending, status)]
 
@@ -319,4 +398,6 @@ def _host_failed(state: WorldState, host: str, why: str, now: float) -> tuple[Wo
 
 def _end(state: WorldState, ending: Ending, now: float, stop: StopWhy | None) -> tuple[WorldState, list[WorldAction]]:
     state = dataclasses.replace(state, phase=WorldPhase.ENDING, ending=ending, ending_since=now)
-    return state, [StopRanks(state.number, stop)] if stop is not None else []
+    if stop is None:
+        return state, []
+    return state, [StopRanks(state.number, stop, tuple(sorted(state.lost_hosts)) if stop is StopWhy.LOST else ())]

@@ -5,24 +5,29 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 import threading
+import time
 
 from ddl.base.errors import HorovodInternalError
 from ddl.runtime.elastic.protocol import (
     HostsUpdated,
     ProtocolError,
+    RankBeat,
     RankLink,
     RankReport,
+    Reason,
     Route,
     Step,
     WorldLost,
 )
-from ddl.runtime.elastic.wire import AGENT_SOCKET, LineReader, request, send
+from ddl.runtime.elastic.wire import AGENT_SOCKET, RANK_BEAT_SECONDS, LineReader, request, send
 from ddl.runtime.running import context, current_engine
 
 
 class AgentLink:
-    """This rank's connection to its host's agent (a reader thread takes what the agent sends)."""
+    """This rank's connection to its host's agent: a reader thread takes what the agent sends, a
+    beating thread tells the agent the process runs (a rank frozen with its sockets open stops beating)."""
 
     def __init__(self, path: str) -> None:
         self._sock = request(path, RankLink(pid=os.getpid()))
@@ -30,6 +35,19 @@ class AgentLink:
         self.updates = threading.Event()
         self._reader = threading.Thread(target=self._read, args=(self._sock,), name="ddl-elastic-link", daemon=True)
         self._reader.start()
+        self._beater = threading.Thread(target=self._beat, name="ddl-elastic-beat", daemon=True)
+        self._beater.start()
+
+    def _beat(self) -> None:
+        seq = 0
+        while True:
+            seq += 1
+            try:
+                with self._lock:
+                    send(self._sock, RankBeat(seq=seq))
+            except OSError:
+                return  # the agent is gone: its end is this rank's too
+            time.sleep(RANK_BEAT_SECONDS)
 
     def _read(self, sock: socket.socket) -> None:
         reader = LineReader(Route.AGENT_TO_RANK)
@@ -46,16 +64,20 @@ class AgentLink:
                 elif isinstance(message, WorldLost):
                     # ddlrun ends this world because a host was lost: what this rank waits
                     # for can never come, so its collectives raise as Horovod's do.
+                    lost = f"host {', '.join(message.lost)}" if message.lost else "a host"
                     engine = current_engine()
+                    rank = f"rank {engine.ctx.topology.rank}" if engine is not None else f"process {os.getpid()}"
+                    print(f"ddl: {rank}: world {message.world} lost ({lost}); leaving it for the next world, which "
+                          "resumes from the last commit", file=sys.stderr, flush=True)
                     if engine is not None:
                         engine.interrupt(HorovodInternalError(
-                            f"a collective failed: {message.why}; elastic.run restores the last commit and "
-                            "the next world resumes from it"))
+                            f"a collective failed: world {message.world} lost ({lost}); elastic.run restores the "
+                            "last commit and the next world resumes from it"))
 
-    def report(self, step: Step, *, serial: int, why: str = "") -> None:
+    def report(self, step: Step, *, serial: int, reason: Reason = Reason.NONE, detail: str = "") -> None:
         """Tell the agent (and through it ``ddlrun``) how far this rank has come; a gone agent is ignored."""
         with self._lock, contextlib.suppress(OSError):
-            send(self._sock, RankReport(step=step, serial=serial, why=why))
+            send(self._sock, RankReport(step=step, serial=serial, reason=reason, detail=detail))
 
 
 _link: AgentLink | None = None

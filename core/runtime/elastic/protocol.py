@@ -19,7 +19,7 @@ import json
 from typing import Any, ClassVar
 
 #: The protocol's version; every message carries it, and a peer speaking another is refused.
-VERSION = 2
+VERSION = 3
 
 
 class ProtocolError(ValueError):
@@ -42,8 +42,18 @@ class Step(str, enum.Enum):
 
     SYNCED = "synced"      # state.sync() done: the rank trains from the newest commit
     COMMIT = "commit"      # state.commit() done
-    RESET = "reset"        # leaving for the next world at a commit (why: the exception)
+    RESET = "reset"        # leaving for the next world (reason: at a commit, or after a failed collective)
     DONE = "done"          # the training function returned
+    FAILED = "failed"      # the training function raised (reason EXCEPTION; detail: the exception)
+
+
+class Reason(str, enum.Enum):
+    """Why a rank reports what it reports (the supervisor branches on it, never on text)."""
+
+    NONE = "none"
+    HOSTS_UPDATED = "hosts_updated"            # HostsUpdatedInterrupt: every rank leaves at this commit
+    COLLECTIVE_FAILED = "collective_failed"    # HorovodInternalError: a collective failed (a peer lost)
+    EXCEPTION = "exception"                    # any other exception of the program: the job's error
 
 
 class EndCause(str, enum.Enum):
@@ -53,6 +63,7 @@ class EndCause(str, enum.Enum):
     SIGNAL = "signal"      # killed by a signal nobody in ddl sent: the host is suspect
     STOP = "stop"          # killed because ddlrun said stop
     STUB = "stub"          # its stub went away or was signalled: mpiexec tore the world down
+    FROZEN = "frozen"      # killed by its agent: no heartbeat from it for the bound (stopped, not scheduled)
 
 
 class StopWhy(str, enum.Enum):
@@ -138,7 +149,8 @@ class RankProgress(Message):
     rank: int
     step: Step
     serial: int
-    why: str = ""
+    reason: Reason = Reason.NONE
+    detail: str = ""
 
 
 # -- supervisor -> agent (TCP) -------------------------------------------------------------
@@ -155,9 +167,10 @@ class Ping(Message):
 class StopWorld(Message):
     kind: ClassVar[str] = "stop"
     route: ClassVar[Route] = Route.SUPERVISOR_TO_AGENT
-    about: ClassVar[str] = "end the ranks of this world (and older ones) on this host"
+    about: ClassVar[str] = "end the ranks of this world (and older ones) on this host (lost: the hosts it lost)"
     world: int
     why: StopWhy
+    lost: list[str]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -220,7 +233,17 @@ class RankReport(Message):
     about: ClassVar[str] = "how far the rank has come (relayed to ddlrun as RankProgress)"
     step: Step
     serial: int
-    why: str = ""
+    reason: Reason = Reason.NONE
+    detail: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RankBeat(Message):
+    kind: ClassVar[str] = "rank-beat"
+    route: ClassVar[Route] = Route.RANK_TO_AGENT
+    about: ClassVar[str] = ("the rank's own heartbeat (a thread of its link, at the agents' rate): a linked rank "
+                            "silent for the rank bound is frozen")
+    seq: int
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -235,7 +258,8 @@ class WorldLost(Message):
     kind: ClassVar[str] = "lost"
     route: ClassVar[Route] = Route.AGENT_TO_RANK
     about: ClassVar[str] = "a host of this world was lost: waiting collectives raise HorovodInternalError"
-    why: str
+    world: int
+    lost: list[str]
 
 
 #: Every message class, by kind.
@@ -243,7 +267,7 @@ KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
     AgentHello, Beat, AgentWarm, RankStarted, RankEnded, RankProgress,
     Ping, StopWorld, AnnounceHosts, Quit,
     Launch, ForwardSignal, StubExit,
-    RankLink, RankReport, HostsUpdated, WorldLost,
+    RankLink, RankReport, RankBeat, HostsUpdated, WorldLost,
 )}
 
 # Field checks by annotation (the module's own annotations are strings: no typing at run time).
@@ -255,7 +279,7 @@ _CHECKS: dict[str, Any] = {
     "dict[str, str]": lambda v: isinstance(v, dict) and all(isinstance(k, str) and isinstance(x, str)
                                                             for k, x in v.items()),
 }
-_ENUMS: dict[str, type[enum.Enum]] = {e.__name__: e for e in (Step, EndCause, StopWhy)}
+_ENUMS: dict[str, type[enum.Enum]] = {e.__name__: e for e in (Step, Reason, EndCause, StopWhy)}
 
 
 def fields_of(cls: type[Message]) -> list[tuple[str, str]]:
@@ -288,8 +312,8 @@ def decode(data: dict[str, Any], *, expect: Route | tuple[Route, ...] | None = N
             mistyped field, or a message on the wrong route; the text says which.
 
     Example:
-        >>> decode({"v": VERSION, "t": "stop", "world": 3, "why": "lost"})
-        StopWorld(world=3, why=<StopWhy.LOST: 'lost'>)
+        >>> decode({"v": VERSION, "t": "stop", "world": 3, "why": "lost", "lost": ["h3"]})
+        StopWorld(world=3, why=<StopWhy.LOST: 'lost'>, lost=['h3'])
     """
     version = data.get("v")
     if version != VERSION:

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from ddl.base.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl.runtime.elastic.link import agent_link, world_number
-from ddl.runtime.elastic.protocol import Step
+from ddl.runtime.elastic.protocol import Reason, Step
 from ddl.runtime.elastic.state import State
 from ddl.runtime.elastic.wire import RESET_EXIT
 from ddl.runtime.lifecycle import shutdown
@@ -46,6 +46,15 @@ def _leave_for_next_world() -> None:
     os._exit(RESET_EXIT)
 
 
+def _leave_now(code: object) -> None:
+    """End this process at once with the status ``sys.exit(code)`` would give, without ``shutdown``."""
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0 if code is None else code if isinstance(code, int) else 1)
+
+
 def run(func: F) -> F:
     """Decorate the training function ``func(state, ...)`` of an elastic job (``hvd.elastic.run``).
 
@@ -78,10 +87,24 @@ def run(func: F) -> F:
                 raise
             if isinstance(exc, HorovodInternalError):
                 state.restore()
-                link.report(Step.RESET, serial=state.commits, why=type(exc).__name__)
+                link.report(Step.RESET, serial=state.commits, reason=Reason.COLLECTIVE_FAILED)
                 _leave_broken_world()
-            link.report(Step.RESET, serial=state.commits, why=type(exc).__name__)
+            link.report(Step.RESET, serial=state.commits, reason=Reason.HOSTS_UPDATED)
             _leave_for_next_world()
+        except SystemExit as exc:
+            if link is None:
+                raise
+            # The program leaves mid-training (sys.exit): the others wait for it in a collective, and the
+            # agreeing shutdown at exit would wait for them; so it leaves at once, and ddlrun takes it
+            # for a lost rank (its world ends, its host is left out).
+            _leave_now(exc.code)
+        except Exception as exc:
+            # The program's own error: ddlrun ends the job with it (W14) rather than take this
+            # rank's exit for a lost one (W21); the exception goes on to the interpreter's hook.
+            if link is not None:
+                link.report(Step.FAILED, serial=state.commits, reason=Reason.EXCEPTION,
+                            detail=f"{type(exc).__name__}: {exc}"[:300])
+            raise
         if link is not None:
             link.report(Step.DONE, serial=state.commits)
         return result

@@ -19,6 +19,8 @@ from ddl.runtime.elastic.protocol import Message, ProtocolError, Route, decode, 
 #: Exit status of a rank that leaves its world at a commit (hosts changed) or after a failed
 #: collective; the supervisor starts the next world instead of ending the job.
 RESET_EXIT = 75
+#: Seconds between a linked rank's own heartbeats to its agent (see ``Timing.rank_silent_after``).
+RANK_BEAT_SECONDS = 0.25
 #: The unix socket of a host's agent, inside the host's folder.
 AGENT_SOCKET = "agent.sock"
 #: Longest line accepted (a stub's environment is the largest message).
