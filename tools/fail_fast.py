@@ -42,7 +42,13 @@ _INSIDE = "DDL_FAIL_FAST_PRIVATE_SHM"
 def launchers() -> dict[str, list[str]]:
     python = sys.executable
     return {"ddlrun -np 2": [python, "-m", "ddl.launcher.cli", "-np", "2", python],
+            "ddlrun -H localhost:2": [python, "-m", "ddl.launcher.cli", "-np", "2", "-H", "localhost:2", python],
             "mpiexec -n 2": [str(Path(python).parent / "mpiexec"), "-n", "2", python]}
+
+
+#: --launchers names: the first word, or "ddlrun-H" for ddlrun with a host list.
+def launcher_id(launcher: str) -> str:
+    return "ddlrun-H" if " -H " in launcher else launcher.split()[0]
 
 
 def first_error(launcher: str, stderr: str, stdout: str = "") -> str:
@@ -66,6 +72,7 @@ def run_case(launcher: str, argv: list[str], case: str, scratch: Path) -> dict[s
     tmpdir = Path(tempfile.mkdtemp(prefix=f"{case}-", dir=scratch))
     env = {**os.environ, "TMPDIR": str(tmpdir), "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", **CASE_ENV.get(case, {})}
     before = set(shm_files())
+    load = os.getloadavg()[0]
     start = time.monotonic()
     try:
         done = subprocess.run([*argv, str(WORKER), case], capture_output=True, text=True, timeout=600, env=env)
@@ -85,7 +92,7 @@ def run_case(launcher: str, argv: list[str], case: str, scratch: Path) -> dict[s
     return {"launcher": launcher, "case": case, "seconds": round(took, 2),
             "ending": round(ended - max(done), 2) if done else None,
             "from_failure": round(ended - min(marks), 2) if marks else None, "status": code if code >= 0 else 128 - code,
-            "first_error": first_error(launcher, err, out), "left": left}
+            "first_error": first_error(launcher, err, out), "left": left, "load": round(load, 1)}
 
 
 def run_abort(kind: str, scratch: Path) -> list[str]:
@@ -109,21 +116,23 @@ def run_abort(kind: str, scratch: Path) -> list[str]:
 
 
 def table(rows: list[dict[str, object]]) -> str:
-    out = ["| case | launcher | seconds (all) | seconds from the failure | exit status | first error line | left behind |",
-           "| --- | --- | ---: | ---: | ---: | --- | ---: |"]
+    out = ["| case | launcher | seconds (all) | seconds from the failure | exit status | first error line | left behind "
+           "| load |",
+           "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: |"]
     for r in rows:
         line = str(r["first_error"]).replace("|", "\\|")
         if len(line) > 150:
             line = line[:147] + "..."
         out.append(f"| {r['case']} | {r['launcher']} | {r['seconds']} | {r['from_failure']} | {r['status']} | "
-                   f"`{line}` | {len(r['left'])} |")  # type: ignore[arg-type]
+                   f"`{line}` | {len(r['left'])} | {r.get('load', '')} |")  # type: ignore[arg-type]
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.fail_fast", description=__doc__.splitlines()[0])
     p.add_argument("--cases", default=",".join(CASES))
-    p.add_argument("--launchers", default="ddlrun,mpiexec")
+    p.add_argument("--launchers", default="ddlrun,mpiexec",
+                   help="of ddlrun (-np 2), ddlrun-H (-np 2 -H localhost:2), mpiexec (-n 2)")
     p.add_argument("--aborts", type=int, default=0, help="then run this many abnormally ended ddlrun jobs")
     p.add_argument("--worker", choices=sorted(WORKERS), default="torch",
                    help="torch: a DistributedOptimizer on every rank (the default); numpy: ddl.allreduce alone, "
@@ -148,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0]
     for case in [c.strip() for c in args.cases.split(",") if c.strip()]:
         for launcher, cmd in launchers().items():
-            if launcher.split()[0] in wanted:
+            if launcher_id(launcher) in wanted:
                 rows.append(run_case(launcher, cmd, case, scratch))
-                print(f"{case:>14} {launcher:>14}: {rows[-1]['seconds']:>6} s, status {rows[-1]['status']}", flush=True)
+                print(f"{case:>14} {launcher:>21}: {rows[-1]['seconds']:>6} s, status {rows[-1]['status']} "
+                      f"(load {rows[-1]['load']})", flush=True)
     print(f"\nload average {load:.1f} -> {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M')}\n")
     print(table(rows))
     record: dict[str, object] = {"rows": rows, "load": os.getloadavg()[0], "date": time.strftime("%Y-%m-%d %H:%M"),
@@ -161,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             kind = ABORTS[i % len(ABORTS)]
             got = run_abort(kind, scratch)
             left += got
-            print(f"abort {i + 1:>2}/{args.aborts} ({kind}): {len(got)} file(s) left", flush=True)
+            print(f"abort {i + 1:>2}/{args.aborts} ({kind}): {len(got)} file(s) left "
+                  f"(load {os.getloadavg()[0]:.1f})", flush=True)
         print(f"\nafter {args.aborts} aborted jobs: {len(left)} file(s) left in /dev/shm and the temp dirs {left}")
         record["aborts"] = {"jobs": args.aborts, "left": left}
     shutil.rmtree(scratch, ignore_errors=True)
