@@ -21,6 +21,12 @@ a cycle. Everything here serves it:
   hold something else; the timeline records it like any other.
 - *Shutdown* agrees with every rank to stop and returns only when this engine's
   thread has ended, so the communicator is never freed under it.
+- *A leaving rank tells the others*: a rank in shutdown with nothing pending will never
+  submit again, and says so in every cycle's record (:data:`~ddl.engine.codec.STOP`, with
+  why: its program ended, or an uncaught exception). A rank that holds requests then
+  fails them at once with :class:`~ddl.base.errors.RankLeftError` naming the leaving rank
+  and its host, instead of waiting for the stall timeout (the ``"abandon"`` verdict, read
+  alike on every rank: no rank makes a call the others do not).
 """
 
 from __future__ import annotations
@@ -34,9 +40,15 @@ from typing import NoReturn
 import numpy as np
 
 from ddl.base.dtypes import accumulator
-from ddl.base.errors import DDLError, HorovodInternalError, MismatchError, RemoteError
+from ddl.base.errors import (
+    DDLError,
+    HorovodInternalError,
+    MismatchError,
+    RankLeftError,
+    RemoteError,
+)
 from ddl.base.ops import ReduceOp, ufunc
-from ddl.engine import fusion, join, negotiation, small_lane
+from ddl.engine import codec, fusion, join, naming, negotiation, small_lane
 from ddl.engine.codec import Exchange, Verdict
 from ddl.engine.compression import as_compressor
 from ddl.engine.context import Context
@@ -83,6 +95,7 @@ class Engine:
         self._name_digests: dict[str, int] = {}
         self._lean_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, list[np.ndarray]]] = {}
         self._stop = False
+        self._stop_word = codec.STOP_END  # why this rank stops (sent while it does)
         self._finished = False
         self._last_submit = 0.0
         self._long_sleep = False
@@ -201,18 +214,30 @@ class Engine:
         """Let the thread begin cycling (every rank at the same point, after init's probes)."""
         self._started.set()
 
-    def stop(self) -> None:
+    def stop(self, *, failed: bool = False, timeout: float | None = None) -> bool:
         """Finish pending work, agree with all ranks to stop, and return once the thread
-        has ended (however long other ranks take to reach their own shutdown)."""
+        has ended (however long other ranks take to reach their own shutdown).
+
+        From the first cycle on, the others see this rank leaving: what they hold and this
+        rank does not fails there at once (:class:`RankLeftError`). ``failed``: it leaves
+        after an uncaught exception (their error says so). ``timeout``: give up waiting
+        after that many seconds and return False (the engine is then unusable: the
+        caller ends the process; the others may still wait in an agreed cycle).
+        """
         if self._thread is None:
             self._finished = True
-            return
+            return True
         with self._wake:
             self._stop = True
+            if failed:
+                self._stop_word = codec.STOP_FAILED
             self._wake.notify()
-        self._thread.join()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
         with self._baton:  # a caller's cycle in progress ends before the comm may go
             self._finished = True
+        return True
 
     def discard(self) -> None:
         """End an engine that never started cycling (``init`` failed): no collective."""
@@ -335,7 +360,7 @@ class Engine:
         if inline:
             fusion.pack_inline(batch, self.exchange.payload_out)
         start = time.perf_counter()
-        self.exchange.run(h, n, stop=stopping, inline=inline, due=due)
+        self.exchange.run(h, n, stop=self._stop_word if stopping else 0, inline=inline, due=due)
         return self._act(self.exchange.verdict(h, n), batch, stopping, inline, start)
 
     def _act(self, verdict: Verdict, batch: list[Request], stopping: bool, inline: int,
@@ -353,6 +378,10 @@ class Engine:
             else:
                 self._execute(batch)
             return n > 0, verdict.all_stop
+        if verdict.action == "abandon":
+            if batch:
+                self._abandon(batch, verdict.left)
+            return n > 0, verdict.all_stop
         if verdict.action == "prefix":
             ready = self._common_prefix(batch, verdict.prefix)
             if ready:
@@ -362,6 +391,25 @@ class Engine:
             self.watch.checked(time.monotonic())
             return self._match(batch), verdict.all_stop
         return False, verdict.all_stop
+
+    def _abandon(self, batch: list[Request], left: tuple[tuple[int, int], ...]) -> None:
+        """Some rank is leaving (in shutdown, nothing pending) while this one holds ``batch``:
+        none of it can ever run, so every request fails now, naming who left."""
+        self._take(batch)
+        ctx, me = self.ctx, self.ctx.topology.rank
+        leavers = [q for q, _ in left]
+        who = "; ".join(_leaving(ctx.describe_rank(q), why) for q, why in left[:4])
+        if len(left) > 4:
+            who += f" (and {len(left) - 4} more ranks)"
+        if len(left) == 1 and self.exchange.compact:
+            who += " (the lowest-numbered rank that left; others may have too)"
+        names = ", ".join(f"{r.kind} {naming.described(r.name)}" for r in batch[:3])
+        if len(batch) > 3:
+            names += f" and {len(batch) - 3} more"
+        text = (f"{who}, while rank {me} waits for it in {names}: it will never take part, so "
+                f"{'this call fails' if len(batch) == 1 else 'these calls fail'} here at once")
+        for req in batch:
+            req.handle.set_error(RankLeftError(text, ranks=leavers))
 
     def _common_prefix(self, batch: list[Request], m: int) -> list[Request]:
         """Ranks caught at different points of the same submission order (a backward pass
@@ -464,7 +512,7 @@ class Engine:
         others held something else (it joined the queue and this cycle's verdict was
         carried out)."""
         ex = self.exchange
-        start = time.perf_counter()
+        start = req.submitted if req is not None else 0.0  # a lane's clock starts only if it queues
         try:
             if lane is not None:
                 lane.staged[...] = x
@@ -497,8 +545,8 @@ class Engine:
             if req is None:
                 assert lane is not None and x is not None
                 req = lane.request(x, name)
-                req.digest = d
-            req.submitted = start
+                req.digest, req.submitted = d, time.perf_counter()
+                start = req.submitted
             req.handle.attach(self)
             with self._lock:
                 self._in_flight.add(req.name)
@@ -545,8 +593,10 @@ class Engine:
                     self.names.catch_up(d.name)
         substitutes = join.resolve(everyone, result, joined)
         now = time.monotonic()
-        for name, have in result.missing.items():
-            self.watch.missing(name, have, now)
+        if result.missing:
+            doing = {q: [d.name for d in descriptors] for q, descriptors in enumerate(everyone)}
+            for name, have in result.missing.items():
+                self.watch.missing(name, have, now, doing, self.ctx.describe_rank)
         mine = {r.name: r for r in batch}
         ready = [mine.get(name) or _stand_in(substitutes[name]) for name in result.ready]
         failed = [(mine[name], why) for name, why in result.failed.items() if name in mine]
@@ -597,6 +647,12 @@ class Engine:
         # Names are reused every step; one seen missing once and then run on the fast
         # path must not keep its old clock, or a later brief skew reads as a long stall.
         self.watch.done(r.name for r in done)
+
+
+def _leaving(rank: str, why: int) -> str:
+    if why == codec.STOP_FAILED:
+        return f"{rank} left after an uncaught exception (its traceback is in its output)"
+    return f"{rank} left: its program is ending (its last line, sys.exit or ddl.shutdown)"
 
 
 def _from_mpi(exc: BaseException) -> bool:

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
+from ddl.tools.helptext import plain
 
 MODES = ("unsharded", "sharded")
 
@@ -40,7 +41,7 @@ def model_59m() -> nn.Module:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl bench torch --memory", description=__doc__,
+    parser = argparse.ArgumentParser(prog="ddl bench torch --memory", description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="1,2,4", help="world sizes, e.g. 1,2,4")
     parser.add_argument("--steps", type=int, default=3, help="Adam steps per job")
