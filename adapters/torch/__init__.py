@@ -13,16 +13,15 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from ddl import Adasum, Average, Max, Min, MismatchError, Product, Sum
 from ddl.base.errors import HorovodInternalError
+from ddl.base.lazy import submodules
 from ddl.engine.powersgd import PowerSGD
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
 
 from . import checkpoint as checkpoint  # ddl.torch.checkpoint.save / load: sharded, any world size
+from . import optimizer as _optimizer
 from .amp import install as _reduce_before_grad_scaler
 from .broadcast import (  # type: ignore[assignment]
     allgather_object as allgather_object,  # replaces the core's: tensors go to CPU first
@@ -69,17 +68,16 @@ from .movement import (  # type: ignore[assignment]
     reducescatter_async,
 )
 from .optimizer import DistributedOptimizer
+from .sharded_optimizer import ShardedOptimizer as _ShardedOptimizer
 from .sharded_optimizer import ZeroRedundancyOptimizer
 from .sync_batch_norm import SyncBatchNorm
 
+_optimizer.sharded_class = _ShardedOptimizer  # what DistributedOptimizer(..., shard_optimizer_state=True) builds
 _reduce_before_grad_scaler()  # GradScaler.unscale_ (and scaler.step) read reduced gradients, as with DDP
 
 
-def __getattr__(name: str) -> Any:
-    # ddl.torch.elastic (the elastic training work) loads on first use.
-    if name == "elastic":
-        return importlib.import_module("ddl.torch.elastic")
-    raise AttributeError(f"module 'ddl.torch' has no attribute {name!r}")
+# ddl.torch.elastic (the elastic training work) loads on first use.
+__getattr__ = submodules("ddl.torch", ("elastic",))
 
 
 __all__ = [  # noqa: RUF022 - grouped as Horovod's own list

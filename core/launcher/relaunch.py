@@ -20,7 +20,7 @@ def relaunch_argv(np: int, python_args: Sequence[str], *, hosts: str | None = No
 
     Args:
         np: ranks.
-        python_args: what every rank's interpreter runs (``["-m", "ddl.torch.bench", ...]``).
+        python_args: what every rank's interpreter runs (``["-m", "ddl_bench.torch_training", ...]``).
         hosts: ``-H`` host list (``h1:2,h2:2``), or None for this host.
         settings: settings table fields with a ddlrun flag -> value (None or False: unset).
 
@@ -41,7 +41,8 @@ def relaunch_argv(np: int, python_args: Sequence[str], *, hosts: str | None = No
         if value is None or value is False:
             continue
         argv += [row.flag] if value is True else [row.flag, str(value)]
-    return [*argv, sys.executable, *python_args]
+    # The tools read their ranks' output (tables, JSON lines): it comes without rank tags.
+    return [*argv, "--no-tag-output", sys.executable, *python_args]
 
 
 def relaunch(np: int, python_args: Sequence[str], *, hosts: str | None = None,

@@ -26,8 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from ddl.launcher.relaunch import parse_rank_counts, relaunch
 from torch import nn
+
+from ddl.launcher.relaunch import parse_rank_counts, relaunch
+from ddl.tools.helptext import plain
 
 MODES = ("unsharded", "sharded")
 
@@ -39,7 +41,7 @@ def model_59m() -> nn.Module:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl bench torch --memory", description=__doc__,
+    parser = argparse.ArgumentParser(prog="ddl bench torch --memory", description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="1,2,4", help="world sizes, e.g. 1,2,4")
     parser.add_argument("--steps", type=int, default=3, help="Adam steps per job")
@@ -59,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in MODES:
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "result.json"
-                proc = relaunch(p, ["-m", "ddl.torch.bench_memory", "--worker", str(out), "--mode", mode,
+                proc = relaunch(p, ["-m", "ddl_bench.torch_memory", "--worker", str(out), "--mode", mode,
                                     "--steps", str(args.steps), "--batch", str(args.batch)])
                 if proc.returncode != 0 or not out.exists():
                     print(f"ddl bench torch --memory: the {p}-rank {mode} run failed (exit {proc.returncode})",
