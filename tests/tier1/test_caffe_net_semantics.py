@@ -185,9 +185,16 @@ def test_fields_caffe_ignores_warn_once_and_unknown_types_are_listed(caplog: pyt
 def test_time_adds_up_in_branching_nets_and_runs_backward_on_deploy_nets(caplog: pytest.LogCaptureFixture) -> None:
     net = _net(BRANCHY.replace("PD_A", ""))
     torch.set_num_threads(1)
-    out = time_net(net, 3)
-    assert out["forward_ms"] + out["backward_ms"] <= out["total_ms"] * 1.1
-    assert out["forward_ms"] + out["backward_ms"] >= out["total_ms"] * 0.5
+    # The parts never exceed the whole; that they cover at least half of it can fail once on
+    # a loaded machine (a preemption lands between two layers' clocks), never three times.
+    shares = []
+    for _ in range(3):
+        out = time_net(net, 3)
+        assert out["forward_ms"] + out["backward_ms"] <= out["total_ms"] * 1.1
+        shares.append((out["forward_ms"] + out["backward_ms"]) / out["total_ms"])
+        if shares[-1] >= 0.5:
+            break
+    assert max(shares) >= 0.5, shares
     deploy = _net(BRANCHY.replace("PD_A", "").split('layer { name: "loss"')[0])
     with caplog.at_level(logging.INFO, logger="ddl.caffe"):
         d = time_net(deploy, 2)
