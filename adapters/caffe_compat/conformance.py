@@ -135,12 +135,9 @@ def solver_param(spec: ModelSpec, recipe: Recipe, batch: int) -> Any:
 def train(spec: ModelSpec, recipe: Recipe, shards: Sequence[tuple[np.ndarray, np.ndarray]]) -> dict[str, np.ndarray]:
     """Caffe's Solver, one iteration per shard (fed through the Input layer), gradients averaged by ddl."""
     import ddl
-    from ddl.caffe.solver.distributed import solver_hooks
     from ddl.caffe.solver.solver import Solver
 
-    reduce, bcast = solver_hooks()
-    solver = Solver(solver_param(spec, recipe, len(shards[0][0])), rank=ddl.rank(), size=ddl.size(),
-                    reduce=reduce, broadcast=bcast)
+    solver = Solver(solver_param(spec, recipe, len(shards[0][0])), rank=ddl.rank(), size=ddl.size())
     set_weights(spec, solver.net, spec.weights)
     solver.sync_params()
     for x, y in shards:

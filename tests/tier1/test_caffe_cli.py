@@ -51,7 +51,7 @@ def test_train_test_time_with_caffes_log_lines(tmp_path: Path, capsys: pytest.Ca
     net, solver = _data(tmp_path)
     assert cli.main(["train", "--solver", str(solver)]) == 0
     err = capsys.readouterr().err
-    for pattern in (r"\] Iteration 0, loss = [\d.e+-]+\n", r"\] Iteration 5, lr = 0\.1\n", r"\] Iteration 10, Testing net \(#0\)\n",
+    for pattern in (r"\] Iteration 0 \(0 iter/s, [\d.e+-]+s/5 iters\), loss = [\d.e+-]+\n", r"\] Iteration 5 \([\d.e+-]+ iter/s, [\d.e+-]+s/5 iters\), loss = [\d.e+-]+\n", r"\] Iteration 5, lr = 0\.1\n", r"\] Iteration 10, Testing net \(#0\)\n",
                     r"\]     Test net output #0: accuracy = [\d.]+\n", r"\]     Train net output #0: loss = [\d.e+-]+ \(\* 1 = [\d.e+-]+ loss\)\n",
                     r"\] Snapshotting to binary proto file .*snap_iter_10\.caffemodel\n", r"\] Optimization Done\.\n",
                     r"^I\d{4} \d\d:\d\d:\d\d\.\d{6} +\d+ \w+\.py:\d+\] Solving cli$"):

@@ -144,3 +144,65 @@ def test_a_leveldb_another_process_holds_is_read_from_a_snapshot(tmp_path: Path)
         holder.communicate("", timeout=30)
 
 
+
+
+# --- Dealing a source over ranks: the world reads each item once per epoch, as one process at the world's batch.
+ITEMS, RANKS, BATCH = 10, 3, 2      # 10 items do not divide into 3 ranks x 2: every epoch ends mid-iteration
+
+
+def _sources(tmp_path: Path) -> dict[str, str]:
+    """Each kind of data layer over ITEMS items whose label is the item's index."""
+    x = np.arange(ITEMS, dtype=np.uint8).reshape(ITEMS, 1, 1, 1)
+    convert.from_arrays(tmp_path / "lmdb", x, np.arange(ITEMS))
+    convert.from_arrays(tmp_path / "ldb", x, np.arange(ITEMS), backend=LEVELDB)
+    lines = []
+    for i in range(ITEMS):
+        Image.fromarray(np.full((2, 2, 3), i, np.uint8)).save(tmp_path / f"im{i}.png")
+        lines.append(f"im{i}.png {i}")
+    (tmp_path / "images.txt").write_text("\n".join(lines) + "\n")
+    with h5py.File(tmp_path / "rows.h5", "w") as f:
+        f["x"] = np.arange(ITEMS, dtype=np.float32).reshape(ITEMS, 1)
+        f["y"] = np.arange(ITEMS, dtype=np.float32)
+    (tmp_path / "h5.txt").write_text(str(tmp_path / "rows.h5") + "\n")
+    data = 'layer {{ name: "d" type: "Data" top: "x" top: "y" data_param {{ source: "{}" batch_size: {{b}} backend: {} {} }} }}'
+    image = ('layer {{ name: "d" type: "ImageData" top: "x" top: "y" image_data_param {{ source: "{}" root_folder: "{}/" '
+             'batch_size: {{b}} {} }} }}')
+    h5 = 'layer {{ name: "d" type: "HDF5Data" top: "x" top: "y" hdf5_data_param {{ source: "{}" batch_size: {{b}} {} }} }}'
+    return {
+        "lmdb": data.format(tmp_path / "lmdb", "LMDB", ""),
+        "lmdb rand_skip": data.format(tmp_path / "lmdb", "LMDB", "rand_skip: 4"),
+        "leveldb": data.format(tmp_path / "ldb", "LEVELDB", ""),
+        "imagedata": image.format(tmp_path / "images.txt", tmp_path, ""),
+        "imagedata shuffled": image.format(tmp_path / "images.txt", tmp_path, "shuffle: true"),
+        "hdf5": h5.format(tmp_path / "h5.txt", ""),
+        "hdf5 shuffled": h5.format(tmp_path / "h5.txt", "shuffle: true"),
+    }
+
+
+def _world_reads(text: str, size: int, iterations: int) -> list[int]:
+    """The items a world of ``size`` TRAIN nets (batch BATCH x RANKS / size each) reads, in stream order."""
+    batch = BATCH * RANKS // size
+    nets = [Net(protofile.parse_text(text.replace("{b}", str(batch)), schema.NetParameter()), schema.TRAIN,
+                gen=torch.Generator().manual_seed(5), rank=r, size=size, quiet=True) for r in range(size)]
+    stream: list[int] = []
+    for _ in range(iterations):
+        batches = [[int(v) for v in net.forward()[1]["y"].tolist()] for net in nets]
+        stream += [batches[r][k] for k in range(batch) for r in range(size)]   # rank r's k-th is position r + k*size
+    return stream
+
+
+@pytest.mark.parametrize("kind", ["lmdb", "lmdb rand_skip", "leveldb", "imagedata", "imagedata shuffled", "hdf5",
+                                  "hdf5 shuffled"])
+def test_three_ranks_read_each_item_once_per_epoch_as_one_process_does(tmp_path: Path, kind: str) -> None:
+    text = _sources(tmp_path)[kind]
+    iterations = 5                                                          # 30 reads: three whole epochs
+    world = _world_reads(text, RANKS, iterations)
+    epochs = [world[e * ITEMS:(e + 1) * ITEMS] for e in range(len(world) // ITEMS)]
+    for e, epoch in enumerate(epochs):
+        assert sorted(epoch) == list(range(ITEMS)), f"{kind}: epoch {e} of the world's stream is {epoch}"
+    if "shuffled" in kind:
+        assert epochs[0] != epochs[1] != epochs[2], f"{kind}: every epoch should be reshuffled: {epochs}"
+    # One process at the world's batch reads the same stream.
+    assert _world_reads(text, 1, iterations) == world
+    if "rand_skip" in kind:
+        assert world[0] == 4

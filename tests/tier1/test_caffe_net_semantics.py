@@ -185,9 +185,16 @@ def test_fields_caffe_ignores_warn_once_and_unknown_types_are_listed(caplog: pyt
 def test_time_adds_up_in_branching_nets_and_runs_backward_on_deploy_nets(caplog: pytest.LogCaptureFixture) -> None:
     net = _net(BRANCHY.replace("PD_A", ""))
     torch.set_num_threads(1)
-    out = time_net(net, 3)
-    assert out["forward_ms"] + out["backward_ms"] <= out["total_ms"] * 1.1
-    assert out["forward_ms"] + out["backward_ms"] >= out["total_ms"] * 0.5
+    # The parts never exceed the whole; that they cover at least half of it can fail once on
+    # a loaded machine (a preemption lands between two layers' clocks), never three times.
+    shares = []
+    for _ in range(3):
+        out = time_net(net, 3)
+        assert out["forward_ms"] + out["backward_ms"] <= out["total_ms"] * 1.1
+        shares.append((out["forward_ms"] + out["backward_ms"]) / out["total_ms"])
+        if shares[-1] >= 0.5:
+            break
+    assert max(shares) >= 0.5, shares
     deploy = _net(BRANCHY.replace("PD_A", "").split('layer { name: "loss"')[0])
     with caplog.at_level(logging.INFO, logger="ddl.caffe"):
         d = time_net(deploy, 2)
@@ -261,3 +268,20 @@ def test_a_bottom_whose_maker_a_stage_rule_leaves_out_names_the_rule() -> None:
     with pytest.raises(LayerError, match="is not produced by any earlier layer$"):       # no maker at all: no rule to name
         Net(parse_text('layer { name: "f" type: "Flatten" bottom: "z" top: "y" }', schema.NetParameter()), schema.TEST, quiet=True)
     assert Net(net, schema.TEST, quiet=True, stages=("on-train",)).shapes["y"] == (2, 3)
+
+
+def test_outputs_are_numbered_in_caffes_order_of_blob_names(caplog: pytest.LogCaptureFixture) -> None:
+    # The loss layer comes first, yet Caffe numbers outputs by its std::set of names: accuracy #0, loss #1; a loss
+    # layer's anonymous top is no output at all.
+    text = BRANCHY.replace("PD_A", "") + ('layer { name: "acc" type: "Accuracy" bottom: "ip" bottom: "label" top: "accuracy" }\n'
+                                          'layer { name: "aux" type: "EuclideanLoss" bottom: "ip" bottom: "ip" }\n')
+    with caplog.at_level(logging.INFO, logger="ddl.caffe"):
+        net = Net(protofile.parse_text(text, schema.NetParameter()), schema.TEST)
+    assert net.outputs == ["accuracy", "loss"]
+    assert "This network produces output accuracy" in caplog.text
+    cli.generate_inputs(net, torch.Generator().manual_seed(0))
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="ddl.caffe"):
+        Solver._log_outputs(None, "Test", net, [[0.5], [1.25]])  # type: ignore[arg-type]
+    assert [r.getMessage() for r in caplog.records] == ["    Test net output #0: accuracy = 0.5",
+                                                        "    Test net output #1: loss = 1.25 (* 1 = 1.25 loss)"]

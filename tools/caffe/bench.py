@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1", help="thread counts, e.g. 1,2 (with --peer: each; else the first)")
     ap.add_argument("--peer", default="", help="a BVLC Caffe build (build-caffe.sh SRC DEST: DEST): time and train against it")
     ap.add_argument("--dir", default="", help="with --peer: a zoo folder with the nets' and solvers' published files")
+    ap.add_argument("--caffe-core", default="auto",
+                    help="with --peer: OPENBLAS_CORETYPE for Caffe (auto: this CPU's real core, e.g. SkylakeX for "
+                         "AVX-512; '' leaves OpenBLAS to detect, which Debian 12's 0.3.21 may get wrong)")
     ap.add_argument("--solvers", default="cifar10_full,googlenet_quick", help="with --peer: solvers to train ('' for none)")
     ap.add_argument("--train-iterations", type=int, default=0, help="with --peer: timed solver iterations (default: 30 CIFAR-10, 3 GoogLeNet)")
     ap.add_argument("--warmup", type=int, default=2, help="with --peer: solver iterations before the timed ones")
@@ -164,8 +167,9 @@ def main(argv: list[str] | None = None) -> int:
         from tools.caffe.bench_files import measure as measure_files
         r = measure_files(a.caffemodel, rounds=a.rounds, protobuf=a.protobuf)
         print(f"{a.caffemodel}.caffemodel {r['file_mb']:.0f} MB: write {r['write_s']:.2f} s (+{r['write_extra_mb']:.0f} MB), "
-              f"read {r['read_s']:.2f} s (+{r['read_extra_mb']:.0f} MB); write/read {r['write_over_read']:.2f}, "
-              f"write extra / file {r['write_extra_over_file']:.2f}"
+              f"read {r['read_s']:.2f} s (+{r['read_extra_mb']:.0f} MB), cp of the file {r['cp_s']:.2f} s; write/read "
+              f"{r['write_over_read']:.2f}, write/cp {r['write_over_cp']:.2f}, "
+              f"write extra / file {r['write_extra_over_file']:.2f}; load {os.getloadavg()[0]:.1f}"
               + (f"; protobuf write {r['protobuf_write_s']:.2f} s (+{r['protobuf_write_extra_mb']:.0f} MB)" if a.protobuf else ""))
         Path(a.json).write_text(json.dumps({"caffemodel": a.caffemodel, **r}, indent=2))
         return 0
@@ -211,8 +215,9 @@ def against_caffe(a: argparse.Namespace) -> int:
     import subprocess
 
     from tools.caffe import bench_caffe
-    from tools.caffe.peer import Peer, PeerError
-    peer = Peer(Path(a.peer))
+    from tools.caffe.peer import Peer, PeerError, best_core, ddl_side
+    core = best_core() if a.caffe_core == "auto" else (a.caffe_core or None)
+    peer = Peer(Path(a.peer), core=core)
     try:
         peer.check(pycaffe=False)
     except PeerError as e:
@@ -221,7 +226,10 @@ def against_caffe(a: argparse.Namespace) -> int:
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     nets = [n for n in (a.nets or ",".join(bench_caffe.NET_FILES)).split(",") if n]
     threads = [int(t) for t in a.threads.split(",") if t]
+    caffe_core, ddl_kernels = peer.blas_core(), ddl_side()
     print(f"peer: {peer.version()}; {platform.node()}; {os.cpu_count()} CPUs; before: {uptime}", flush=True)
+    print(f"Caffe's OpenBLAS core: {caffe_core} (OPENBLAS_CORETYPE={core or 'unset: detected'}); ddl-caffe: "
+          f"{ddl_kernels}", flush=True)
     time_rows, train_rows = bench_caffe.run(
         peer, folder=Path(a.dir) if a.dir else None, nets=nets, solvers=[s for s in a.solvers.split(",") if s],
         threads=threads, rounds=a.rounds, iterations=a.iters or 3, train_iterations=a.train_iterations or None, warmup=a.warmup,
@@ -230,10 +238,12 @@ def against_caffe(a: argparse.Namespace) -> int:
     print()
     print(bench_caffe.tables(time_rows, train_rows))
     print(f"load: before {uptime}; after {after}")
+    print(f"Caffe's OpenBLAS core: {caffe_core}; ddl-caffe: {ddl_kernels}")
     out = Path(a.json if a.json != "caffe_bench.json" else "bench-results/caffe_vs_bvlc.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(bench_caffe.as_json(time_rows, train_rows, {
-        "peer": peer.version(), "threads": threads, "rounds": a.rounds, "uptime_before": uptime, "uptime_after": after}), indent=2))
+        "peer": peer.version(), "caffe_openblas_core": caffe_core, "ddl_kernels": ddl_kernels, "threads": threads,
+        "rounds": a.rounds, "uptime_before": uptime, "uptime_after": after}), indent=2))
     print(f"wrote {out}")
     return 0
 

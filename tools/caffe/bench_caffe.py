@@ -82,6 +82,7 @@ class Row:
     threads: int
     caffe: list[Run] = field(default_factory=list)
     ddl: list[Run] = field(default_factory=list)
+    load: tuple[float, float] = (0.0, 0.0)   # the machine's 1-minute load average when the row began and ended
 
     def median(self, side: str, what: str = "value") -> float | None:
         vals = [getattr(r, what) for r in getattr(self, side) if getattr(r, what) is not None]
@@ -263,19 +264,19 @@ def tables(time_rows: list[Row], train_rows: list[Row]) -> str:
     out = ["forward+backward, batch 1: median over rounds of each tool's Average Forward-Backward (wall ms) and of its "
            "CPU ms per iteration; peak MB (target: ddl / Caffe <= 0.8)",
            "| net | threads | Caffe ms | ddl-caffe ms | ddl / Caffe | Caffe CPU ms | ddl CPU ms | ddl / Caffe, CPU | "
-           "Caffe peak MB | ddl peak MB |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "Caffe peak MB | ddl peak MB | load |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in time_rows:
         out.append(f"| {r.what} | {r.threads} | {_fmt(r.median('caffe'), '.1f')} | {_fmt(r.median('ddl'), '.1f')} | "
                    f"{ratio(r, 'value')} | {_fmt(r.median('caffe', 'cpu_ms'), '.1f')} | {_fmt(r.median('ddl', 'cpu_ms'), '.1f')} | "
-                   f"{ratio(r, 'cpu_ms')} | {r.peak('caffe'):.0f} | {r.peak('ddl'):.0f} |")
+                   f"{ratio(r, 'cpu_ms')} | {r.peak('caffe'):.0f} | {r.peak('ddl'):.0f} | {r.load[0]:.1f}-{r.load[1]:.1f} |")
     out += ["", "solver throughput: median iterations/s after the warm-up (wall) and CPU ms per iteration; peak MB "
             "(target: ddl / Caffe >= 1.25)",
             "| solver | threads | Caffe it/s | ddl-caffe it/s | ddl / Caffe | Caffe CPU ms/it | ddl CPU ms/it | "
-            "ddl / Caffe, per CPU second | Caffe peak MB | ddl peak MB |", "|---|---|---|---|---|---|---|---|---|---|"]
+            "ddl / Caffe, per CPU second | Caffe peak MB | ddl peak MB | load |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in train_rows:
         out.append(f"| {r.what} | {r.threads} | {_fmt(r.median('caffe'), '.3f')} | {_fmt(r.median('ddl'), '.3f')} | "
                    f"{ratio(r, 'value')} | {_fmt(r.median('caffe', 'cpu_ms'), '.0f')} | {_fmt(r.median('ddl', 'cpu_ms'), '.0f')} | "
-                   f"{ratio(r, 'cpu_ms', invert=True)} | {r.peak('caffe'):.0f} | {r.peak('ddl'):.0f} |")
+                   f"{ratio(r, 'cpu_ms', invert=True)} | {r.peak('caffe'):.0f} | {r.peak('ddl'):.0f} | {r.load[0]:.1f}-{r.load[1]:.1f} |")
     errors = [f"{r.what} ({r.threads} threads) {side}: {run.error}" for r in time_rows + train_rows
               for side in ("caffe", "ddl") for run in getattr(r, side) if run.error]
     if errors:
@@ -289,7 +290,7 @@ def as_json(time_rows: list[Row], train_rows: list[Row], meta: dict[str, Any]) -
         cc, dc = r.median("caffe", "cpu_ms"), r.median("ddl", "cpu_ms")
         return {"what": r.what, "threads": r.threads, "caffe": c, "ddl": d, "ddl_over_caffe": d / c if c and d else None,
                 "caffe_cpu_ms": cc, "ddl_cpu_ms": dc, "ddl_over_caffe_cpu": dc / cc if cc and dc else None,
-                "caffe_peak_mb": r.peak("caffe"), "ddl_peak_mb": r.peak("ddl"),
+                "caffe_peak_mb": r.peak("caffe"), "ddl_peak_mb": r.peak("ddl"), "load": list(r.load),
                 "caffe_runs": [r_.value for r_ in r.caffe], "ddl_runs": [r_.value for r_ in r.ddl],
                 "caffe_cpu_runs": [r_.cpu_ms for r_ in r.caffe], "ddl_cpu_runs": [r_.cpu_ms for r_ in r.ddl],
                 "errors": [x.error for x in r.caffe + r.ddl if x.error]}
@@ -313,20 +314,24 @@ def run(peer: Peer, *, folder: Path | None, nets: list[str], solvers: list[str],
         for t in threads:
             for n, model in models.items():
                 row = Row(n, t)
+                load0 = os.getloadavg()[0]
                 count = iterations_for(peer, model, t, iterations, timeout)
                 for k in range(rounds):
                     order = ("caffe", "ddl") if k % 2 == 0 else ("ddl", "caffe")
                     for tool in order:
                         getattr(row, tool).append(time_net(tool, peer, model, t, count, timeout))
+                row.load = (load0, os.getloadavg()[0])
                 time_rows.append(row)
                 report(f"time {n} threads={t}: Caffe {_fmt(row.median('caffe'), '.1f')} ms, ddl {_fmt(row.median('ddl'), '.1f')} ms; "
                        f"CPU {_fmt(row.median('caffe', 'cpu_ms'), '.1f')} / {_fmt(row.median('ddl', 'cpu_ms'), '.1f')} ms")
             for s, path in solver_paths.items():
                 row = Row(s, t)
+                load0 = os.getloadavg()[0]
                 for k in range(rounds):
                     order = ("caffe", "ddl") if k % 2 == 0 else ("ddl", "caffe")
                     for tool in order:
                         getattr(row, tool).append(train(tool, peer, path, t, warmup, timeout))
+                row.load = (load0, os.getloadavg()[0])
                 train_rows.append(row)
                 report(f"train {s} threads={t}: Caffe {_fmt(row.median('caffe'), '.3f')} it/s, ddl {_fmt(row.median('ddl'), '.3f')} it/s; "
                        f"CPU {_fmt(row.median('caffe', 'cpu_ms'), '.0f')} / {_fmt(row.median('ddl', 'cpu_ms'), '.0f')} ms/it")

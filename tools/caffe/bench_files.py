@@ -1,5 +1,6 @@
 """``python -m tools.caffe.bench --caffemodel NET``: writing and reading a zoo net's .caffemodel, each in a fresh process,
-timed, with its peak memory beyond the net itself (ru_maxrss), beside the file size and the same file written by protobuf."""
+timed, with its peak memory beyond the net itself (ru_maxrss), beside the file size, ``cp`` writing a copy of the same
+file (the machine's floor for writing that many bytes) and the same file written by protobuf."""
 
 from __future__ import annotations
 
@@ -38,6 +39,19 @@ def child(name: str, path: str, what: str) -> dict[str, float]:
     return {"seconds": secs, "extra_mb": (after - before) / 1024}
 
 
+def copy_seconds(src: str, dst: str) -> float:
+    """Seconds ``cp`` takes to write a copy of ``src`` (read from the page cache): this machine's floor for writing
+    a file of that size, which no .caffemodel writer can go under."""
+    import time
+
+    Path(dst).unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    subprocess.run(["cp", src, dst], check=True)
+    secs = time.perf_counter() - t0
+    Path(dst).unlink()
+    return secs
+
+
 def _child(name: str, path: str, what: str) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-m", "tools.caffe.bench_files", name, path, what], capture_output=True,
                          text=True, check=True, cwd=ROOT)
@@ -49,20 +63,23 @@ def measure(name: str, *, rounds: int = 2, protobuf: bool = False) -> dict[str, 
     """Median seconds and extra MB of writing and of reading ``name``'s .caffemodel (fresh processes, alternated)."""
     with tempfile.TemporaryDirectory(prefix="ddl-caffe-bench-") as tmp:
         path = str(Path(tmp) / f"{name}.caffemodel")
-        writes, reads = [], []
+        writes, reads, copies = [], [], []
         for _ in range(rounds):
             writes.append(_child(name, path, "write"))
             reads.append(_child(name, path, "read"))
+            copies.append(copy_seconds(path, path + ".cp"))
         size_mb = Path(path).stat().st_size / 2 ** 20
         res = {"file_mb": size_mb,
                "write_s": sorted(w["seconds"] for w in writes)[len(writes) // 2],
                "read_s": sorted(r["seconds"] for r in reads)[len(reads) // 2],
+               "cp_s": sorted(copies)[len(copies) // 2],
                "write_extra_mb": max(w["extra_mb"] for w in writes),
                "read_extra_mb": max(r["extra_mb"] for r in reads)}
         if protobuf:
             pb = _child(name, path + ".pb", "write_protobuf")
             res["protobuf_write_s"], res["protobuf_write_extra_mb"] = pb["seconds"], pb["extra_mb"]
     res["write_over_read"] = res["write_s"] / res["read_s"]
+    res["write_over_cp"] = res["write_s"] / res["cp_s"]
     res["write_extra_over_file"] = res["write_extra_mb"] / size_mb
     return res
 

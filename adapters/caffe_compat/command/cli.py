@@ -113,7 +113,6 @@ def generate_inputs(net: Net, gen: torch.Generator) -> None:
 def _train(a: argparse.Namespace) -> int:
     import ddl
     from ddl.caffe.command import ddl_options
-    from ddl.caffe.solver.distributed import solver_hooks
     from ddl.caffe.solver.solver import Solver
     opts = ddl_options.parse(a.ddl)
     ddl.init(topology=opts.topology, algorithm=opts.algorithm)
@@ -128,8 +127,7 @@ def _train(a: argparse.Namespace) -> int:
     if rank == 0:
         log.info("Using %d rank(s) of ddl (topology %s, algorithm %s) on %s", size, "x".join(map(str, ddl.topology().dims)),
                  opts.algorithm or "default", device)
-    reduce, bcast = solver_hooks()
-    solver = Solver(sp, rank=rank, size=size, reduce=reduce, broadcast=bcast, device=device)
+    solver = Solver(sp, rank=rank, size=size, device=device)
     if a.weights:
         load_weights(solver.net, a.weights)
         solver.sync_params()
@@ -151,6 +149,12 @@ def _train(a: argparse.Namespace) -> int:
         per = solver.step_seconds / max(done, 1)
         imgs = f", {batch * sp.iter_size * size * done / solver.step_seconds:.0f} images/s" if batch and solver.step_seconds else ""
         log.info("ddl-caffe: %d ranks, %.3f ms per iteration (%.1f iter/s%s)", size, per * 1e3, 1 / per if per else 0, imgs)
+        if solver.exchange is not None and solver.exchange.times.iterations:
+            t = solver.exchange.times
+            log.info("ddl-caffe: diffs averaged %s: %.1f ms per iteration from the first bucket sent to the last "
+                     "result back, %.1f ms of it after backward (%.0f %% hidden behind backward)",
+                     "layer-wise during backward" if sp.layer_wise_reduce else "after backward (layer_wise_reduce: "
+                     "false)", t.span / t.iterations * 1e3, t.exposed / t.iterations * 1e3, 100 * t.hidden_share)
     ddl.barrier()
     return 0
 

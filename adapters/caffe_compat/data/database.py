@@ -74,6 +74,12 @@ class DatumReader:
             self.restarts += 1
         self.offset += 1
 
+    def skip(self, records: int) -> None:
+        """Move the stream's start ``records`` records on, for every rank alike (Caffe's ``rand_skip``)."""
+        for _ in range(records):
+            if not self.cursor.next():
+                self.cursor.first()
+
     def next_raw(self) -> tuple[bytes, bytes]:
         """(key, serialized Datum) of the next record that belongs to this rank."""
         while self.offset % self.size != self.rank:

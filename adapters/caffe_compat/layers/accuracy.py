@@ -37,8 +37,9 @@ class Accuracy(Layer):
             valid = torch.ones_like(lab, dtype=torch.bool) if self.ignore is None else lab != self.ignore
             safe = torch.where(valid, lab, torch.zeros_like(lab))
             true = s.gather(1, safe.unsqueeze(1))
-            # Caffe counts a hit when fewer than top_k classes score strictly higher.
-            better = (s > true).sum(1)
+            # Caffe counts a hit when fewer than top_k other classes score at least as high: a tie with the true
+            # class is a miss (accuracy_layer.cpp counts every score >= the true one, the true class itself too).
+            better = (s >= true).sum(1) - 1
             hit = (better < self.top_k) & valid
             count = valid.sum()
             acc = hit.sum().to(x.dtype) / count.clamp(min=1).to(x.dtype)

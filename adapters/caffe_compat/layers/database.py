@@ -34,8 +34,9 @@ class Data(DataLayer):
         shard = self.phase == schema.TRAIN and self.size > 1
         backend = choose_backend(p.source, p.backend, given=p.HasField("backend"), where=f"layer '{self.name}'")
         self.reader = DatumReader(p.source, backend=backend, rank=self.rank if shard else 0, size=self.size if shard else 1)
-        for _ in range(p.rand_skip):
-            self.reader.next()
+        # The world skips rand_skip records of the stream (Caffe 1.0's Data layer ignores the field; older Caffe
+        # skipped a random count below it): one process at batch N x B still reads what N ranks at batch B read.
+        self.reader.skip(p.rand_skip)
         self.batch = p.batch_size
         self.tf = Transformer(tp, self.phase, self.gen, where=f"layer '{self.name}'")
         first = datum_to_array(self.reader.peek(), force_color=tp.force_color or p.force_encoded_color, force_gray=tp.force_gray)

@@ -7,13 +7,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ddl.caffe.data.dealing import StreamDeal
 from ddl.caffe.formats import schema
 from ddl.caffe.layers.base import Layer
 from ddl.caffe.layers.inputs import DataLayer
 
 
 class HDF5Data(DataLayer):
-    """Rows of the datasets named like the tops, from the .h5 files listed in ``source``."""
+    """Rows of the datasets named like the tops, from the .h5 files listed in ``source``; dealt over the ranks in TRAIN
+    (:class:`ddl.caffe.data.dealing.StreamDeal`), reshuffled every epoch with ``shuffle``."""
 
     type = "HDF5Data"
     params = ("hdf5_data_param",)
@@ -40,18 +42,16 @@ class HDF5Data(DataLayer):
         if any(a.shape[0] != n for a in self.arrays):
             raise self.error(f"datasets have different row counts {[a.shape[0] for a in self.arrays]}")
         shard = self.phase == schema.TRAIN and self.size > 1
-        rows = np.arange(n)
-        if p.shuffle:
-            rows = rows[torch.randperm(n, generator=self.gen).numpy()]
-        self.rows = rows[self.rank::self.size] if shard else rows
-        self.batch, self.pos = p.batch_size, 0
+        # Drawn from the net's generator, which starts alike on every rank: the ranks share the epochs' order.
+        seed = int(torch.randint(1 << 62, (1,), generator=self.gen)) if p.shuffle else None
+        self.deal = StreamDeal(n, rank=self.rank if shard else 0, size=self.size if shard else 1, seed=seed)
+        self.batch = p.batch_size
 
     def top_shapes(self) -> list[tuple[int, ...]]:
         return [(self.batch, *a.shape[1:]) for a in self.arrays]
 
     def forward(self, bottoms: list[torch.Tensor]) -> list[torch.Tensor]:
-        take = np.take(self.rows, np.arange(self.pos, self.pos + self.batch), mode="wrap")
-        self.pos = (self.pos + self.batch) % len(self.rows)
+        take = np.array([self.deal.next() for _ in range(self.batch)])
         return [torch.from_numpy(np.ascontiguousarray(a[take])) for a in self.arrays]
 
 

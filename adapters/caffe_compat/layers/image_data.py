@@ -1,4 +1,4 @@
-"""ImageData (a list of image files and labels) and WindowData (R-CNN's window file), sharded per rank in TRAIN."""
+"""ImageData (a list of image files and labels), dealt over the ranks in TRAIN, and WindowData (R-CNN's window file)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ddl.caffe.data.dealing import StreamDeal
 from ddl.caffe.data.images import read_image, resize_linear
 from ddl.caffe.data.transform import Transformer
 from ddl.caffe.formats import schema
@@ -50,19 +51,14 @@ class ImageData(DataLayer):
             raise self.error("image_data_param.batch_size must be positive")
         self.lines, self.p, self.batch = lines, p, int(p.batch_size)
         self.tf = Transformer(self.lp.transform_param, self.phase, self.gen, where=f"layer '{self.name}'")
-        self.order = self._order()
-        if p.rand_skip:
-            # Caffe skips a random number of lines below rand_skip once, at the start.
-            self.pos = int(torch.randint(int(p.rand_skip), (1,), generator=self.gen)) % len(self.order)
-        else:
-            self.pos = 0
-        first = self._read(self.order[self.pos])
-        self.shape = (self.batch, *self.tf.out_shape(*first.shape))
-
-    def _order(self) -> list[int]:
-        idx = torch.randperm(len(self.lines), generator=self.gen).tolist() if self.p.shuffle else list(range(len(self.lines)))
+        # Drawn from the net's generator, which starts alike on every rank: the ranks share the epochs' order.
+        seed = int(torch.randint(1 << 62, (1,), generator=self.gen)) if p.shuffle else None
+        # Caffe skips a random number of lines below rand_skip once, at the start.
+        skip = int(torch.randint(int(p.rand_skip), (1,), generator=self.gen)) if p.rand_skip else 0
         shard = self.phase == schema.TRAIN and self.size > 1
-        return idx[self.rank::self.size] if shard and len(idx) >= self.size else idx
+        self.deal = StreamDeal(len(lines), rank=self.rank if shard else 0, size=self.size if shard else 1,
+                               seed=seed, skip=skip)
+        self.shape = (self.batch, *self.tf.out_shape(*self._read(self.deal.order(0)[skip % len(lines)]).shape))
 
     def _read(self, i: int) -> np.ndarray:
         path = self.lines[i][0]
@@ -75,17 +71,12 @@ class ImageData(DataLayer):
         xs = np.empty(self.shape, np.float32)
         ys = np.empty(self.batch, np.float32)
         for b in range(self.batch):
-            i = self.order[self.pos]
+            i = self.deal.next()
             x = self.tf(self._read(i))
             if x.shape != self.shape[1:]:
                 raise self.error(f"{self.lines[i][0]} gives shape {list(x.shape)} after the transform, the batch "
                                  f"needs {list(self.shape[1:])}; set new_height/new_width or crop_size")
             xs[b], ys[b] = x, self.lines[i][1]
-            self.pos += 1
-            if self.pos == len(self.order):          # epoch end: Caffe reshuffles when asked to
-                self.pos = 0
-                if self.p.shuffle:
-                    self.order = self._order()
         return [torch.from_numpy(xs), torch.from_numpy(ys)][: len(self.top)]
 
 

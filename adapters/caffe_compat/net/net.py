@@ -84,6 +84,8 @@ def filter_layers(param: Any, state: Any) -> list[Any]:
 
 
 _warned: set[tuple[str, str]] = set()
+#: The name of the top Caffe gives a loss layer that names none (AutoTopBlobs): never an input, never an output.
+AUTOMATIC_TOP = "(automatic)"
 COMMON_FIELDS = frozenset(("name", "type", "bottom", "top", "phase", "loss_weight", "param", "blobs", "propagate_down",
                            "include", "exclude"))
 
@@ -164,7 +166,7 @@ class Net:
             if cls.is_loss and not len(lp.top):
                 # Caffe gives a loss layer without tops an anonymous one (AutoTopBlobs).
                 lp = copy.deepcopy(lp)
-                lp.top.append("(automatic)")
+                lp.top.append(AUTOMATIC_TOP)
             layer = cls(lp, phase, self.gen)
             layer.rank, layer.size = rank, size          # type: ignore[attr-defined]
             for b in layer.bottom:
@@ -186,6 +188,9 @@ class Net:
         self.detach = [self._stopped_bottoms(la) for la in self.layers]
         self._by_name = {la.name: la for la in self.layers}
         self.outputs = self._outputs()
+        if not quiet:
+            for name in self.outputs:
+                log.info("This network produces output %s", name)
         self.loss_weights = {t: la.loss_weight(i) for la in self.layers for i, t in enumerate(la.top)}
 
     def bottom_need_backward(self) -> list[list[bool]]:
@@ -262,16 +267,14 @@ class Net:
         return stop if any(stop) else None
 
     def _outputs(self) -> list[str]:
-        # Caffe's output blobs: those still "available" after the last layer (never consumed later).
-        available: list[str] = []
+        """Caffe's output blobs: those still "available" after the last layer (never read later), in the order of
+        Caffe's ``std::set<string>`` of names, by byte value (so ``accuracy`` is output #0 and ``loss`` #1, whatever
+        the layer order); a loss layer's anonymous top is not one (Caffe does not make it available)."""
+        available: set[str] = set()
         for la in self.layers:
-            for b in la.bottom:
-                if b in available:
-                    available.remove(b)
-            for t in la.top:
-                if t not in available:
-                    available.append(t)
-        return available
+            available.difference_update(la.bottom)
+            available.update(t for t in la.top if t != AUTOMATIC_TOP)
+        return sorted(available, key=lambda name: name.encode())
 
     def _share(self, layer: Layer, owners: dict[str, torch.Tensor]) -> None:
         for i, t in enumerate(layer.blobs):

@@ -87,6 +87,7 @@ class CaffeState(State):
         for name, position in saved["positions"].items():
             self.positions.setdefault(name, DataPosition()).load_state_dict(position)
         self.first_size = int(saved["first_size"])
+        s.join_world(ddl.rank(), ddl.size())  # a fresh diff exchange: this world's ranks agree on its buckets anew
         reshard(self._data_layers(), self.positions, rank=ddl.rank(), size=ddl.size())
 
     def saved_bytes(self) -> bytes:

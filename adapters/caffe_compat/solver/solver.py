@@ -24,9 +24,14 @@ from ddl.caffe.formats.protofile import read_binary, read_net
 from ddl.caffe.net.net import Net
 from ddl.caffe.net.weights import load_weights
 from ddl.caffe.solver import lr_policy, updates
+from ddl.caffe.solver.exchange import (
+    DiffExchange,
+    agree_seed,
+    average_statistics,
+    broadcast_parameters,
+)
 
 log = logging.getLogger("ddl.caffe")
-Reduce = Callable[[list[torch.Tensor]], None]
 HDF5, BINARYPROTO = 0, 1
 
 
@@ -122,18 +127,21 @@ class Solver:
 
     Args:
         sp: the SolverParameter.
-        rank, size: this process among ``size`` ranks (rank 0 logs, tests and snapshots).
-        reduce: averages a list of gradient tensors across ranks in place (None on one rank).
-        broadcast: copies rank 0's tensors to every rank in place (None on one rank).
+        rank, size: this process among ``size`` ranks of ddl (rank 0 logs and snapshots). With ``size`` > 1,
+            ddl must be initialized: the diffs are averaged over the ranks by a :class:`DiffExchange`
+            (``solver/exchange.py``: layer by layer during backward when ``layer_wise_reduce``, Caffe's default),
+            and rank 0's weights are given to every rank.
     """
 
-    def __init__(self, sp: Any, *, rank: int = 0, size: int = 1, reduce: Reduce | None = None,
-                 broadcast: Reduce | None = None, device: torch.device | str | None = None) -> None:
+    def __init__(self, sp: Any, *, rank: int = 0, size: int = 1, device: torch.device | str | None = None) -> None:
         self.sp, self.rank, self.size = sp, rank, size
-        self.reduce, self.bcast = reduce, broadcast
         check_solver(sp)
         self.kind = updates.solver_type(sp)
         self.seed = sp.random_seed if sp.random_seed >= 0 else int(time.time_ns() % (1 << 31))
+        if size > 1 and sp.random_seed < 0:
+            # One seed for the world, so that the data layers deal one shuffled order; each rank's own randomness
+            # (dropout, crops) still differs, as _reseed mixes in the rank.
+            self.seed = agree_seed(self.seed)
         self.gen = torch.Generator().manual_seed(self.seed)
         train, tests = net_params(sp)
         quiet = rank != 0
@@ -147,6 +155,8 @@ class Solver:
             tn.share_from(self.net)
             self.test_nets.append(tn)
         self.params = self.net.params
+        # BatchNorm's running statistics: each rank's forward moves them, so ranks average them after each update.
+        self.statistics = [t for la in self.net.layers if la.type == "BatchNorm" for t in la.blobs[:2]]
         self.history = [torch.zeros_like(p.tensor, requires_grad=False)
                         for _ in range(updates.history_count(self.kind, 1)) for p in self.params]
         self.iter = 0
@@ -154,21 +164,29 @@ class Solver:
         self.losses: list[float] = []
         self.smoothed_loss = 0.0
         self.step_seconds = 0.0
+        self.exchange: DiffExchange | None = None
+        self.join_world(rank, size)
         if len(sp.weights):
             load_weights(self.net, list(sp.weights))
         self.sync_params()
 
     # ----------------------------------------------------------------- setup helpers
+    def join_world(self, rank: int, size: int) -> None:
+        """Take part in a world of ``size`` ranks of ddl as ``rank`` (again, after an elastic resize)."""
+        if self.exchange is not None:
+            self.exchange.close()
+        self.rank, self.size = rank, size
+        self.exchange = DiffExchange(self.params, layer_wise=self.sp.layer_wise_reduce) if size > 1 else None
+
     def sync_params(self) -> None:
-        """Give every rank rank 0's weights (and BatchNorm statistics)."""
-        if self.bcast is not None:
-            with torch.no_grad():
-                self.bcast([p.tensor for p in self.params])
+        """Give every rank rank 0's weights (and BatchNorm statistics), in one fused broadcast."""
+        if self.size > 1:
+            broadcast_parameters(self.params)
 
     def _reseed(self) -> None:
-        # With random_seed set, each iteration's randomness depends only on (seed, iteration,
-        # rank), so a run resumed from a snapshot draws exactly what an uninterrupted one does.
-        if self.sp.random_seed >= 0:
+        # With random_seed set (or a world's agreed seed), each iteration's randomness depends only on (seed,
+        # iteration, rank), so a run resumed from a snapshot draws exactly what an uninterrupted one does.
+        if self.sp.random_seed >= 0 or self.size > 1:
             self.gen.manual_seed((self.seed * 1_000_003 + self.iter * 7919 + self.rank) % (1 << 63))
 
     # ----------------------------------------------------------------- training
@@ -194,9 +212,9 @@ class Solver:
         sp = self.sp
         start_iter, stop_iter = self.iter, self.iter + iters
         self.losses, self.smoothed_loss = [], 0.0
+        shown_at, shown_iter = time.perf_counter(), self.iter
         while self.iter < stop_iter:
-            for p in self.params:
-                p.tensor.grad = None
+            self._zero_diffs()
             if sp.test_interval and self.iter % sp.test_interval == 0 and (self.iter > 0 or sp.test_initialization):
                 # Every rank tests (rank 0 alone logs): no rank idles in a collective long
                 # enough to trip ddl's stall timeout while rank 0 scores a big test set.
@@ -206,13 +224,21 @@ class Solver:
             t0 = time.perf_counter()
             loss = 0.0
             blobs: dict[str, torch.Tensor] = {}
-            for _ in range(sp.iter_size):
+            for k in range(sp.iter_size):
+                if self.exchange is not None:  # the diffs of the last sub-iteration's backward go to the wire
+                    self.exchange.begin_backward(last=k == sp.iter_size - 1)
                 lv, blobs = self.forward_backward()
                 loss += lv
             loss /= sp.iter_size
             self._update_smoothed_loss(loss, start_iter)
             if display and self.rank == 0:
-                log.info("Iteration %d, loss = %s", self.iter, _fmt(self.smoothed_loss))
+                # Caffe's line: iterations per second and seconds since the last display (at the first, since Step
+                # began; Caffe prints an uninitialized count there).
+                lapse = time.perf_counter() - shown_at
+                log.info("Iteration %d (%s iter/s, %ss/%d iters), loss = %s", self.iter,
+                         _fmt(_f32((self.iter - shown_iter) / (lapse or 1))), _fmt(_f32(lapse)), sp.display,
+                         _fmt(self.smoothed_loss))
+                shown_at, shown_iter = time.perf_counter(), self.iter
                 self._log_outputs("Train", self.net, [blobs[o].detach().reshape(-1).tolist() for o in self.net.outputs])
             self.apply_update()
             self.step_seconds += time.perf_counter() - t0
@@ -221,7 +247,17 @@ class Solver:
             if on_iter is not None:
                 on_iter(self.iter)
 
+    def _zero_diffs(self) -> None:
+        if self.exchange is not None:
+            self.exchange.zero_diffs()
+            return
+        for p in self.params:
+            p.tensor.grad = None
+
     def _diffs(self) -> list[torch.Tensor]:
+        """Each learnable blob's diff, averaged over the ranks (Caffe's on_gradients_ready before ApplyUpdate)."""
+        if self.exchange is not None:
+            return self.exchange.averaged_diffs()
         out = []
         for p in self.params:
             if p.tensor.grad is None:
@@ -236,8 +272,6 @@ class Solver:
         if sp.display and self.iter % sp.display == 0 and self.rank == 0:
             log.info("Iteration %d, lr = %s", self.iter, _fmt(rate))
         diffs = self._diffs()
-        if self.reduce is not None:
-            self.reduce(diffs)
         updates.clip_gradients(diffs, sp.clip_gradients)
         n = len(self.params)
         with torch.no_grad():
@@ -250,6 +284,8 @@ class Solver:
                                        momentum2=_f32(sp.momentum2), delta=_f32(sp.delta),
                                        rms_decay=_f32(sp.rms_decay), t=self.iter + 1)
                 p.tensor.sub_(d)
+        if self.exchange is not None:
+            average_statistics(self.statistics)
         self.iter += 1
 
     def solve(self, resume: str | None = None, *, on_iter: Callable[[int], None] | None = None) -> None:
@@ -343,13 +379,13 @@ class Solver:
 
 
 def skip_consumed_data(net: Net, batches: int) -> None:
-    """Advance the train net's Data/HDF5Data readers past ``batches`` batches (resume sees new data)."""
+    """Advance the train net's Data/HDF5Data/ImageData readers past ``batches`` batches (resume sees new data)."""
     for la in net.layers:
         if la.type == "Data":
             for _ in range(batches * la.batch):                  # type: ignore[attr-defined]
                 la.reader.next_raw()                               # type: ignore[attr-defined]
-        elif la.type == "HDF5Data":
-            la.pos = (la.pos + batches * la.batch) % len(la.rows)  # type: ignore[attr-defined]
+        elif la.type in ("HDF5Data", "ImageData"):
+            la.deal.advance(batches * la.batch)                    # type: ignore[attr-defined]
 
 
 def test_net(net: Net, iters: int) -> tuple[list[list[float]], float]:
