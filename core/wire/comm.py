@@ -13,9 +13,10 @@ from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
+from ddl.base import kernels
 from ddl.base.config import Announced
 from ddl.base.errors import WorldMismatchError
-from ddl.base.ops import ReduceOp, ufunc
+from ddl.base.ops import ReduceOp
 from ddl.wire.shared_memory import MPISharedWindow, SharedSlots
 from ddl.wire.splits import split_shared_group
 
@@ -183,7 +184,7 @@ class MPIComm:
         if found is None:
             if dtype.itemsize != 2:
                 raise TypeError(f"MPI cannot reduce {dtype} here; reduce it in a type MPI knows")
-            combine = ufunc(op)
+            combine = kernels.combiner(op, dtype)  # a half sum by the installed kernels
 
             def reduce(inbuf: Any, outbuf: Any, datatype: Any) -> None:
                 a = np.frombuffer(inbuf, dtype=dtype)
