@@ -10,6 +10,7 @@ process's ``torch.set_num_threads`` as the model's own products do.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -22,15 +23,22 @@ _PIECE = 1 << 18
 _BY_NAME = {"float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
-def _tensor(a: np.ndarray) -> torch.Tensor | None:
-    """``a`` as a tensor sharing its memory, or None where torch cannot view it."""
-    if a.dtype.name not in _BY_NAME or not a.flags.writeable or any(st < 0 for st in a.strides):
+def _tensor(a: np.ndarray, *, read_only: bool = False) -> torch.Tensor | None:
+    """``a`` as a tensor sharing its memory, or None where torch cannot view it (``read_only``:
+    an input, which may be a read-only buffer, such as MPI hands a reduction op)."""
+    if a.dtype.name not in _BY_NAME or any(st < 0 for st in a.strides):
         return None
-    return torch.from_numpy(a)
+    if a.flags.writeable:
+        return torch.from_numpy(a)
+    if not read_only:
+        return None
+    with warnings.catch_warnings():  # torch warns that it could write there; it only reads
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.from_numpy(a)
 
 
 def _cast(dst: np.ndarray, src: np.ndarray) -> None:
-    d, s = _tensor(dst), _tensor(src)
+    d, s = _tensor(dst), _tensor(src, read_only=True)
     if d is None or s is None or d.shape != s.shape:
         np.copyto(dst, src, casting="unsafe")
         return
@@ -38,7 +46,7 @@ def _cast(dst: np.ndarray, src: np.ndarray) -> None:
 
 
 def _divide(dst: np.ndarray, src: np.ndarray, divisor: int) -> None:
-    d, s = _tensor(dst), _tensor(src)
+    d, s = _tensor(dst), _tensor(src, read_only=True)
     if d is None or s is None or d.shape != s.shape or s.dtype not in (torch.float32, torch.float64):
         np.divide(src, divisor, out=dst, casting="unsafe")
         return
@@ -54,7 +62,7 @@ def _divide(dst: np.ndarray, src: np.ndarray, divisor: int) -> None:
 
 
 def _add(a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray:
-    ta, tb, to = _tensor(a), _tensor(b), _tensor(out)
+    ta, tb, to = _tensor(a, read_only=True), _tensor(b, read_only=True), _tensor(out)
     if ta is None or tb is None or to is None:
         return np.add(a, b, out=out)  # type: ignore[no-any-return]
     torch.add(ta, tb, out=to)

@@ -184,12 +184,10 @@ class MPIComm:
         if found is None:
             if dtype.itemsize != 2:
                 raise TypeError(f"MPI cannot reduce {dtype} here; reduce it in a type MPI knows")
-            combine = kernels.combiner(op, dtype)  # a half sum by the installed kernels
-
             def reduce(inbuf: Any, outbuf: Any, datatype: Any) -> None:
                 a = np.frombuffer(inbuf, dtype=dtype)
                 b = np.frombuffer(outbuf, dtype=dtype)
-                combine(b, a, out=b)
+                kernels.combiner(op, dtype)(b, a, out=b)  # a half sum by the kernels installed now
 
             found = self._user_ops[key] = (self._MPI.UINT16_T, self._MPI.Op.Create(reduce, commute=True))
         return found

@@ -63,13 +63,20 @@ def test_torch_float16_sum_gives_numpys_bits() -> None:
     assert np.array_equal(_bits(want), _bits(got))
 
 
-def test_views_torch_cannot_take_fall_back_to_numpy() -> None:
+def test_views_torch_cannot_take_fall_back_to_numpy_and_read_only_inputs_are_read() -> None:
     src = _values(1000)[::-1]  # a negative stride: torch.from_numpy refuses it
     want, got = np.empty(src.size, np.float16), np.empty(src.size, np.float16)
     with np.errstate(over="ignore"):
         kernels.NUMPY.cast(want, src)
         torch_kernels.TORCH.cast(got, src)
     assert np.array_equal(_bits(want), _bits(got))
+    frozen = want.copy()
+    frozen.setflags(write=False)  # as MPI hands a reduction op its input
+    into, expect = want.copy(), np.empty_like(want)
+    with np.errstate(over="ignore", invalid="ignore"):
+        kernels.NUMPY.add(want, frozen, expect)
+    torch_kernels.TORCH.add(into, frozen, into)
+    assert np.array_equal(_bits(expect), _bits(into))
 
 
 def test_ddl_torch_installs_its_kernels_and_the_engine_packs_with_them(monkeypatch: pytest.MonkeyPatch) -> None:
