@@ -17,8 +17,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
+
+from ddl.base.lazy import attributes
 
 __version__ = "0.1.0"
 
@@ -44,7 +45,7 @@ _LAZY: dict[str, str] = {
     "Compression": "ddl.engine.compression",
     "PowerSGD": "ddl.engine.powersgd",
     **dict.fromkeys(("DDLError", "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError",
-                     "NotInitializedError", "RemoteError", "SettingsMismatchError", "TopologyError",
+                     "NotInitializedError", "RankLeftError", "RemoteError", "SettingsMismatchError", "TopologyError",
                      "WorldMismatchError"), "ddl.base.errors"),
     "GroupHandle": "ddl.engine.handle", "Handle": "ddl.engine.handle",
     **dict.fromkeys(("Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "ddl.base.ops"),
@@ -57,6 +58,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
         HostsUpdatedInterrupt,
         MismatchError,
         NotInitializedError,
+        RankLeftError,
         RemoteError,
         SettingsMismatchError,
         TopologyError,
@@ -129,13 +131,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
     )
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ddl' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = attributes("ddl", _LAZY, globals())
 
 
 def __dir__() -> list[str]:
@@ -146,7 +142,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Adasum", "AutoCompression", "Average", "Compression", "DDLError", "GroupHandle", "Handle", "HorovodInternalError",
     "HostsUpdatedInterrupt", "Max", "Min", "MismatchError", "NotInitializedError", "PowerSGD", "ProcessSet", "Product",
-    "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "WorldMismatchError",
+    "RankLeftError", "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "WorldMismatchError",
     "add_process_set", "allgather",
     "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async", "alltoall",
     "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_object", "ccl_built",

@@ -13,11 +13,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from ddl import Adasum, Average, Max, Min, MismatchError, Product, Sum
 from ddl.base.errors import HorovodInternalError
+from ddl.base.lazy import submodules
 from ddl.engine.powersgd import PowerSGD
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
@@ -58,12 +56,8 @@ from .tape import DistributedGradientTape, PartialDistributedGradientTape, broad
 # Horovod's module has it too; scripts call hvd._executing_eagerly().
 from .util import _executing_eagerly as _executing_eagerly
 
-
-def __getattr__(name: str) -> Any:
-    # ddl.tensorflow.elastic (the elastic training work) loads on first use.
-    if name == "elastic":
-        return importlib.import_module("ddl.tensorflow.elastic")
-    raise AttributeError(f"module 'ddl.tensorflow' has no attribute {name!r}")
+# ddl.tensorflow.elastic (the elastic training work) loads on first use.
+__getattr__ = submodules("ddl.tensorflow", ("elastic",))
 
 
 __all__ = [  # noqa: RUF022 - grouped as Horovod's own list

@@ -27,13 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
+from ddl.tools.helptext import plain
 
 CONTENDERS = ["keras", "ddl-fit", "ddl-tape", "mwms"]
 LAYERS = (784, 2048, 1024, 10)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl bench tensorflow", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ddl bench tensorflow", description=plain(__doc__))
     parser.add_argument("-np", "--ranks", dest="np", default="1,2", help="world sizes to run, e.g. 1,2")
     parser.add_argument("--batch", type=int, default=64, help="per rank")
     parser.add_argument("--rounds", type=int, default=5)

@@ -13,11 +13,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
 from ddl import Adasum, Average, Max, Min, MismatchError, Product, Sum
 from ddl.base.errors import HorovodInternalError
+from ddl.base.lazy import submodules
 from ddl.engine.powersgd import PowerSGD
 from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
@@ -77,11 +75,8 @@ _use_torch_kernels()  # float16 casts and sums at memory speed (numpy's take ~10
 _reduce_before_grad_scaler()  # GradScaler.unscale_ (and scaler.step) read reduced gradients, as with DDP
 
 
-def __getattr__(name: str) -> Any:
-    # ddl.torch.elastic (the elastic training work) loads on first use.
-    if name == "elastic":
-        return importlib.import_module("ddl.torch.elastic")
-    raise AttributeError(f"module 'ddl.torch' has no attribute {name!r}")
+# ddl.torch.elastic (the elastic training work) loads on first use.
+__getattr__ = submodules("ddl.torch", ("elastic",))
 
 
 __all__ = [  # noqa: RUF022 - grouped as Horovod's own list

@@ -33,6 +33,7 @@ import numpy as np
 
 import torch
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
+from ddl.tools.helptext import plain
 from torch import nn
 
 from .resnet import resnet50
@@ -70,7 +71,7 @@ MODELS: dict[str, tuple[Callable[[], nn.Module], tuple[int, ...]]] = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl bench torch", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ddl bench torch", description=plain(__doc__))
     parser.add_argument("-np", "--ranks", dest="np", default="1,2", help="world sizes to run, e.g. 1,2")
     parser.add_argument("--models", default="mlp,cnn")
     parser.add_argument("--mlp-batch", type=int, default=64, help="per rank")

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
+from ddl.tools.helptext import plain
 from torch import nn
 
 MODES = ("unsharded", "sharded")
@@ -39,7 +40,7 @@ def model_59m() -> nn.Module:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl bench torch --memory", description=__doc__,
+    parser = argparse.ArgumentParser(prog="ddl bench torch --memory", description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="1,2,4", help="world sizes, e.g. 1,2,4")
     parser.add_argument("--steps", type=int, default=3, help="Adam steps per job")

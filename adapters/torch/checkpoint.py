@@ -27,6 +27,7 @@ import ddl
 import torch
 from ddl.checkpoint import Checkpoint, CheckpointError, Manifest, Tensor, together
 from ddl.checkpoint import save as save_shards
+from ddl.checkpoint.checks import check_class, check_replicas, saved_optimizer
 from ddl.checkpoint.manifest import decode_value, encode_value
 from ddl.checkpoint.replicas import local, read_hook, same_on_every_rank, save_hook, saves_hook
 from ddl.reduction.partition import NOBODY, partition_by_bytes
@@ -221,12 +222,7 @@ def _read(path: str | Path, model: torch.nn.Module,
                  "the model's state_dict")
     replicas = m.meta["model"].get("replicas")
     periodic = isinstance(optimizer, _Periodic)
-    if replicas is not None and replicas != size and not periodic:
-        raise CheckpointError(f"{where}: field meta.model.replicas is {replicas}: the {replicas} ranks that saved it "
-                              "held different weights (LocalSGD or DiLoCo between rounds); load it at "
-                              f"{replicas} ranks, or with optimizer= the LocalSGD/DiLoCo it was saved with (which "
-                              "continues from what synchronize() would have given), not at "
-                              f"{size} with the model alone")
+    check_replicas(where, replicas, size, periodic=periodic)
     if replicas is None:
         model_values = [(t, _entry(ckpt, f"model/{key}", t, where)) for key, t in state.items()]
     elif replicas == size:
@@ -235,14 +231,9 @@ def _read(path: str | Path, model: torch.nn.Module,
         model_values = []  # the periodic optimizer's load sets them from every saved rank's
     if optimizer is None:
         return ckpt, model_values, None
-    info = m.meta.get("optimizer")
-    if info is None:
-        raise CheckpointError(f"{where}: field meta.optimizer is missing: this checkpoint was saved without an "
-                              "optimizer; load it with optimizer=None")
+    info = saved_optimizer(where, m.meta)
     wanted = _class_name(optimizer) if periodic else _class_name(_inner(optimizer))
-    if info["class"] != wanted:
-        raise CheckpointError(f"{where}: field meta.optimizer.class is {info['class']}, the optimizer is "
-                              f"{wanted}: build the optimizer the checkpoint was saved with")
+    check_class(where, "meta.optimizer.class", info["class"], wanted)
     if periodic:
         return ckpt, model_values, _read_periodic(ckpt, info, optimizer, model, where, replicas)
     inner, params, names = _optimizer_parts(optimizer, model)
@@ -274,9 +265,7 @@ def _read_periodic(ckpt: Checkpoint, info: dict[str, Any], opt: _Periodic, model
                               f"overlap={periodic['overlap']}; the optimizer period={opt.period}, "
                               f"overlap={opt.overlap}: build it as it was saved")
     inner, inner_params, inner_names = _optimizer_parts(opt.optimizer, model)
-    if info["inner"]["class"] != _class_name(inner):
-        raise CheckpointError(f"{where}: field meta.optimizer.inner.class is {info['inner']['class']}, the inner "
-                              f"optimizer is {_class_name(inner)}: build the one the checkpoint was saved with")
+    check_class(where, "meta.optimizer.inner.class", info["inner"]["class"], _class_name(inner), "the inner optimizer")
     _check_names(list(info["inner"]["params"]), inner_names, f"{where}: field meta.optimizer.inner.params",
                  "the inner optimizer's parameters")
     same_world = saved_world == size
@@ -296,9 +285,8 @@ def _read_periodic(ckpt: Checkpoint, info: dict[str, Any], opt: _Periodic, model
     outer = getattr(opt, "outer_optimizer", None)
     if "outer" in info and isinstance(outer, torch.optim.Optimizer):
         outer_inner, outer_params, outer_names = _optimizer_parts(outer, model)
-        if info["outer"]["class"] != _class_name(outer_inner):
-            raise CheckpointError(f"{where}: field meta.optimizer.outer.class is {info['outer']['class']}, the outer "
-                                  f"optimizer is {_class_name(outer_inner)}")
+        check_class(where, "meta.optimizer.outer.class", info["outer"]["class"], _class_name(outer_inner),
+                    "the outer optimizer")
         out["outer"] = {"state": _read_state(ckpt, "optimizer/outer", outer_params, outer_names, lambda i: True),
                         "param_groups": _groups_by_name(decode_value(info["outer"]["param_groups"]),
                                                         list(info["outer"]["params"]), outer_inner, outer_names,

@@ -24,14 +24,14 @@ import numpy as np
 import torch
 from ddl.base.errors import HorovodInternalError, HostsUpdatedInterrupt
 from ddl.runtime.elastic import ObjectState, State, run, updates_pending, world_number
-from ddl.runtime.elastic.position import DataPosition
+from ddl.runtime.elastic.position import DataPosition, Positioned
 from ddl.runtime.process import rank, size
 
 from .optimizer import DistributedOptimizer
 from .sharded_optimizer import ShardedOptimizer
 
 
-class ElasticSampler(torch.utils.data.Sampler[int]):
+class ElasticSampler(Positioned, torch.utils.data.Sampler[int]):
     """Deals what is left of the epoch over the ranks, again after every change of world size.
 
     Like ``DistributedSampler``, one shuffled order per epoch (``seed + epoch``), the same on
@@ -56,30 +56,9 @@ class ElasticSampler(torch.utils.data.Sampler[int]):
         self.indices: list[int] = []
         self.reset()
 
-    @property
-    def epoch(self) -> int:
-        return self.position.epoch
-
-    @property
-    def processed_num(self) -> int:
-        """Samples of this epoch the whole world has processed."""
-        return self.position.processed
-
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` (call it at the *end* of the previous one, so a reset does not repeat it)."""
-        self.position.start_epoch(epoch)
-        self.reset()
-
     def record_batch(self, batch_idx: int, batch_size: int) -> None:
         """Count one processed batch of ``batch_size`` per rank (the whole world's)."""
         self.position.advance(per_rank=batch_size, size=self.num_replicas, limit=len(self.dataset))
-
-    def state_dict(self) -> dict[str, int]:
-        return self.position.state_dict()
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        self.position.load_state_dict(state_dict)
-        self.reset()
 
     def reset(self) -> None:
         """Deal the epoch's remaining samples over the current world (rank and size now)."""

@@ -27,6 +27,7 @@ import torch
 from ddl.base.ops import ReduceOp
 from ddl.engine.hooked import HookedBuckets, Pending
 from ddl.engine.naming import manifest_name
+from ddl.engine.periodic import check_schedule
 from ddl.runtime import api
 from ddl.runtime.process_sets import global_process_set
 
@@ -34,11 +35,12 @@ from . import kernels
 from .collectives import grouped_allreduce_
 from .optimizer import DistributedOptimizer
 from .tensors import from_numpy, numpy_dtype
+from .wrapping import PassesThrough
 
 __all__ = ["DiLoCo", "LocalSGD"]
 
 
-class _Periodic(torch.optim.Optimizer):
+class _Periodic(PassesThrough):
     """The shared machinery: the anchor, the rounds of pseudo-gradients, overlap, state."""
 
     _kind = "periodic"
@@ -50,12 +52,7 @@ class _Periodic(torch.optim.Optimizer):
         if isinstance(inner, DistributedOptimizer):
             raise TypeError(f"{type(self).__name__} wraps a plain optimizer (each rank steps alone between rounds), "
                             "not a DistributedOptimizer (sharded or not): pass the optimizer it wraps")
-        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
-            raise ValueError(f"{type(self).__name__}: period must be an integer >= 1 (inner steps per outer step), "
-                             f"got {period!r}")
-        if not isinstance(overlap, int) or isinstance(overlap, bool) or not 0 <= overlap <= period:
-            raise ValueError(f"{type(self).__name__}: overlap must be an integer from 0 (wait for each average) to "
-                             f"period={period} (apply it at the next outer step), got {overlap!r}")
+        check_schedule(type(self).__name__, period, overlap)
         if not params:
             raise ValueError(f"{type(self).__name__}: no parameters to average")
         for p in params:
@@ -76,37 +73,6 @@ class _Periodic(torch.optim.Optimizer):
         self._merge_at = 0
         self.steps = 0  # inner steps taken
         self._unsent = 0  # inner steps whose progress no round has carried yet
-
-    # -- the wrapped optimizer, passed through -------------------------------------------
-    @property  # type: ignore[override]
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups  # type: ignore[no-any-return]
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = value
-
-    @property  # type: ignore[override]
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property  # type: ignore[override]
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults  # type: ignore[no-any-return]
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self.optimizer.defaults = value
-
-    def __getattr__(self, name: str) -> Any:
-        inner = self.__dict__.get("optimizer")
-        if inner is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """The inner optimizer's ``zero_grad``."""

@@ -18,12 +18,13 @@ from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB
 from ddl.runtime import api
 
 from .reducer import Options, Reducer, late_buckets
+from .wrapping import PassesThrough
 
 _copies: dict[str, int] = {}  # unpickled copies made of each optimizer, for their names
 # Parameter checks made by this process, per process set (only its ranks make them), for their names.
 
 
-class DistributedOptimizer(torch.optim.Optimizer):
+class DistributedOptimizer(PassesThrough):
     """Wraps a torch optimizer so ``step()`` applies the gradients averaged over all ranks.
 
     Gradients are grouped into buckets (a small first bucket, then up to
@@ -177,38 +178,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Each parameter's name, under the attribute Horovod's optimizer has (code written for
         Horovod reads it): ``named_parameters``' names, or ``param.<i>`` without them."""
         return self._names
-
-    # -- the wrapped optimizer's state, passed through -----------------------------
-    @property  # type: ignore[override]
-    def param_groups(self) -> list[dict[str, Any]]:
-        return self.optimizer.param_groups  # type: ignore[no-any-return]
-
-    @param_groups.setter
-    def param_groups(self, value: list[dict[str, Any]]) -> None:
-        self.optimizer.param_groups = value
-
-    @property  # type: ignore[override]
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property  # type: ignore[override]
-    def defaults(self) -> dict[str, Any]:
-        return self.optimizer.defaults  # type: ignore[no-any-return]
-
-    @defaults.setter
-    def defaults(self, value: dict[str, Any]) -> None:
-        self.optimizer.defaults = value
-
-    def __getattr__(self, name: str) -> Any:
-        # Anything else (hook registries, private fields) is the wrapped optimizer's.
-        inner = self.__dict__.get("optimizer")
-        if inner is None or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(inner, name)
 
     def state_dict(self) -> dict[str, Any]:
         """The wrapped optimizer's ``state_dict()``: loads into the plain optimizer too."""

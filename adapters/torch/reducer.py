@@ -12,6 +12,7 @@ from ddl.base.ops import ReduceOp
 from ddl.engine.auto_compression import AutoCompression
 from ddl.engine.compression import Compressor
 from ddl.engine.hooks import CommHook, Future, GradBucket, apply_hook, is_identity
+from ddl.engine.naming import label
 from ddl.runtime import api, running
 from ddl.runtime.process_sets import global_process_set
 
@@ -112,6 +113,7 @@ class Reducer:
             if where not in devices:
                 devices[where] = staging.device_for(params)
             buckets.append(self._bucket(k, f"{prefix}.b{k}", params, devices[where]))
+            _label_bucket(buckets[-1].name, [self.names.get(p, "?") for p in params])
         self.buckets = buckets
         self._slot = {p: b for b in self.buckets for p in b.params}
         self._landing: list[Bucket] = []  # launched, gradients still being copied to the host
@@ -453,6 +455,12 @@ def _no_sparse_grad(p: torch.Tensor) -> torch.Tensor:
     return torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.int64, device=p.device),
                                    torch.zeros((0, *p.shape[1:]), dtype=p.dtype, device=p.device), p.shape,
                                    check_invariants=False)
+
+
+def _label_bucket(name: str, parameters: list[str]) -> None:
+    """Errors and stall reports name a bucket by its parameters, as the user named them."""
+    shown = ", ".join(parameters[:4]) + (f" and {len(parameters) - 4} more" if len(parameters) > 4 else "")
+    label(name, f"gradients of {shown}")
 
 
 def late_buckets(params: Sequence[torch.Tensor], options: Options, prefix: str) -> list[Bucket]:

@@ -75,6 +75,11 @@ class Config:
     verbose: bool = setting(
         "DDL_VERBOSE", False, boolean, "print the topology, algorithms and cost model on rank 0",
         flag="--verbose", metavar="", unit="bool")
+    init_timeout: float = setting(
+        "DDL_INIT_TIMEOUT", 300.0, positive(300.0),
+        "seconds ddl.init waits for every rank to start MPI before it ends this rank with a message (a rank "
+        "that failed before its ddl.init would otherwise leave the others waiting forever; under ddlrun its "
+        "exit ends the job at once)", flag="--init-timeout", metavar="SECONDS", unit="seconds")
     abort_on_exception: bool = setting(
         "DDL_ABORT_ON_EXCEPTION", True, boolean,
         "an uncaught exception on one rank aborts the whole job (so no rank waits forever)", unit="bool")
@@ -84,6 +89,15 @@ class Config:
         "DDL_ALLOW_SINGLETONS", False, boolean,
         "let a Slurm step of several tasks run as independent one-rank worlds (srun --mpi=none sweeps)",
         unit="bool")
+    monitor: str | None = setting(
+        "DDL_MONITOR", None, text,
+        "set by ddlrun: HOST:PORT/TOKEN where each rank's keeper reports the rank's output, its progress "
+        "through init and shutdown, and how it ended", metavar="ADDRESS")
+    notes_fd: str | None = setting(
+        "DDL_NOTES_FD", None, text,
+        "set by ddlrun's rank keeper: FD:PID, the file descriptor on which ddl tells the keeper (process PID, "
+        "the rank's parent) how far the rank got (init, shutdown) and why it is leaving; ignored in any other "
+        "process (the rank's own children)", metavar="FD:PID")
     elastic_world: int = setting(
         "DDL_ELASTIC_WORLD", 0, whole(0, 1),
         "set by ddlrun --elastic: this world's number (1 for the first, one more after each change of "
@@ -285,6 +299,22 @@ def transport_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """
     env = os.environ if env is None else env
     return {name: env[name] for name in sorted(env) if name.startswith(TRANSPORT_PREFIXES)}
+
+
+def notes_fd(env: Mapping[str, str] | None = None, *, parent: int | None = None) -> int:
+    """The descriptor of ``DDL_NOTES_FD`` when this process is the rank its keeper started (the
+    keeper is its parent), else 0; read without the other settings, so a rank whose other
+    ``DDL_*`` values are wrong still reports how it ended.
+
+    Example:
+        >>> notes_fd({"DDL_NOTES_FD": "7:4242"}, parent=4242), notes_fd({"DDL_NOTES_FD": "7:4242"}, parent=1)
+        (7, 0)
+    """
+    raw = BY_FIELD["notes_fd"].read(os.environ if env is None else env) or ""
+    fd, _, pid = raw.partition(":")
+    if not (fd.isdigit() and pid.isdigit()):
+        return 0
+    return int(fd) if int(pid) == (os.getppid() if parent is None else parent) else 0
 
 
 def environment() -> dict[str, str]:

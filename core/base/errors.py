@@ -47,6 +47,24 @@ class HorovodInternalError(DDLError):
     world ends cannot raise; ``ddlrun`` stops it, with the same outcome."""
 
 
+class RankLeftError(HorovodInternalError):
+    """Another rank left the job (its program ended, by its last line, ``sys.exit``, an
+    uncaught exception or ``ddl.shutdown``) while this rank waited for it in a collective,
+    which can then never complete. Raised at once on every rank that holds such a call;
+    the message names the rank that left, its host and the call.
+
+    A :class:`HorovodInternalError`, as Horovod raises for a peer's failure: under
+    ``ddlrun --elastic``, ``elastic.run`` treats the leaving rank as lost and resumes.
+
+    Attributes:
+        ranks: the ranks seen leaving (all of them, or the lowest one at 17+ ranks).
+    """
+
+    def __init__(self, message: str, *, ranks: list[int] | tuple[int, ...] = ()) -> None:
+        super().__init__(message)
+        self.ranks = tuple(ranks)
+
+
 class HostsUpdatedInterrupt(DDLError):
     """The hosts changed (one joined, or one is leaving); raised by ``state.commit()`` on every rank
     at the same commit, after the state was saved, so nothing is lost.

@@ -184,6 +184,23 @@ def discover_dims(hosts: tuple[int, ...]) -> tuple[int, ...]:
     return (len(hosts),)
 
 
+def host_keys(hosts: list[tuple[str, int]]) -> list[str]:
+    """The names that group ranks into hosts, from each rank's (host name, MPI node).
+
+    A host name whose ranks sit on several MPI nodes (two launcher entries for one machine,
+    whose ranks cannot share memory) becomes one host per node, ``name#node``; otherwise
+    the name stays as it is.
+
+    Example:
+        >>> host_keys([("vm", 0), ("vm", 1), ("b", 2), ("b", 2)])
+        ['vm#0', 'vm#1', 'b', 'b']
+    """
+    nodes: dict[str, set[int]] = {}
+    for name, node in hosts:
+        nodes.setdefault(name, set()).add(node)
+    return [f"{name}#{node}" if len(nodes[name]) > 1 else name for name, node in hosts]
+
+
 def build_topology(
     rank: int, hostnames: list[str], spec: str | TopologySpec | None = None, *, source: str = "topology"
 ) -> Topology:

@@ -4,12 +4,18 @@ Both exchange modes are written and read here, and nowhere else:
 
 - *gathered records* (fewer than :data:`COMPACT_FROM` ranks): each rank contributes a
   record of :data:`HEADER_WORDS` int64 words (:data:`DIGEST` of its pending list, its
-  :data:`LENGTH`, a :data:`STOP` flag, the :data:`INLINE` payload size, whether its stall
-  check is :data:`DUE`) and up to :data:`INLINE_BYTES` of payload, so small allreduces
-  ride along; one ``Allgather``.
+  :data:`LENGTH`, its :data:`STOP` word (0, or why it is shutting down: :data:`STOP_END`,
+  :data:`STOP_FAILED`), the :data:`INLINE` payload size, whether its stall check is
+  :data:`DUE`) and up to :data:`INLINE_BYTES` of payload, so small allreduces ride along;
+  one ``Allgather``.
 - *compact* (from :data:`COMPACT_FROM` ranks): gathering p records would cost every rank
   O(p) bytes a cycle, so it is one MIN-``Allreduce`` of :data:`COMPACT_WORDS` words
-  (each value and its negation give the minimum and maximum): O(1) bytes, no payloads.
+  (each value and its negation give the minimum and maximum, and one word the lowest
+  rank that is leaving): O(1) bytes, no payloads.
+
+A rank that is shutting down with nothing pending (*leaving*) will never submit again: a
+rank that still holds requests then fails them at once (the ``"abandon"`` verdict, read
+alike everywhere) instead of waiting for a stall timeout.
 
 :class:`Exchange` owns the buffers and runs the collective; :func:`decide`,
 :func:`decide_compact`, :func:`all_hold` and :func:`compact_all_hold` turn the words into
@@ -38,7 +44,14 @@ STRIDE = RECORD_BYTES // 8
 #: From this many ranks on, cycles exchange :data:`COMPACT_WORDS` words (an allreduce),
 #: not records (p x 4 KiB gathered by every rank: 64 KiB at 16 ranks, 1 MiB at 256).
 COMPACT_FROM = 17
-COMPACT_WORDS = 7  # digest, -digest, length, -length, stop, -stop, -(stall check due)
+#: digest, -digest, length, -length, stop, -stop, -(stall check due), leaver
+COMPACT_WORDS = 8
+#: The :data:`STOP` word: why a rank is shutting down (0: it is not). The program ended
+#: or called ``shutdown`` (``sys.exit``, its last line), or an uncaught exception.
+STOP_END, STOP_FAILED = 1, 2
+#: The compact exchange's leaver word of a rank that is not leaving (the MIN then names
+#: the lowest leaving rank as ``rank * 4 + its stop word``).
+NOBODY = 1 << 62
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -48,8 +61,12 @@ class Verdict:
     ``action``: ``"run"`` (every rank holds this very list: run it, from the payloads
     when ``inline``), ``"prefix"`` (all hold something: check whether the first
     ``prefix`` requests agree), ``"match"`` (gather the lists and pair them by name) or
-    ``"idle"``. ``waiting_to_stop``: the ranks that have not asked to stop while some
-    have (``"rank(s) [3, 7]"``, or ``"some ranks"`` where the exchange cannot say which).
+    ``"idle"``, or ``"abandon"``: some rank is leaving (shutting down with nothing
+    pending) while others hold requests, which can then never run: each rank fails its
+    own. ``waiting_to_stop``: the ranks that have not asked to stop while some have
+    (``"rank(s) [3, 7]"``, or ``"some ranks"`` where the exchange cannot say which).
+    ``left``: the leaving ranks as (rank, stop word), all of them (gathered) or the
+    lowest (compact); set with ``"abandon"`` only.
     """
 
     action: str
@@ -57,6 +74,7 @@ class Verdict:
     inline: bool = False
     prefix: int = 0
     waiting_to_stop: str = ""
+    left: tuple[tuple[int, int], ...] = ()
 
 
 def compact(size: int) -> bool:
@@ -64,22 +82,29 @@ def compact(size: int) -> bool:
     return size >= COMPACT_FROM
 
 
-def compact_vector(digest: int, length: int, stop: bool, due: bool) -> list[int]:
-    """This rank's words for the compact exchange (reduced with MIN)."""
-    return [digest, -digest, length, -length, int(stop), -int(stop), -int(due)]
+def compact_vector(digest: int, length: int, stop: int, due: bool, rank: int = 0) -> list[int]:
+    """This rank's words for the compact exchange (reduced with MIN); ``stop``: its
+    :data:`STOP` word (True counts as :data:`STOP_END`)."""
+    stop = int(stop)
+    leaver = rank * 4 + stop if stop and not length else NOBODY
+    return [digest, -digest, length, -length, stop, -stop, -int(due), leaver]
 
 
 def decide(words: Sequence[int], size: int, my_digest: int, my_length: int) -> Verdict:
     """The verdict from the gathered header ``words`` (``size`` records of :data:`STRIDE`)."""
-    same, all_stop, everyone_has, check = True, True, True, False
+    same, all_stop, everyone_has, check, holding = True, True, True, False, False
     shortest = my_length
     stopping: list[int] = []
+    left: list[tuple[int, int]] = []
     for q in range(size):
         base = q * STRIDE
         n = words[base + LENGTH]
         same = same and words[base + DIGEST] == my_digest and n == my_length
+        holding = holding or n > 0
         if words[base + STOP]:
             stopping.append(q)
+            if not n:
+                left.append((q, int(words[base + STOP])))
         else:
             all_stop = False
         everyone_has = everyone_has and n > 0
@@ -91,6 +116,8 @@ def decide(words: Sequence[int], size: int, my_digest: int, my_length: int) -> V
         waiting = f"rank(s) {running[:16]}" + (f" ({len(running)} ranks)" if len(running) > 16 else "")
     if same:
         return Verdict("run", all_stop, inline=my_length > 0 and words[INLINE] > 0, waiting_to_stop=waiting)
+    if left and holding:
+        return Verdict("abandon", all_stop, waiting_to_stop=waiting, left=tuple(left))
     if everyone_has:
         return Verdict("prefix", all_stop, prefix=shortest, waiting_to_stop=waiting)
     # A rank with nothing pending (often just a cycle early) makes nothing ready: the
@@ -100,10 +127,12 @@ def decide(words: Sequence[int], size: int, my_digest: int, my_length: int) -> V
 
 def decide_compact(v: Sequence[int], my_digest: int, my_length: int) -> Verdict:
     """The verdict from the MIN-reduced :func:`compact_vector` of every rank."""
-    all_stop, any_stop, due = v[4] == 1, -v[5] == 1, -v[6] == 1
+    all_stop, any_stop, due = v[4] >= 1, -v[5] >= 1, -v[6] == 1
     waiting = "some ranks" if any_stop and not all_stop else ""
     if compact_all_hold(v, my_digest, my_length):
         return Verdict("run", all_stop, waiting_to_stop=waiting)
+    if v[7] != NOBODY and -v[3] > 0:  # someone is leaving while someone holds requests
+        return Verdict("abandon", all_stop, waiting_to_stop=waiting, left=((v[7] // 4, v[7] % 4),))
     if v[2] > 0:
         return Verdict("prefix", all_stop, prefix=int(v[2]), waiting_to_stop=waiting)
     return Verdict("match" if due else "idle", all_stop, waiting_to_stop=waiting)
@@ -148,11 +177,14 @@ class Exchange:
         prepare = getattr(comm, "persistent_allgather", None)
         self._gather = prepare(self._send, self._recv) if prepare is not None and not self.compact and p > 1 else None
 
-    def run(self, digest: int, length: int, *, stop: bool = False, inline: int = 0, due: bool = False) -> None:
-        """Exchange this rank's header (its payload must already be in :attr:`payload_out`)."""
+    def run(self, digest: int, length: int, *, stop: int = 0, inline: int = 0, due: bool = False) -> None:
+        """Exchange this rank's header (its payload must already be in :attr:`payload_out`);
+        ``stop``: this rank's :data:`STOP` word."""
         if self.compact:
             v = self._vec_words
-            v[0], v[1], v[2], v[3], v[4], v[5], v[6] = digest, -digest, length, -length, int(stop), -int(stop), -int(due)
+            stop = int(stop)
+            v[0], v[1], v[2], v[3], v[4], v[5], v[6] = digest, -digest, length, -length, stop, -stop, -int(due)
+            v[7] = self.comm.rank * 4 + stop if stop and not length else NOBODY
             self.comm.allreduce_native(self._vec, ReduceOp.MIN)
             self._words = self._vec.tolist()
             return

@@ -152,7 +152,7 @@ class Collectives:
         def request(arr: np.ndarray, name: str) -> Request:
             return self._allreduce_request(arr, op, name, None, None, inplace)
 
-        return small_lane.build(request(x, "lane"), op, eng._inline_views(x), request) or False
+        return eng.prepare_lane(request(x, "lane"), op, request) or False
 
     def _allreduce_now(self, req: Request) -> np.ndarray:
         """A synchronous allreduce: the engine's lean path when it is free, else the queue."""

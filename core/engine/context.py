@@ -49,7 +49,17 @@ class Context:
                                                   shm_bytes=config.shm_bytes)
         #: How ``model`` was obtained (set by ``ddl.init``); None for a hand-built context.
         self.calibration: Calibration | None = None
+        #: Each rank's host name, and its rank in the world (a process set's context), for
+        #: messages; set by ``ddl.init`` and the process sets (empty: unknown).
+        self.hostnames: tuple[str, ...] = ()
+        self.world_ranks: tuple[int, ...] = ()
         algorithms.check_for(config.algorithm, topology)
+
+    def describe_rank(self, q: int) -> str:
+        """``"rank 3 (host h2)"`` for this communicator's rank ``q`` (world numbering)."""
+        world = self.world_ranks[q] if q < len(self.world_ranks) else q
+        host = f" (host {self.hostnames[q]})" if q < len(self.hostnames) else ""
+        return f"rank {world}{host}"
 
     # -- allreduce -------------------------------------------------------------
     def resolve_algorithm(self, algorithm: str | None, count: int, itemsize: int) -> str:

@@ -21,6 +21,12 @@ a cycle. Everything here serves it:
   hold something else; the timeline records it like any other.
 - *Shutdown* agrees with every rank to stop and returns only when this engine's
   thread has ended, so the communicator is never freed under it.
+- *A leaving rank tells the others*: a rank in shutdown with nothing pending will never
+  submit again, and says so in every cycle's record (:data:`~ddl.engine.codec.STOP`, with
+  why: its program ended, or an uncaught exception). A rank that holds requests then
+  fails them at once with :class:`~ddl.base.errors.RankLeftError` naming the leaving rank
+  and its host, instead of waiting for the stall timeout (the ``"abandon"`` verdict, read
+  alike on every rank: no rank makes a call the others do not).
 """
 
 from __future__ import annotations
@@ -28,13 +34,21 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import NoReturn
 
 import numpy as np
 
 from ddl.base.dtypes import accumulator
-from ddl.base.errors import DDLError, HorovodInternalError, MismatchError, RemoteError
-from ddl.engine import fusion, join, negotiation
+from ddl.base.errors import (
+    DDLError,
+    HorovodInternalError,
+    MismatchError,
+    RankLeftError,
+    RemoteError,
+)
+from ddl.base.ops import ReduceOp, ufunc
+from ddl.engine import codec, fusion, join, naming, negotiation, small_lane
 from ddl.engine.codec import Exchange, Verdict
 from ddl.engine.compression import as_compressor
 from ddl.engine.context import Context
@@ -81,6 +95,7 @@ class Engine:
         self._name_digests: dict[str, int] = {}
         self._lean_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, list[np.ndarray]]] = {}
         self._stop = False
+        self._stop_word = codec.STOP_END  # why this rank stops (sent while it does)
         self._finished = False
         self._last_submit = 0.0
         self._long_sleep = False
@@ -121,7 +136,7 @@ class Engine:
         if self._thread is None:
             self._execute([req])
             return req.handle
-        req.handle._waiter = self
+        req.handle.attach(self)
         with self._lock:
             if self._stop:
                 raise DDLError("ddl is shutting down; no new collectives are accepted")
@@ -199,18 +214,30 @@ class Engine:
         """Let the thread begin cycling (every rank at the same point, after init's probes)."""
         self._started.set()
 
-    def stop(self) -> None:
+    def stop(self, *, failed: bool = False, timeout: float | None = None) -> bool:
         """Finish pending work, agree with all ranks to stop, and return once the thread
-        has ended (however long other ranks take to reach their own shutdown)."""
+        has ended (however long other ranks take to reach their own shutdown).
+
+        From the first cycle on, the others see this rank leaving: what they hold and this
+        rank does not fails there at once (:class:`RankLeftError`). ``failed``: it leaves
+        after an uncaught exception (their error says so). ``timeout``: give up waiting
+        after that many seconds and return False (the engine is then unusable: the
+        caller ends the process; the others may still wait in an agreed cycle).
+        """
         if self._thread is None:
             self._finished = True
-            return
+            return True
         with self._wake:
             self._stop = True
+            if failed:
+                self._stop_word = codec.STOP_FAILED
             self._wake.notify()
-        self._thread.join()
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
         with self._baton:  # a caller's cycle in progress ends before the comm may go
             self._finished = True
+        return True
 
     def discard(self) -> None:
         """End an engine that never started cycling (``init`` failed): no collective."""
@@ -334,7 +361,7 @@ class Engine:
         if inline:
             fusion.pack_inline(batch, self.exchange.payload_out)
         start = time.perf_counter()
-        self.exchange.run(h, n, stop=stopping, inline=inline, due=due)
+        self.exchange.run(h, n, stop=self._stop_word if stopping else 0, inline=inline, due=due)
         return self._act(self.exchange.verdict(h, n), batch, stopping, inline, start)
 
     def _act(self, verdict: Verdict, batch: list[Request], stopping: bool, inline: int,
@@ -352,6 +379,10 @@ class Engine:
             else:
                 self._execute(batch)
             return n > 0, verdict.all_stop
+        if verdict.action == "abandon":
+            if batch:
+                self._abandon(batch, verdict.left)
+            return n > 0, verdict.all_stop
         if verdict.action == "prefix":
             ready = self._common_prefix(batch, verdict.prefix)
             if ready:
@@ -361,6 +392,25 @@ class Engine:
             self.watch.checked(time.monotonic())
             return self._match(batch), verdict.all_stop
         return False, verdict.all_stop
+
+    def _abandon(self, batch: list[Request], left: tuple[tuple[int, int], ...]) -> None:
+        """Some rank is leaving (in shutdown, nothing pending) while this one holds ``batch``:
+        none of it can ever run, so every request fails now, naming who left."""
+        self._take(batch)
+        ctx, me = self.ctx, self.ctx.topology.rank
+        leavers = [q for q, _ in left]
+        who = "; ".join(_leaving(ctx.describe_rank(q), why) for q, why in left[:4])
+        if len(left) > 4:
+            who += f" (and {len(left) - 4} more ranks)"
+        if len(left) == 1 and self.exchange.compact:
+            who += " (the lowest-numbered rank that left; others may have too)"
+        names = ", ".join(f"{r.kind} {naming.described(r.name)}" for r in batch[:3])
+        if len(batch) > 3:
+            names += f" and {len(batch) - 3} more"
+        text = (f"{who}, while rank {me} waits for it in {names}: it will never take part, so "
+                f"{'this call fails' if len(batch) == 1 else 'these calls fail'} here at once")
+        for req in batch:
+            req.handle.set_error(RankLeftError(text, ranks=leavers))
 
     def _common_prefix(self, batch: list[Request], m: int) -> list[Request]:
         """Ranks caught at different points of the same submission order (a backward pass
@@ -372,7 +422,11 @@ class Engine:
             return batch[:m]
         return []
 
-    # -- the lean path: one request run by its caller (baton free, nothing pending) ----
+    # -- the lean path: one call run by its caller (baton free, nothing pending) --------
+    # One cycle with one request, run in the caller instead of queued for the thread:
+    # run_alone takes a request built by the usual checks, run_lane a small call's
+    # prepared Lane (the same request's cached inputs), and both go through _lean_cycle,
+    # so the engine's contract lives in two places only: here and _cycle.
     def run_alone(self, req: Request) -> bool:
         """Run ``req`` in the caller as the one cycle :meth:`_cycle` would run with it
         alone pending; False (nothing done) when the engine is busy here or stopping,
@@ -384,52 +438,21 @@ class Engine:
         larger one runs at once as a bucket of its own; when they hold something else,
         the request joins the queue and this cycle's verdict is carried out as usual.
         """
-        if self._thread is None or not self._baton.acquire(blocking=False):
+        if not self._lean_baton():
             return False
         try:
-            if self._pending or self._stop or self._finished or self._failure is not None \
-                    or self._interrupted is not None:
-                return False  # submit() then raises or queues
-            req.submitted = start = time.perf_counter()
+            req.submitted = time.perf_counter()
+            req.handle.attach(self)
             d = req.digest = self._digests.get(req.descriptor) or self._digest(req.descriptor)
-            req.handle._waiter = self
             arr = req.array
             inline = 0 if self.exchange.compact else fusion.inline_bytes([req])
-            due = time.monotonic() >= self.watch.next_check
-            try:
-                # Own-accumulator dtypes go through typed views cached per shape; the
-                # rest (half types, which sum in float32) through the queued path's packing.
-                views = self._inline_views(arr) if inline and arr is not None and accumulator(arr.dtype) == arr.dtype \
-                    else None
-                if views is not None:
-                    views[0][...] = arr
-                elif inline:
-                    fusion.pack_inline([req], self.exchange.payload_out)
-                self.exchange.run(d, 1, inline=inline, due=due)
-                self.cycles += 1
-                if self.exchange.all_hold(d, 1):
-                    if views is not None:
-                        self.inline_cycles += 1
-                        req.handle.set_result(fusion.reduce_payloads(views[1], req.op, arr if req.inplace else None))
-                        if self.timeline is not None:
-                            fusion.trace_inline(self.timeline, [req], inline, (start, time.perf_counter()))
-                    elif inline:
-                        self.inline_cycles += 1
-                        fusion.finish_inline(self.ctx, [req], self.exchange.payloads, inline, self.timeline,
-                                             (start, time.perf_counter()))
-                    else:
-                        fusion.execute(self.ctx, [req], self.fusion_threshold, self.timeline)
-                    self.watch.done((req.name,))
-                    return True
-                # Other ranks hold something else: go on as the queued request would.
-                with self._lock:
-                    self._in_flight.add(req.name)
-                    self._pending.append(req)
-                self._act(self.exchange.verdict(d, 1), [req], False, inline, start)
-            except BaseException as exc:  # the failure report names this collective
-                self._fail(exc, [req])
-            finally:
-                self._last_cycle = time.perf_counter()
+            # Own-accumulator dtypes ride typed views cached per shape, as a lane does;
+            # the rest (half types, which sum in float32) the queued path's packing.
+            lane = self._transient_lane(req) if inline and arr is not None \
+                and accumulator(arr.dtype) == arr.dtype else None
+            got = self._lean_cycle(d, inline, lane, arr, req.name, req)
+            if type(got) is np.ndarray:
+                req.handle.set_result(got)
         finally:
             self._baton.release()
         return True
@@ -440,46 +463,101 @@ class Engine:
         something else. Returns the result, a handle to wait on (the call joined the
         queue after this cycle's verdict was carried out), or None (engine busy here or
         tracing: nothing done, no name taken; the caller goes the usual way)."""
-        if self.timeline is not None or self._thread is None or not self._baton.acquire(blocking=False):
+        if self.timeline is not None or not self._lean_baton():
             return None
         try:
-            if self._pending or self._stop or self._finished or self._failure is not None \
-                    or self._interrupted is not None:
-                return None
             if not name:  # unnamed ("" too, as on the queued path): the thread's next count
                 stem, count = self.names.next_count_excluded()  # the baton excludes catch_up
                 d = (lane.body ^ negotiation.counted_digest(stem, count)) & negotiation.MASK
-                name = None
+                name = f"{stem}{count}"
             else:
-                stem, count = "", 0
                 d = (lane.body ^ self._name_digest(name)) & negotiation.MASK
-            ex = self.exchange
-            try:
-                lane.staged[...] = x
-                held = ex.run_one(d, lane.nbytes, time.monotonic() >= self.watch.next_check)
-                self.cycles += 1
-                if held:
-                    self.inline_cycles += 1
-                    out = fusion.reduce_with(lane.parts, lane.combine, lane.average, x if lane.inplace else None)
-                    if self.watch.watching:
-                        self.watch.done((name or f"{stem}{count}",))
-                    return out
-                # Other ranks hold something else: go on as the queued request would.
-                req = lane.request(x, name or f"{stem}{count}")
-                start = time.perf_counter()
-                req.submitted, req.digest = start, d
-                req.handle._waiter = self
-                with self._lock:
-                    self._in_flight.add(req.name)
-                    self._pending.append(req)
-                self._act(ex.verdict(d, 1), [req], False, lane.nbytes, start)
-            except BaseException as exc:  # the failure report names this collective
-                self._fail(exc, [])
-            finally:
-                self._last_cycle = time.perf_counter()
+            return self._lean_cycle(d, lane.nbytes, lane, x, name, None)
         finally:
             self._baton.release()
-        return req.handle
+
+    def prepare_lane(self, request: Request, passed: object,
+                     builder: Callable[[np.ndarray, str], Request]) -> Lane | None:
+        """A small call signature's :class:`Lane`, riding this engine's cycle records (None:
+        it cannot take one; see :func:`ddl.engine.small_lane.build`)."""
+        if request.array is None:
+            return None
+        return small_lane.build(request, passed, self._inline_views(request.array), builder)
+
+    def _lean_baton(self) -> bool:
+        """Take the baton for a lean cycle: only when free and with nothing pending, stopping
+        or failed here (else the caller goes the queued way, which raises or queues)."""
+        if self._thread is None or not self._baton.acquire(blocking=False):
+            return False
+        if self._pending or self._stop or self._finished or self._failure is not None \
+                or self._interrupted is not None:
+            self._baton.release()
+            return False
+        return True
+
+    def _transient_lane(self, req: Request) -> Lane:
+        """run_alone's request as a lane for this one cycle (its views are cached per shape)."""
+        arr = req.array
+        assert arr is not None
+        staged, parts = self._inline_views(arr)
+        return Lane(passed=req.op, op=req.op, combine=ufunc(req.op), average=req.op is ReduceOp.AVERAGE,
+                    inplace=req.inplace, nbytes=arr.nbytes, body=0, staged=staged, parts=parts,
+                    request=lambda _x, _name: req)
+
+    def _lean_cycle(self, d: int, inline: int, lane: Lane | None, x: np.ndarray | None, name: str,
+                    req: Request | None) -> np.ndarray | Handle | None:
+        """The lean path's one cycle (the caller holds the baton). Either ``lane`` (its
+        staged views carry ``x`` inline) or ``req`` alone (packed inline, or run as its own
+        bucket after the exchange). Returns the lane's result when every rank held this
+        call; None when ``req`` ran to its handle; the handle the call waits on when the
+        others held something else (it joined the queue and this cycle's verdict was
+        carried out)."""
+        ex = self.exchange
+        start = req.submitted if req is not None else 0.0  # a lane's clock starts only if it queues
+        try:
+            if lane is not None:
+                lane.staged[...] = x
+            elif inline:
+                fusion.pack_inline([req], ex.payload_out)  # type: ignore[list-item]
+            due = time.monotonic() >= self.watch.next_check
+            if ex.compact:
+                ex.run(d, 1, inline=inline, due=due)
+                held = ex.all_hold(d, 1)
+            else:
+                held = ex.run_one(d, inline, due)
+            self.cycles += 1
+            if held:
+                out = None
+                if lane is not None:
+                    self.inline_cycles += 1
+                    out = fusion.reduce_with(lane.parts, lane.combine, lane.average, x if lane.inplace else None)
+                    if self.timeline is not None and req is not None:
+                        fusion.trace_inline(self.timeline, [req], inline, (start, time.perf_counter()))
+                elif inline:
+                    self.inline_cycles += 1
+                    fusion.finish_inline(self.ctx, [req], ex.payloads, inline, self.timeline,  # type: ignore[list-item]
+                                         (start, time.perf_counter()))
+                else:
+                    fusion.execute(self.ctx, [req], self.fusion_threshold, self.timeline)  # type: ignore[list-item]
+                if self.watch.watching:
+                    self.watch.done((name,))
+                return out
+            # Other ranks hold something else: go on as the queued request would.
+            if req is None:
+                assert lane is not None and x is not None
+                req = lane.request(x, name)
+                req.digest, req.submitted = d, time.perf_counter()
+                start = req.submitted
+            req.handle.attach(self)
+            with self._lock:
+                self._in_flight.add(req.name)
+                self._pending.append(req)
+            self._act(ex.verdict(d, 1), [req], False, inline, start)
+            return req.handle
+        except BaseException as exc:  # the failure report names this collective
+            self._fail(exc, [req] if req is not None else [])
+        finally:
+            self._last_cycle = time.perf_counter()
 
     def _name_digest(self, name: str) -> int:
         d = self._name_digests.get(name)
@@ -516,8 +594,10 @@ class Engine:
                     self.names.catch_up(d.name)
         substitutes = join.resolve(everyone, result, joined)
         now = time.monotonic()
-        for name, have in result.missing.items():
-            self.watch.missing(name, have, now)
+        if result.missing:
+            doing = {q: [d.name for d in descriptors] for q, descriptors in enumerate(everyone)}
+            for name, have in result.missing.items():
+                self.watch.missing(name, have, now, doing, self.ctx.describe_rank)
         mine = {r.name: r for r in batch}
         ready = [mine.get(name) or _stand_in(substitutes[name]) for name in result.ready]
         failed = [(mine[name], why) for name, why in result.failed.items() if name in mine]
@@ -568,6 +648,12 @@ class Engine:
         # Names are reused every step; one seen missing once and then run on the fast
         # path must not keep its old clock, or a later brief skew reads as a long stall.
         self.watch.done(r.name for r in done)
+
+
+def _leaving(rank: str, why: int) -> str:
+    if why == codec.STOP_FAILED:
+        return f"{rank} left after an uncaught exception (its traceback is in its output)"
+    return f"{rank} left: its program is ending (its last line, sys.exit or ddl.shutdown)"
 
 
 def _from_mpi(exc: BaseException) -> bool:

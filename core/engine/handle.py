@@ -32,6 +32,11 @@ class Handle:
         self._error: BaseException | None = None
         self._waiter = waiter
 
+    def attach(self, waiter: Waiter) -> None:
+        """Have ``waiter`` (the engine that queued this collective) run cycles for a caller
+        that blocks on it."""
+        self._waiter = waiter
+
     def done(self) -> bool:
         """True once the collective has finished (successfully or not)."""
         return self._done

@@ -6,6 +6,9 @@ rank in whatever order the scheduler ran them, and ranks would pair one thread's
 tensor with another's (silently wrong sums). So each thread counts on its own and
 its name (``threading.current_thread().name``, alike on every rank for threads the
 program creates in the same order) is part of the request's name.
+
+Adapters may also :func:`label` a name with what it stands for in the user's terms (a
+gradient bucket's parameters), which errors and stall reports then show beside it.
 """
 
 from __future__ import annotations
@@ -138,3 +141,29 @@ def call_site_name(prefix: str) -> str:
     with _manifests_lock:
         n = _sites[site] = _sites.get(site, -1) + 1
     return f"{site}.{n}"
+
+
+_labels: dict[str, str] = {}
+#: At most this many labels are kept (a program that makes buckets without end forgets old ones).
+_MAX_LABELS = 4096
+
+
+def label(name: str, text: str) -> None:
+    """Say what a request name stands for in the user's terms (an adapter's gradient
+    bucket: its parameters), so errors and stall reports name it that way.
+
+    Example:
+        >>> label("ddl.torch.opt.ab12.b0", "gradients of fc.weight, fc.bias")
+        >>> described("ddl.torch.opt.ab12.b0")
+        "'ddl.torch.opt.ab12.b0' (gradients of fc.weight, fc.bias)"
+    """
+    with _manifests_lock:
+        if len(_labels) >= _MAX_LABELS:
+            _labels.clear()
+        _labels[name] = text
+
+
+def described(name: str) -> str:
+    """``name`` quoted, with its :func:`label` where it has one."""
+    text = _labels.get(name)
+    return f"{name!r} ({text})" if text else repr(name)

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import NoReturn
 
+from ddl.engine.naming import described
+
 
 class StallWatch:
     """Tracks how long each name has been missing somewhere; one per engine."""
@@ -40,14 +42,23 @@ class StallWatch:
     def checked(self, now: float) -> None:
         self.next_check = now + min(1.0, self.timeout / 8)
 
-    def missing(self, name: str, have: list[int], now: float) -> None:
-        """``name`` is held by ``have`` only; warn, or abort the job once it is too late."""
+    def missing(self, name: str, have: list[int], now: float, doing: dict[int, list[str]] | None = None,
+                describe: Callable[[int], str] | None = None) -> None:
+        """``name`` is held by ``have`` only; warn, or abort the job once it is too late.
+
+        ``doing``: what each rank holds instead (its pending names, from the same gather),
+        so the report says what the missing ranks were doing; ``describe``: a rank as
+        ``"rank 1 (host h2)"``.
+        """
         waited = now - self._since.setdefault(name, now)
         absent = [r for r in range(self.size) if r not in have]
-        text = (f"tensor {name!r} was submitted by rank(s) {_short(have)} but not by rank(s) "
+        text = (f"tensor {described(name)} was submitted by rank(s) {_short(have)} but not by rank(s) "
                 f"{_short(absent)} for {waited:.1f} s")
         if waited >= self.timeout:
-            _say(f"ddl: rank {self.rank}: stall: {text}; aborting the job (DDL_STALL_TIMEOUT={self.timeout:g})")
+            said = "; ".join(_doing(q, (doing or {}).get(q, []), describe) for q in absent[:4])
+            _say(f"ddl: rank {self.rank}: stall: {text} ({said}); aborting the job "
+                 f"(DDL_STALL_TIMEOUT={self.timeout:g}; raise it if a rank legitimately works that long "
+                 "between collectives)")
             self._abort(1)
         elif waited >= self.timeout / 2 and name not in self._warned:
             self._warned.add(name)
@@ -74,6 +85,15 @@ class StallWatch:
         if now - self._stop_warned >= max(self.timeout / 2, 1.0):
             self._stop_warned = now
             _say(f"ddl: rank {self.rank}: waiting in shutdown for {ranks} for {now - self._stop_since:.0f} s")
+
+
+def _doing(q: int, names: list[str], describe: Callable[[int], str] | None) -> str:
+    who = describe(q) if describe is not None else f"rank {q}"
+    if not names:
+        return (f"{who} holds no collective: alive, but busy outside ddl (computing, loading data, "
+                "or waiting on something else)")
+    shown = ", ".join(described(n) for n in names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+    return f"{who} waits in {shown} instead"
 
 
 def _short(ranks: list[int]) -> str:

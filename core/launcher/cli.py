@@ -1,8 +1,13 @@
 """The ``ddlrun`` command: parse its flags, find the MPI that mpi4py uses, run its mpiexec.
 
-Exit status: the job's (non-zero if any rank failed; ``128 + N`` if mpiexec died of
-signal N), 2 for a usage or configuration error found before anything starts, 127 when
-no usable MPI or mpiexec is found.
+Every rank runs under a keeper that reports to ddlrun (:mod:`ddl.launcher.watch`): the
+job ends within seconds of the first rank that fails, with that rank's status, and each
+output line is tagged with its rank.
+
+Exit status: the first failing rank's own (its status, or ``128 + N`` for signal N; 0
+when every rank succeeded), ``128 + N`` when ddlrun itself was stopped by signal N, 2
+for a usage or configuration error found before anything starts, 127 when no usable
+MPI or mpiexec is found, or COMMAND's program or script does not exist.
 """
 
 from __future__ import annotations
@@ -10,15 +15,13 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import socket
-import subprocess
 import sys
-import threading
-from types import FrameType
+from pathlib import Path
 from typing import Any
 
-from ddl.base.config import environment, job_from_env, search_path
+from ddl import __version__
+from ddl.base.config import BY_FIELD, environment, job_from_env, search_path
 from ddl.base.cpus import available_cpus
 from ddl.launcher import kubernetes, platforms
 from ddl.launcher.command import (
@@ -35,11 +38,15 @@ from ddl.launcher.command import (
 from ddl.launcher.elastic import flags as elastic_flags
 from ddl.launcher.elastic.supervisor import Supervisor
 from ddl.launcher.hosts import HostListError, HostSlots, parse_host_list, read_hostfile
+from ddl.launcher.machines import merge_same_machines
 from ddl.launcher.mpi import MpiNotFoundError, detect_mpi
+from ddl.launcher.preflight import ProgramNotFound, check_command
+from ddl.launcher.watch.job import WatchedJob
+from ddl.launcher.watch.output import OutputRouter
+from ddl.launcher.watch.server import WatchServer, reachable_address
 
 USAGE_ERROR = 2
 NOT_FOUND = 127
-_FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="example: ddlrun -np 4 --topology 2x2 python train.py",
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"ddlrun (ddl-runtime) {__version__}")
     parser.add_argument("-np", "-n", dest="np", type=int, metavar="N",
                         help="number of ranks (default: all slots of -H/--hostfile or of the Slurm allocation)")
     where = parser.add_mutually_exclusive_group()
@@ -67,36 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             parser.add_argument(flag, dest=row.field, metavar=row.metavar,
                                 help=f"{setting_help(row)} ({row.env}; default {row.default_text()})")
+    output = parser.add_argument_group("output")
+    output.add_argument("--tag-output", dest="tag_output", action=argparse.BooleanOptionalAction, default=True,
+                        help="prefix each line with its rank, as horovodrun does: [1]<stdout>: (default: on)")
+    output.add_argument("--log-dir", "--output-filename", dest="log_dir", metavar="DIR",
+                        help="also write each rank's output to DIR/rank.N/stdout and stderr (horovodrun's "
+                             "--output-filename layout)")
     elastic_flags.add_arguments(parser)
     kubernetes.add_arguments(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="COMMAND ...",
                         help="the program every rank runs; 'python'/'python3' becomes ddlrun's interpreter")
     return parser
-
-
-def run(launch: Launch) -> int:
-    """Run the launch, forwarding SIGINT and SIGTERM to mpiexec; returns its exit status."""
-    try:
-        child = subprocess.Popen(launch.argv, env=launch.env)
-    except OSError as exc:
-        _error(f"cannot start {launch.argv[0]} ({exc}); check that it is an executable mpiexec")
-        return NOT_FOUND
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        child.send_signal(signum)
-
-    previous: dict[int, Any] = {}  # whatever signal.signal returned, to restore
-    if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, forward) for sig in _FORWARDED_SIGNALS}
-    try:
-        code = child.wait()
-    except KeyboardInterrupt:  # a signal before the handlers were in place
-        child.send_signal(signal.SIGINT)
-        code = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-    return 128 - code if code < 0 else code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,12 +136,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         validate_options(options)
         if not wait:  # names the user typed or set (a scheduler's own are its business)
-            check_resolvable(typed or (pod.hosts if pod else ()))
+            check_resolvable(given)
+        options.hosts, merged = merge_same_machines(options.hosts)
+        check_command(options.command, path_dirs=search_path(), cwd=Path.cwd())
+    except ProgramNotFound as exc:
+        _error(str(exc))
+        return exc.status
     except (LaunchError, HostListError) as exc:
         if not command:
             parser.print_usage(sys.stderr)
         _error(str(exc))
         return USAGE_ERROR
+    for note in merged:
+        print(f"ddlrun: note: {note}", file=sys.stderr)
     mpi = _detect_mpi()
     if isinstance(mpi, int):
         return mpi
@@ -160,20 +156,35 @@ def main(argv: list[str] | None = None) -> int:
         waited = platforms.wait_for_workers(hosts, np_, mpi=mpi, env=environment(), timeout=wait)
         if waited is not None:
             return waited
+    server = WatchServer()
+    monitor = server.address(reachable_address([h.name for h in options.hosts]))
     launch = build_launch(
         options,
         mpi=mpi,
         cpu_count=available_cpus(),
-        base_env=environment(),
+        base_env={**environment(), BY_FIELD["monitor"].env: monitor},
         python_executable=sys.executable,
         is_root=_is_root(),
+        wrap=(sys.executable, "-m", "ddl.launcher.watch.keeper", "--"),
     )
     launch = platforms.finish_launch(launch, mpi=mpi, base_env=environment(), hosts_given=bool(hosts))
     if options.verbose:
         for note in [*where, *launch.notes]:
             print(f"ddlrun: {note}", file=sys.stderr)
+        print(f"ddlrun: each rank runs under a keeper reporting to {monitor.rsplit('/', 1)[0]}", file=sys.stderr)
         print(f"ddlrun: running {shlex.join(launch.argv)}", file=sys.stderr, flush=True)
-    return run(launch)
+    return run_launch(launch, server, np=np_, tagged=args.tag_output,
+                      log_dir=Path(args.log_dir) if args.log_dir else None)
+
+
+def run_launch(launch: Launch, server: WatchServer, *, np: int, tagged: bool, log_dir: Path | None) -> int:
+    """Run ``launch`` (its ranks under keepers reporting to ``server``) to its end; the job's status.
+
+    SIGINT, SIGTERM and SIGHUP are passed to mpiexec (a second one kills it); the first
+    failing rank ends the job (:mod:`ddl.launcher.watch`).
+    """
+    router = OutputRouter(np=np, tagged=tagged, log_dir=log_dir, stdout=sys.stdout.buffer, stderr=sys.stderr.buffer)
+    return WatchedJob(launch, server, np=np, router=router).run()
 
 
 def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command: list[str]) -> int:

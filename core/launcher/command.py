@@ -232,6 +232,7 @@ def build_launch(
     base_env: Mapping[str, str],
     python_executable: str,
     is_root: bool,
+    wrap: tuple[str, ...] = (),
 ) -> Launch:
     """Build the mpiexec argv and the child environment for ``options``.
 
@@ -243,6 +244,8 @@ def build_launch(
             over ddlrun's defaults, flags win over ``DDL_*`` already set.
         python_executable: replaces a COMMAND that starts with ``python``/``python3``.
         is_root: ddlrun runs as root (Open MPI then needs ``--allow-run-as-root``).
+        wrap: a program every rank's command runs under (ddlrun's rank keeper), placed
+            before it once ``python`` has become ``python_executable``.
 
     Returns:
         The :class:`Launch`; nothing is run.
@@ -289,7 +292,7 @@ def build_launch(
             "rank uses ddlrun's interpreter and virtualenv (and the MPI mpi4py was built for)"
         )
         command[0] = python_executable
-    argv = [mpi.mpiexec, "-n", str(options.np), *mpi_flags, *command]
+    argv = [mpi.mpiexec, "-n", str(options.np), *mpi_flags, *wrap, *command]
     return Launch(argv=argv, env=env, notes=notes)
 
 

@@ -41,7 +41,8 @@ def relaunch_argv(np: int, python_args: Sequence[str], *, hosts: str | None = No
         if value is None or value is False:
             continue
         argv += [row.flag] if value is True else [row.flag, str(value)]
-    return [*argv, sys.executable, *python_args]
+    # The tools read their ranks' output (tables, JSON lines): it comes without rank tags.
+    return [*argv, "--no-tag-output", sys.executable, *python_args]
 
 
 def relaunch(np: int, python_args: Sequence[str], *, hosts: str | None = None,

@@ -1,8 +1,12 @@
 """Process-wide state: ``init`` builds the communicator, topology and context once; ``shutdown`` undoes it.
 
 Without ``mpiexec`` (or without a loadable MPI) the world is one process and every
-collective still works. With more than one rank, an uncaught exception on any rank
-prints its traceback and aborts the whole job, so no rank is left waiting.
+collective still works. With more than one rank, no rank is left waiting for one that
+is gone: ``init`` waits a bounded time for the world to form (:mod:`ddl.runtime.rank_watch`);
+a rank whose program ends tells the others as it shuts down (they raise
+:class:`~ddl.base.errors.RankLeftError` at once); an uncaught exception on any rank
+prints its traceback and leaves the same way, or aborts the job when the others do not
+answer. Under ``ddlrun`` each step is also told to the rank's keeper (:mod:`ddl.base.notes`).
 """
 
 from __future__ import annotations
@@ -11,20 +15,22 @@ import atexit
 import dataclasses
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ddl import __version__
+from ddl.base import notes
 from ddl.base.config import BY_FIELD, Config, JobEnv, job_from_env, settings_differences
 from ddl.base.cpus import available_cpus
 from ddl.base.errors import SettingsMismatchError, WorldMismatchError
-from ddl.base.topology import build_topology
+from ddl.base.topology import build_topology, host_keys
 from ddl.engine.collectives import Collectives
 from ddl.engine.context import Context
 from ddl.engine.engine import Engine
 from ddl.engine.timeline import Timeline
 from ddl.reduction.calibration import calibrate
-from ddl.runtime import running
+from ddl.runtime import rank_watch, running
 from ddl.runtime.abort_hooks import AbortHooks
 from ddl.runtime.process_sets import close_all, init_sets
 from ddl.runtime.running import (
@@ -38,6 +44,7 @@ from ddl.runtime.running import (
 from ddl.runtime.world_check import check_world, one_host_refusal
 from ddl.wire.comm import MPIComm, SelfComm, world_comm
 from ddl.wire.mpi_library import describe_loaded_mpi
+from ddl.wire.splits import shared_node_leader
 
 VERSION = __version__  # one place for the version: the package
 
@@ -45,6 +52,9 @@ __all__ = ["collectives", "context", "current_engine", "engine", "init", "is_ini
 
 _lock = threading.Lock()
 _hooks = AbortHooks()
+#: How long a rank that raised an uncaught exception waits for the others to let it
+#: leave (they notice at their next collective) before it aborts the job instead.
+LEAVE_TIMEOUT = 5.0
 
 
 def init(comm: Any = None, process_sets: Sequence[Any] | None = None, *, topology: str | None = None,
@@ -110,13 +120,16 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
             _check_same(running_ctx, spec, algorithm)
             return running_ctx
         job = job_from_env()
-        comm = world_comm(job.announced)
+        notes.send(notes.INIT)
+        comm = _form_world(job, config)
         _check_world(comm, config, job)
-        # One gather carries the host names and the settings every rank must share.
+        # One gather carries the host names, MPI's nodes and the settings every rank must share.
         mine = config.sequence_settings(topology=spec, version=VERSION)
-        gathered = comm.allgather_object((config.hostname or comm.hostname(), mine))
-        hostnames = [h for h, _ in gathered]
-        differences = settings_differences([s for _, s in gathered])
+        node = shared_node_leader(comm.mpi_comm) if isinstance(comm, MPIComm) else 0
+        gathered = comm.allgather_object((config.hostname or comm.hostname(), node, mine))
+        hostnames = [h for h, _, _ in gathered]
+        keys = host_keys([(h, n) for h, n, _ in gathered])
+        differences = settings_differences([s for _, _, s in gathered])
         if differences:
             comm.free()
             raise SettingsMismatchError(
@@ -128,19 +141,20 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
         if trap:  # every rank holds the same host names and variables: all refuse alike
             comm.free()
             raise WorldMismatchError(trap)
-        topo = build_topology(comm.rank, hostnames, spec, source=source)
+        topo = build_topology(comm.rank, keys, spec, source=source)
         if isinstance(comm, MPIComm):
             # Measured on 2 cores: sleeping waits free a core for the training loop at 2
             # ranks, but at 4 they wake late and a cycle costs 5x MPI's yielding wait.
             comm.polite = topo.local_size <= available_cpus()
         ctx = Context(comm, topo, config)
+        ctx.hostnames = tuple(hostnames)
         timeline = Timeline(config.timeline, rank=comm.rank) if config.timeline and comm.rank == 0 else None
         engine = Engine(ctx, fusion_threshold=config.fusion_threshold, stall_timeout=config.stall_timeout,
                         cycle_time=config.cycle_time, timeline=timeline, start=False)
         try:
             # Probed with the engine thread alive but parked, as collectives later run (a
             # ddl process runs MPI ~20 % slower than a bare one); it starts cycling after.
-            calib = calibrate(comm, topo, hostnames, config.calibration, segment_bytes=config.segment_bytes,
+            calib = calibrate(comm, topo, keys, config.calibration, segment_bytes=config.segment_bytes,
                               shm_bytes=config.shm_bytes)
         except BaseException:
             engine.discard()  # its thread never cycled: nothing to agree on, no wait
@@ -150,27 +164,83 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
         engine.start_cycles()
         running.set_running(ctx, engine, Collectives(engine))
         if comm.size > 1 and config.abort_on_exception:
-            _hooks.install(comm)
+            # In an elastic world an error of the program ends the job (ddlrun --elastic tells it
+            # from a lost host by the rank's own end): it aborts at once, as it always did, rather
+            # than leaving, which the others would take for a lost peer and recover from.
+            leave = None if config.elastic_world else (lambda: _shutdown(failed=True, timeout=LEAVE_TIMEOUT))
+            _hooks.install(comm, leave=leave)
+        notes.send(notes.READY, f"rank {comm.rank} of {comm.size}")
         if config.verbose and comm.rank == 0:
             print(f"ddl: {comm.size} ranks on {topo.cross_size} host(s), topology {topo}, "
                   f"algorithm {config.algorithm}; {calib.describe()}", file=sys.stderr, flush=True)
         return ctx
 
 
+def _form_world(job: JobEnv, config: Config) -> Any:
+    """``MPI_Init`` (through :func:`world_comm`), bounded by ``DDL_INIT_TIMEOUT`` where no
+    keeper watches this rank and the launcher announced more than one process."""
+    said = job.announced
+    watch = None
+    if said is not None and (said.size or 0) > 1 and not notes.active() and not _mpi_started():
+        watch = rank_watch.start(timeout=config.init_timeout, rank=said.rank, size=said.size,
+                                 host=config.hostname or _hostname())
+    try:
+        comm = world_comm(job.announced)
+    except BaseException:
+        if watch is not None:
+            watch.close()
+        raise
+    if watch is not None:
+        watch.started()
+    return comm
+
+
+def _mpi_started() -> bool:
+    mpi = sys.modules.get("mpi4py.MPI")
+    return bool(mpi is not None and mpi.Is_initialized())
+
+
+def _hostname() -> str:
+    import socket
+
+    return socket.gethostname()
+
+
 def shutdown() -> None:
-    """Release ddl's communicator; ``init`` may be called again afterwards."""
+    """Release ddl's communicator; ``init`` may be called again afterwards.
+
+    From the moment it is called, the other ranks see this rank leaving: a collective
+    they wait in and this rank will never join raises :class:`~ddl.base.errors.RankLeftError`
+    there at once. It returns once every rank has called ``shutdown`` (a rank that is
+    slow to get there, saving a checkpoint say, is waited for).
+    """
+    _shutdown(failed=False, timeout=None)
+
+
+def _shutdown(*, failed: bool, timeout: float | None) -> bool:
+    """:func:`shutdown`; ``failed``: after an uncaught exception (the others' errors say
+    so); ``timeout``: give up when the others have not agreed in time (False: ddl is
+    then unusable and the caller ends the process)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     if running.current_engine() is not None:
-        close_all()
+        notes.send(notes.LEAVING, "after an uncaught exception" if failed else "")
+        if not close_all(failed=failed, deadline=deadline):
+            return False
     with _lock:
         engine, ctx = running.current_engine(), running.current_context()
         if engine is not None:
-            engine.stop()  # returns once every rank agreed to stop and the thread ended
+            # Returns once every rank agreed to stop and the thread ended.
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not engine.stop(failed=failed, timeout=left):
+                return False
             if engine.timeline is not None:
                 engine.timeline.write()
         if ctx is not None:
             ctx.comm.free()
         _hooks.uninstall()
         running.set_running(None, None, None)
+    notes.send(notes.DONE)  # after a failed init too: the keeper then knows the process ended by its own will
+    return True
 
 
 def _check_same(ctx: Context, spec: str | None, algorithm: str | None) -> None:

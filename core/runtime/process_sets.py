@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -183,12 +184,14 @@ def init_sets(process_sets: Sequence[ProcessSet] | None) -> None:
             add_process_set(ps)
 
 
-def close_all() -> None:
+def close_all(*, failed: bool = False, deadline: float | None = None) -> bool:
     """Stop every set's engine and free its communicator (at ``shutdown``, on every rank).
 
     The ids and the call count start again too: the next ``init`` is a new world, whose
     first ``add_process_set`` must meet the other ranks' first one (a rank that kept its
-    count from before would wait in a call named otherwise).
+    count from before would wait in a call named otherwise). ``failed``, ``deadline``: as
+    :meth:`ddl.engine.engine.Engine.stop` (after an uncaught exception; give up at that
+    ``time.monotonic()``); False when a set's ranks did not agree in time.
     """
     global _next_id, _calls
     with _lock:
@@ -197,8 +200,7 @@ def close_all() -> None:
         _ranks.clear()
         _next_id = 1
         _calls = 0
-    for members in found:
-        _close(members)
+    return all(_close(members, failed=failed, deadline=deadline) for members in found)
 
 
 def _build(world: Collectives, ranks: tuple[int, ...]) -> Collectives | None:
@@ -216,18 +218,23 @@ def _build(world: Collectives, ranks: tuple[int, ...]) -> Collectives | None:
         sub.polite = comm.polite
     config = dataclasses.replace(ctx.config, topology=None, algorithm="auto")
     sub_ctx = Context(sub, topo, config)
+    sub_ctx.world_ranks = tuple(sub_ranks)
+    sub_ctx.hostnames = tuple(ctx.hostnames[r] for r in sub_ranks) if ctx.hostnames else ()
     parent = running.engine()
     engine = Engine(sub_ctx, fusion_threshold=parent.fusion_threshold, stall_timeout=parent.watch.timeout,
                     cycle_time=parent.cycle_time)
     return Collectives(engine)
 
 
-def _close(members: Collectives | None) -> None:
+def _close(members: Collectives | None, *, failed: bool = False, deadline: float | None = None) -> bool:
     if members is None:
-        return
-    members.engine.stop()
+        return True
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    if not members.engine.stop(failed=failed, timeout=left):
+        return False
     if members.ctx.comm is not running.context().comm:
         members.ctx.comm.free()
+    return True
 
 
 def _ranks_of_comm(comm: Any) -> list[int]:

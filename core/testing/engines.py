@@ -44,6 +44,7 @@ def run_engines(
     def body(comm: FakeComm) -> T:
         topo = build_topology(comm.rank, names, spec)
         ctx = Context(comm, topo, dataclasses.replace(cfg))
+        ctx.hostnames = tuple(names)
         engine = Engine(ctx, fusion_threshold=cfg.fusion_threshold, stall_timeout=cfg.stall_timeout,
                         cycle_time=cfg.cycle_time)
         try:

@@ -28,6 +28,7 @@ import numpy as np
 from ddl.checkpoint import Checkpoint, CheckpointError
 from ddl.checkpoint.manifest import decode_value
 from ddl.tools.cli import DISTRIBUTION
+from ddl.tools.helptext import plain
 
 #: Entry-point group of the adapters' consolidated-file writers, named by the file suffix.
 WRITERS = "ddl.checkpoint.writers"
@@ -119,7 +120,7 @@ def find_writer(out: str) -> tuple[str, Callable[..., list[str]] | None, str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ddl checkpoint", description=__doc__,
+    p = argparse.ArgumentParser(prog="ddl checkpoint", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     ins = sub.add_parser("inspect", help="list what a checkpoint holds")

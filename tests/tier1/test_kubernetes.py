@@ -3,6 +3,7 @@ workers, Open MPI 5's settings and the world check's one-host trap, all as pure 
 
 from __future__ import annotations
 
+import io
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -260,12 +261,19 @@ MPICH = MpiInfo(flavour="mpich", mpiexec="/venv/bin/mpiexec", library="MPICH Ver
 
 
 class Recorder:
+    """Stands in for mpiexec's Popen (ddlrun's watched run): records the argv, ends at once with 0."""
+
     launched: list[list[str]] = []
 
-    def __init__(self, argv: list[str], *, env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], *, env: dict[str, str], **kwargs: object) -> None:
+        self.pid = 1 << 22  # no such process
+        self.stdout, self.stderr = io.BytesIO(), io.BytesIO()
         Recorder.launched.append(argv)
 
-    def wait(self) -> int:
+    def poll(self) -> int:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
         return 0
 
 
@@ -273,6 +281,9 @@ class Recorder:
 def launcher_pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     hostfile = tmp_path / "hostfile"
     hostfile.write_text(OPERATOR_MPICH.replace(":2", ":1"))
+    monkeypatch.chdir(tmp_path)  # the scripts ddlrun checks before it starts anything
+    for script in ("train.py", "t.py"):
+        (tmp_path / script).write_text("")
     for name in ("OMPI_MCA_orte_default_hostfile", "I_MPI_HYDRA_HOST_FILE", "PRTE_MCA_prte_default_hostfile",
                  "SLURM_JOB_ID", "SLURM_JOBID", "PET_NNODES"):
         monkeypatch.delenv(name, raising=False)
@@ -280,7 +291,7 @@ def launcher_pod(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     monkeypatch.setenv("HYDRA_HOST_FILE", str(hostfile))
     monkeypatch.setattr(cli, "detect_mpi", lambda **_: MPICH)
     Recorder.launched = []
-    monkeypatch.setattr(cli.subprocess, "Popen", Recorder)
+    monkeypatch.setattr(subprocess, "Popen", Recorder)
     return hostfile
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +39,7 @@ from ddl.launcher.hosts import (
     ranks_per_host,
     read_hostfile,
 )
+from ddl.launcher.watch.server import WatchServer
 
 MPICH = MpiInfo(flavour="mpich", mpiexec="/venv/bin/mpiexec", library="MPICH Version: 4.2.0")
 OPENMPI = MpiInfo(flavour="openmpi", mpiexec="/opt/ompi/bin/mpiexec", library="Open MPI v5.0.3")
@@ -157,6 +160,7 @@ VALUES: dict[str, Any] = {
     "topology": "2", "algorithm": "ring", "segment_bytes": 4096, "verbose": True,
     "timeline": "trace.json", "fusion_threshold": 0, "stall_timeout": 2.5,
     "calibration": "calib.json", "shm_bytes": 1 << 16, "cycle_time": 5, "join_average": "contributors",
+    "init_timeout": 30,
 }
 # ddlrun flag (its field) -> the variable it sets, from the settings table.
 LAUNCHER_FLAGS = {field: row.env for field, row in FLAGGED.items()}
@@ -376,20 +380,29 @@ def test_ranks_per_host_fills_slots_in_order() -> None:
 
 
 class FakePopen:
-    """Stands in for subprocess.Popen: records the launch, exits with ``returncode``."""
+    """Stands in for subprocess.Popen of mpiexec: records the launch, exits at once with ``returncode``."""
 
     launched: list[FakePopen] = []
     returncode = 0
 
-    def __init__(self, argv: list[str], *, env: dict[str, str]) -> None:
+    def __init__(self, argv: list[str], *, env: dict[str, str], **kwargs: object) -> None:
         self.argv, self.env = argv, env
+        self.pid = 1 << 22  # no such process
+        self.stdout, self.stderr = io.BytesIO(), io.BytesIO()
         FakePopen.launched.append(self)
 
-    def wait(self) -> int:
+    def poll(self) -> int:
+        return FakePopen.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
         return FakePopen.returncode
 
     def send_signal(self, signum: int) -> None:
         raise AssertionError("no signal expected")
+
+
+#: What ddlrun puts before every rank's command: its keeper (ddl.launcher.watch).
+KEEPER = [sys.executable, "-m", "ddl.launcher.watch.keeper", "--"]
 
 
 @pytest.fixture
@@ -397,7 +410,7 @@ def fake_mpi(monkeypatch: pytest.MonkeyPatch) -> type[FakePopen]:
     FakePopen.launched = []
     FakePopen.returncode = 0
     monkeypatch.setattr(cli, "detect_mpi", lambda **_: MPICH)
-    monkeypatch.setattr(cli.subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
     monkeypatch.setattr(cli.socket, "getaddrinfo", lambda *a, **k: [])  # made-up host names resolve
     return FakePopen
 
@@ -408,7 +421,7 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("nothing may be started")
 
     monkeypatch.setattr(cli, "detect_mpi", refuse)
-    monkeypatch.setattr(cli.subprocess, "Popen", refuse)
+    monkeypatch.setattr(subprocess, "Popen", refuse)
 
 
 def test_topology_mismatch_fails_at_once(no_launch: None, capsys: pytest.CaptureFixture[str]) -> None:
@@ -454,24 +467,29 @@ def test_host_that_does_not_resolve_fails_before_launching(
 def test_cli_runs_the_built_launch(fake_mpi: type[FakePopen], capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["-np", "2", "--verbose", "--topology", "2", "python", "-c", "print(1)"]) == 0
     (child,) = fake_mpi.launched
-    assert child.argv == ["/venv/bin/mpiexec", "-n", "2", sys.executable, "-c", "print(1)"]
+    assert child.argv == ["/venv/bin/mpiexec", "-n", "2", *KEEPER, sys.executable, "-c", "print(1)"]
     assert child.env["DDL_TOPOLOGY"] == "2" and child.env["DDL_VERBOSE"] == "1"
+    assert re.fullmatch(r"127\.0\.0\.1:\d+/[0-9a-f]{16}", child.env["DDL_MONITOR"])
     assert child.env.get("PATH") == os.environ.get("PATH")
     err = capsys.readouterr().err
     assert f"ddlrun: running {shlex.join(child.argv)}" in err
     assert "DDL_TOPOLOGY=2 (from --topology)" in err and sys.executable in err
 
 
-def test_cli_is_quiet_without_verbose(fake_mpi: type[FakePopen], capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_is_quiet_without_verbose(fake_mpi: type[FakePopen], capsys: pytest.CaptureFixture[str],
+                                      monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "train").write_text("#!/bin/sh\n")
+    (tmp_path / "train").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
     assert cli.main(["-np", "1", "--", "./train"]) == 0
-    assert fake_mpi.launched[0].argv == ["/venv/bin/mpiexec", "-n", "1", "./train"]
+    assert fake_mpi.launched[0].argv == ["/venv/bin/mpiexec", "-n", "1", *KEEPER, "./train"]
     assert capsys.readouterr().err == ""
 
 
 def test_cli_passes_a_hostfile_like_hosts(fake_mpi: type[FakePopen], tmp_path: Path) -> None:
     hostfile = tmp_path / "hosts"
     hostfile.write_text("n1 slots=2\nn2:2\n")
-    assert cli.main(["-np", "4", "--hostfile", str(hostfile), "./train"]) == 0
+    assert cli.main(["-np", "4", "--hostfile", str(hostfile), "true"]) == 0
     argv = fake_mpi.launched[0].argv
     assert argv[argv.index("-hosts") + 1] == "n1:2,n2:2"
 
@@ -479,7 +497,7 @@ def test_cli_passes_a_hostfile_like_hosts(fake_mpi: type[FakePopen], tmp_path: P
 @pytest.mark.parametrize(("code", "status"), [(0, 0), (3, 3), (-signal.SIGTERM, 128 + signal.SIGTERM)])
 def test_cli_returns_the_job_status(fake_mpi: type[FakePopen], code: int, status: int) -> None:
     fake_mpi.returncode = code
-    assert cli.main(["-np", "1", "./train"]) == status
+    assert cli.main(["-np", "1", "true"]) == status
 
 
 def test_missing_mpiexec_says_what_to_install(
@@ -491,7 +509,7 @@ def test_missing_mpiexec_says_what_to_install(
     library = mpi_module.MpiLibrary(flavour="mpich", version="MPICH Version: 4.2", path=str(tmp_path / "lib" / "libmpi.so.12"),
                                     standard="4.1", mpi4py_version="4.1", mpi4py_extension="", mpi4py_build={})
     monkeypatch.setattr(mpi_module, "load_library", lambda: library)
-    assert cli.main(["-np", "1", "./train"]) == 127
+    assert cli.main(["-np", "1", "/bin/sh"]) == 127
     assert "pip install mpich" in capsys.readouterr().err
 
 
@@ -501,7 +519,7 @@ def test_run_forwards_sigterm_to_the_child_and_restores_the_handlers() -> None:
     timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM))
     timer.start()
     try:
-        assert cli.run(child) == 128 + signal.SIGTERM
+        assert cli.run_launch(child, WatchServer(), np=1, tagged=True, log_dir=None) == 128 + signal.SIGTERM
     finally:
         timer.cancel()
     after = {sig: signal.getsignal(sig) for sig in before}
@@ -520,7 +538,7 @@ def _ddlrun(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 needs_mpi = pytest.mark.skipif(
-    not (Path(sys.executable).parent / "mpiexec").exists() and cli.shutil.which("mpiexec") is None,
+    not (Path(sys.executable).parent / "mpiexec").exists() and shutil.which("mpiexec") is None,
     reason="no mpiexec: pip install mpich",
 )
 

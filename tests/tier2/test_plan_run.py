@@ -52,7 +52,7 @@ def test_plan_prices_the_buckets_and_algorithms_a_two_rank_torch_run_made(tmp_pa
            "--timeline", str(trace), sys.executable, str(WORKER)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run = json.loads(re.search(r"^PLAN (.*)$", proc.stdout, re.M)[1])  # type: ignore[index]
+    run = json.loads(re.search(r"^(?:\[\d+\]<stdout>:)?PLAN (.*)$", proc.stdout, re.M)[1])  # type: ignore[index]
     assert run["size"] == 2 and run["order"] == [6, 4, 1, 3, 0, 5, 2]  # the forward's order, reversed
     assert run["first"] != run["last"]  # ddl.torch did re-plan
     reduced = timeline_buckets(trace)

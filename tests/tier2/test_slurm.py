@@ -125,3 +125,16 @@ def test_a_batch_scripts_own_python_may_run_alone(cluster: SlurmCluster) -> None
     done = cluster.on_node("h1", ["sbatch", "--wait", f"--output={out}", str(script)], timeout=120)
     text = out.read_text() if out.exists() else ""
     assert done.returncode == 0 and "ALONE 1" in text, done.stderr + text
+
+
+def test_a_rank_failing_before_init_in_an_allocation_ends_the_job_at_once(cluster: SlurmCluster) -> None:
+    # ddlrun's keepers run on the nodes (hydra starts them through srun) and reach ddlrun on h1.
+    done = cluster.on_node("h1", ["salloc", "-N", "2", "--ntasks-per-node=1", DDLRUN, sys.executable,
+                                  str(WORKERS / "worker_failfast.py"), "before-init"], env=TCP, timeout=120,
+                           cwd=str(ROOT))
+    ended = time.time()
+    assert done.returncode == 1, done.stderr[-3000:]
+    report = [x for x in done.stderr.splitlines() if x.startswith("ddlrun: ")]
+    assert report and report[0] == "ddlrun: rank 1 (host h2) exited with status 1 before ddl.init", report
+    marks = [float(t) for t in re.findall(r"T0 (\d+\.\d{3})", done.stdout)]
+    assert marks and ended - marks[0] < 5.0, (marks, ended)

@@ -8,12 +8,12 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import keras
 
 import tensorflow as tf
+from ddl.base.lazy import submodules
 from ddl.base.ops import ReduceOp
 from ddl.engine.powersgd import PowerSGD
 from ddl.runtime import process
@@ -85,11 +85,8 @@ def load_model(filepath: str, custom_optimizers: Any = None, custom_objects: Any
     return model
 
 
-def __getattr__(name: str) -> Any:
-    # ddl.tensorflow.keras.elastic (the elastic training work) loads on first use.
-    if name == "elastic":
-        return importlib.import_module("ddl.tensorflow.keras.elastic")
-    raise AttributeError(f"module 'ddl.tensorflow.keras' has no attribute {name!r}")
+# ddl.tensorflow.keras.elastic (the elastic training work) loads on first use.
+__getattr__ = submodules("ddl.tensorflow.keras", ("elastic",))
 
 
 __all__ = [  # noqa: RUF022 - grouped as Horovod's own list

@@ -25,6 +25,7 @@ import numpy as np
 import ddl
 from ddl.checkpoint import Checkpoint, CheckpointError, Manifest, Tensor, together
 from ddl.checkpoint import save as save_shards
+from ddl.checkpoint.checks import check_class, check_replicas, saved_optimizer
 from ddl.checkpoint.replicas import (
     local,
     mean,
@@ -145,12 +146,7 @@ def _read(path: str | Path, model: keras.Model,
     replicas = m.meta["model"].get("replicas")
     layers = _Layers(optimizer) if optimizer is not None else None
     periodic = layers is not None and layers.periodic is not None
-    if replicas is not None and replicas != size and not periodic:
-        raise CheckpointError(f"{where}: field meta.model.replicas is {replicas}: the {replicas} ranks that saved it "
-                              "held different weights (LocalSGD or DiLoCo between rounds); load it at "
-                              f"{replicas} ranks, or with optimizer= the LocalSGD/DiLoCo it was saved with (which "
-                              f"continues from what synchronize() would have given), not at {size} with the model "
-                              "alone")
+    check_replicas(where, replicas, size, periodic=periodic)
 
     def model_key(i: int, r: int | None) -> str:
         return f"model/{i:05d}" if r is None else f"{local(r)}/model/{i:05d}"
@@ -171,10 +167,7 @@ def _read(path: str | Path, model: keras.Model,
         every = [[entry(model_key(i, r), v, i) for i, v in enumerate(weights)] for r in range(replicas)]
     if layers is None:
         return ckpt, out, []
-    info = m.meta.get("optimizer")
-    if info is None:
-        raise CheckpointError(f"{where}: field meta.optimizer is missing: saved without an optimizer; load with "
-                              "optimizer=None")
+    info = saved_optimizer(where, m.meta)
     assigned, after = layers.read(ckpt, info, where, rank, size)
     out += assigned
     if every is not None:
@@ -337,9 +330,7 @@ class _Layers:
     def read(self, ckpt: Checkpoint, info: dict[str, Any], where: Path, rank: int,
              size: int) -> tuple[list[tuple[Any, np.ndarray]], list[Callable[[], None]]]:
         holder, tvs = self.holder, self.tvs
-        if info["class"] != _class_name(holder):
-            raise CheckpointError(f"{where}: field meta.optimizer.class is {info['class']}, the optimizer is "
-                                  f"{_class_name(holder)}: build the optimizer the checkpoint was saved with")
+        check_class(where, "meta.optimizer.class", info["class"], _class_name(holder))
         if [list(s) for s in info["shapes"]] != [list(v.shape) for v in tvs]:
             raise CheckpointError(f"{where}: field meta.optimizer.shapes differs from the optimizer's variables "
                                   f"({len(info['shapes'])} saved, {len(tvs)} now)")

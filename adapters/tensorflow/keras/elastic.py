@@ -19,7 +19,7 @@ import keras
 import numpy as np
 
 from ddl.runtime.elastic import State, run, updates_pending, world_number
-from ddl.runtime.elastic.position import DataPosition
+from ddl.runtime.elastic.position import DataPosition, Positioned
 from ddl.runtime.process import rank, size
 
 from ..elastic import TensorFlowKerasState
@@ -33,7 +33,7 @@ def _datasets(state: State) -> list[ElasticDataset]:
     return [obj for obj in getattr(state, "_objects", {}).values() if isinstance(obj, ElasticDataset)]
 
 
-class ElasticDataset(keras.utils.PyDataset):  # type: ignore[misc]
+class ElasticDataset(Positioned, keras.utils.PyDataset):  # type: ignore[misc]
     """Batches of ``(x, y)`` numpy arrays: this rank's share of what is left of the epoch.
 
     The same :class:`~ddl.runtime.elastic.position.DataPosition` as
@@ -52,34 +52,14 @@ class ElasticDataset(keras.utils.PyDataset):  # type: ignore[misc]
         self.indices = np.zeros(0, np.int64)
         self.reset()
 
-    @property
-    def epoch(self) -> int:
-        return self.position.epoch
-
-    @property
-    def processed_num(self) -> int:
-        """Samples of this epoch the whole world has processed."""
-        return self.position.processed
-
     def reset(self) -> None:
         """Deal the rest of the epoch over the current world."""
         self.indices = self.position.share(len(self.x), rank=rank(), size=size(), batch_size=self.batch_size,
                                            shuffle=self.shuffle)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.position.start_epoch(epoch)
-        self.reset()
-
     def record_batch(self) -> None:
         """Count one batch of the whole world as processed."""
         self.position.advance(per_rank=self.batch_size, size=size(), limit=len(self.x))
-
-    def state_dict(self) -> dict[str, int]:
-        return self.position.state_dict()
-
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self.position.load_state_dict(state)
-        self.reset()
 
     def __len__(self) -> int:
         return -(-len(self.indices) // self.batch_size)

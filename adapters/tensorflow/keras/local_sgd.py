@@ -27,16 +27,18 @@ from ddl.checkpoint.replicas import mean
 from ddl.engine.hooked import HookedBuckets, Pending
 from ddl.engine.hooks import as_hook
 from ddl.engine.naming import manifest_name
+from ddl.engine.periodic import check_schedule
 from ddl.runtime import api
 
 from ..bridge import host_call
 from ..hooked import hook_config, hook_from_config
 from .lossscale import is_loss_scale
+from .wrapping import PassesThrough
 
 __all__ = ["DiLoCo", "LocalSGD"]
 
 
-class _Periodic(keras.optimizers.Optimizer):  # type: ignore[misc]
+class _Periodic(PassesThrough, keras.optimizers.Optimizer):  # type: ignore[misc]
     """The shared machinery: anchors, rounds (blocking or overlapped), synchronize."""
 
     _kind = "periodic"
@@ -51,12 +53,7 @@ class _Periodic(keras.optimizers.Optimizer):  # type: ignore[misc]
             raise TypeError(f"{type(self).__name__} wraps a plain Keras optimizer (each rank steps alone), or a "
                             f"LossScaleOptimizer around one; not {type(inner_optimizer).__name__}: pass the optimizer "
                             "it wraps")
-        if not isinstance(period, int) or isinstance(period, bool) or period < 1:
-            raise ValueError(f"{type(self).__name__}: period must be an integer >= 1 (inner steps per outer step), "
-                             f"got {period!r}")
-        if not isinstance(overlap, int) or isinstance(overlap, bool) or not 0 <= overlap <= period:
-            raise ValueError(f"{type(self).__name__}: overlap must be an integer from 0 (wait for each average) to "
-                             f"period={period}, got {overlap!r}")
+        check_schedule(type(self).__name__, period, overlap)
         super().__init__(learning_rate=0.0, name=name or f"{self._kind}_{inner_optimizer.name}")
         self.inner_optimizer = inner_optimizer
         self.period, self.overlap = period, overlap
@@ -248,25 +245,6 @@ class _Periodic(keras.optimizers.Optimizer):  # type: ignore[misc]
         self._start(*deltas)
         return self._finish(*deltas)
 
-    # -- the wrapped optimizer's settings, passed through ----------------------------
-    @property
-    def learning_rate(self) -> Any:
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: Any) -> None:
-        self.inner_optimizer.learning_rate = value
-
-    @property
-    def iterations(self) -> Any:
-        return self.inner_optimizer.iterations
-
-    def scale_loss(self, loss: Any) -> Any:
-        return self.inner_optimizer.scale_loss(loss)
-
-    def finalize_variable_values(self, var_list: Any) -> None:
-        self.inner_optimizer.finalize_variable_values(var_list)
-
     def get_config(self) -> dict[str, Any]:
         return {"name": self.name, "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
                 "period": self.period, "overlap": self.overlap,
@@ -304,13 +282,6 @@ class LocalSGD(_Periodic):
     def _outer_update(self, averaged: list[tf.Tensor], tvs: list[Any]) -> None:
         for a, d in zip(self._anchors, averaged, strict=True):
             a.assign_sub(d)  # anchor - mean(anchor - w_i) = mean(w_i)
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> LocalSGD:
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
-        config["compression"] = hook_from_config(config.get("compression"))
-        return cls(inner, **config)
 
 
 @keras.saving.register_keras_serializable(package="ddl")

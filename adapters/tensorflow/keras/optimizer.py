@@ -15,9 +15,10 @@ from ddl.engine.naming import manifest_name
 from ddl.reduction.partition import partition_by_bytes
 
 from ..gradients import check_gradient_op, name_for, reduce_gradients
-from ..hooked import HookedReducer, as_reduction, hook_config, hook_from_config
+from ..hooked import HookedReducer, as_reduction, hook_config
 from .lossscale import is_loss_scale
 from .sharding import agree_finite, gather_from_owners, reduce_to_owners
+from .wrapping import PassesThrough
 
 
 def _context_key(tvs: list[Any]) -> tuple[Any, ...]:
@@ -28,7 +29,7 @@ def _context_key(tvs: list[Any]) -> tuple[Any, ...]:
 
 
 @keras.saving.register_keras_serializable(package="ddl")
-class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
+class DistributedOptimizer(PassesThrough, keras.optimizers.Optimizer):  # type: ignore[misc]
     """Wraps any Keras 3 optimizer so ``model.fit`` trains on every rank's data.
 
     ``apply()`` (which ``apply_gradients`` and ``model.fit`` call) reduces all gradients
@@ -318,25 +319,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
         self.inner_optimizer.apply(grads, tvs)
         return tf.constant(True)
 
-    # -- the wrapped optimizer's settings, passed through ----------------------------
-    @property
-    def learning_rate(self) -> Any:
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, value: Any) -> None:
-        self.inner_optimizer.learning_rate = value
-
-    @property
-    def iterations(self) -> Any:
-        return self.inner_optimizer.iterations
-
-    def scale_loss(self, loss: Any) -> Any:
-        return self.inner_optimizer.scale_loss(loss)
-
-    def finalize_variable_values(self, var_list: Any) -> None:
-        self.inner_optimizer.finalize_variable_values(var_list)
-
     def get_config(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -348,13 +330,6 @@ class DistributedOptimizer(keras.optimizers.Optimizer):  # type: ignore[misc]
             "sparse_as_dense": self.sparse_as_dense,
             "shard_optimizer_state": self.shard_optimizer_state,
         }
-
-    @classmethod
-    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> DistributedOptimizer:
-        config = dict(config)
-        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
-        config["compression"] = hook_from_config(config.get("compression"))
-        return cls(inner, **config)
 
 
 def _check_shardable(optimizer: Any, backward_passes_per_step: int, compression: Any, process_set: Any) -> None:

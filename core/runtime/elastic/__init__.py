@@ -20,8 +20,9 @@ numpy or MPI.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ddl.base.lazy import attributes
 
 _LAZY: dict[str, str] = {
     "State": "ddl.runtime.elastic.state", "ObjectState": "ddl.runtime.elastic.state",
@@ -45,13 +46,7 @@ if TYPE_CHECKING:
     from ddl.runtime.elastic.state import ObjectState, State
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ddl.runtime.elastic' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = attributes("ddl.runtime.elastic", _LAZY, globals())
 
 
 def __dir__() -> list[str]:

@@ -63,6 +63,38 @@ class DataPosition:
         self.epoch, self.processed = int(state["epoch"]), int(state["processed_num"])
 
 
+class Positioned:
+    """What a framework's elastic sampler or dataset holding a :class:`DataPosition` in
+    ``self.position`` shows of it: the epoch, the samples processed, a state to commit
+    (loading one deals the rest of the epoch again, through the sampler's ``reset``)."""
+
+    position: DataPosition
+
+    def reset(self) -> None:
+        raise NotImplementedError
+
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
+
+    @property
+    def processed_num(self) -> int:
+        """Samples of this epoch the whole world has processed."""
+        return self.position.processed
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (call it at the *end* of the previous one, so a reset does not repeat it)."""
+        self.position.start_epoch(epoch)
+        self.reset()
+
+    def state_dict(self) -> dict[str, int]:
+        return self.position.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        self.position.load_state_dict(state_dict)
+        self.reset()
+
+
 def epoch_order(count: int, *, epoch: int, seed: int, shuffle: bool) -> np.ndarray:
     """The order of an epoch's ``count`` samples: the same on every rank and in every world.
 

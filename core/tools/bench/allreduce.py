@@ -23,6 +23,7 @@ import ddl
 from ddl.engine.codec import COMPACT_FROM, INLINE_BYTES
 from ddl.reduction.algorithms import SCHEDULED
 from ddl.tools.bench import peers
+from ddl.tools.helptext import plain
 
 ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "shm", "auto"]
 
@@ -56,7 +57,7 @@ def timed(comm: Any, fn: Callable[[], Any], *, budget: float, max_reps: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl bench allreduce", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ddl bench allreduce", description=plain(__doc__))
     parser.add_argument("--min-bytes", type=int, default=4 << 10)
     parser.add_argument("--max-bytes", type=int, default=256 << 20)
     parser.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=None, metavar="B,B,...",

@@ -45,6 +45,7 @@ from ddl.reduction.buckets import (
 )
 from ddl.reduction.step_plan import landing_times
 from ddl.tools import plan
+from ddl.tools.helptext import plain
 from ddl.tools.plan_models import ModelSpecError, gradient_sizes
 
 
@@ -254,7 +255,7 @@ def predict(stream: Stream, itemsize: int, contender: str, *, compute: float, ba
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ddl bench rehearsal", description=__doc__,
+    p = argparse.ArgumentParser(prog="ddl bench rehearsal", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50", help="resnet50, FILE.onnx, package.module:factory, sizes")
     p.add_argument("--compute-ms", type=float, help="one rank's step to replay (default: scaled by --like)")

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ddl.launcher.relaunch import relaunch
+from ddl.tools.helptext import plain
 
 # Each rank prints "T <import s> <init or barrier s>"; rank 0 prints the slowest rank's.
 _BARE = """
@@ -53,7 +54,7 @@ def launch(ranks: int, code: str) -> tuple[float, float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ddl bench startup", description=__doc__)
+    parser = argparse.ArgumentParser(prog="ddl bench startup", description=plain(__doc__))
     parser.add_argument("-np", dest="np", type=int, default=2, help="ranks")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="bench-results", help="folder for the JSON")
