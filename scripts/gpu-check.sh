@@ -61,7 +61,7 @@ if ls "$wheels"/*.whl >/dev/null 2>&1; then
   "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" "$wheels"/*.whl \
     || { echo "gpu-check: the carried wheels did not install" >&2; exit 1; }
 fi
-export PYTHONPATH="$tree:$site:$root${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1
+export PYTHONPATH="$tree:$site:$root:$root/tools/bench${PYTHONPATH:+:$PYTHONPATH}" PATH="$site/bin:$PATH" PYTHONUNBUFFERED=1
 "$python" -c "import ddl, mpi4py, torch; print('gpu-check: ddl', ddl.__version__, 'torch', torch.__version__, 'mpi4py', mpi4py.__version__, 'GPU', torch.cuda.get_device_name(0))" \
   || { echo "gpu-check: ddl or mpi4py does not import with $python" >&2; exit 1; }
 
@@ -70,7 +70,7 @@ status=0
   || status=1
 "$python" -m ddl.launcher.cli -np 2 "$python" tests/gpu/worker_cuda.py "$out/cuda-checks.json" 2>&1 | tee "$out/checks.log" \
   || status=1
-"$python" -m ddl.torch.bench -np 1,2 --device cuda --models resnet50 --rounds 3 --steps 5 --out "$out" 2>&1 \
+"$python" -m ddl_bench.torch_training -np 1,2 --device cuda --models resnet50 --rounds 3 --steps 5 --out "$out" 2>&1 \
   | tee "$out/bench.log" || status=1
 
 "$python" - "$out" "$status" <<'EOF'

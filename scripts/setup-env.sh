@@ -24,8 +24,9 @@ if [ ! -x .venv/bin/python ]; then
   .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
   unbeat
 fi
-files=$( { cat pyproject.toml setup.py scripts/constraints.txt; \
-           find core adapters -name '*.py' -o -name 'py.typed' | LC_ALL=C sort; } | sha256sum | cut -d' ' -f1)
+files=$( { cat pyproject.toml setup.py scripts/constraints.txt tools/bench/pyproject.toml; \
+           find core adapters tools/bench/ddl_bench -name '*.py' -o -name 'py.typed' | LC_ALL=C sort; } \
+         | sha256sum | cut -d' ' -f1)
 # The stamp: line 1 the files' digest, line 2 the extras installed with them (comma-separated).
 installed_files=$(sed -n 1p .venv/.ddl-install 2>/dev/null || true)
 installed_extras=$(sed -n 2p .venv/.ddl-install 2>/dev/null || true)
@@ -51,6 +52,10 @@ if [ "$installed_files" != "$files" ] || [ -n "$missing" ]; then
     | sed -u 's/^/  pip: /' >&2 || true
   unbeat
   .venv/bin/python -c "import ddl, mpi4py" || { say "ddl did not install into .venv (see pip's errors above)"; exit 1; }
+  # The benchmarks are tooling outside the ddl wheel (tools/bench): `ddl bench torch|tensorflow`.
+  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e tools/bench \
+    --config-settings editable_mode=strict 2>&1 | grep -v '^WARNING: Location' || true
+  .venv/bin/python -c "import ddl_bench" || { say "ddl-bench (tools/bench) did not install into .venv"; exit 1; }
   if [ "$installed_files" = "$files" ]; then extras_now=$wanted; else extras_now=$extras; fi
   printf '%s\n%s\n' "$files" "$extras_now" > .venv/.ddl-install
   say "installed"

@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup-env.sh
 .venv/bin/ruff check core adapters tests examples emulation scripts tools
-.venv/bin/mypy -p ddl
+.venv/bin/mypy -p ddl -p ddl_bench
 # The documentation site, strict: a broken link or anchor, or a page missing from the nav, fails.
 # No --quiet: it hides the warnings that strict mode counts, and the build passes. NO_MKDOCS_2_WARNING:
 # Material prints a banner about its own future on every build.

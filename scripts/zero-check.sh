@@ -22,7 +22,7 @@ else
   site=$(mktemp -d)
   "$python" -m pip install -q --no-index --no-deps --no-compile --target "$site" .gpu-wheels/*.whl \
     || { echo "zero-check: carry .gpu-wheels (bash scripts/gpu-check.sh --prepare)" >&2; exit 1; }
-  export PYTHONPATH="$tree:$site:$(pwd)" PATH="$site/bin:$PATH"
+  export PYTHONPATH="$tree:$site:$(pwd):$(pwd)/tools/bench" PATH="$site/bin:$PATH"
 fi
 export PYTHONUNBUFFERED=1
 status=0
@@ -36,9 +36,9 @@ for np in 2 4; do
     | grep -E "^(ZERO|PASS)|Error" | sort -u | tee "$out/equivalence-np$np.log" || status=1
 done
 uptime | tee -a "$out/uptime.log"
-"$python" -m ddl.torch.bench_memory --ranks 1,2,4 --out "$out" 2>&1 | tee "$out/memory.log" || status=1
+"$python" -m ddl_bench.torch_memory --ranks 1,2,4 --out "$out" 2>&1 | tee "$out/memory.log" || status=1
 uptime | tee -a "$out/uptime.log"
-"$python" -m ddl.torch.bench -np 2,4 --models mlp --zero --optimizer adam --out "$out" 2>&1 \
+"$python" -m ddl_bench.torch_training -np 2,4 --models mlp --zero --optimizer adam --out "$out" 2>&1 \
   | tee "$out/speed.log" || status=1
 uptime | tee -a "$out/uptime.log"
 exit "$status"

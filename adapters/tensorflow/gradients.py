@@ -15,7 +15,7 @@ from ddl.engine.compression import as_compressor
 from ddl.runtime import api
 
 from .bridge import host_call
-from .hooked import HookedReducer
+from .hook_reducer import HookedReducer
 
 Gradient = Any  # a tf.Tensor, a tf.IndexedSlices or None
 
@@ -81,7 +81,7 @@ def reduce_gradients(grads: Sequence[Gradient], *, name: str, op: Any = ReduceOp
     ``tf.gather``) are allgathered as indices and values — with Average the values are
     divided by the world size — unless ``sparse_as_dense`` densifies them first.
     At one rank nothing is reduced and nothing is copied — unless ``compression`` is a
-    :class:`~ddl.tensorflow.hooked.HookedReducer` (a stateful hook such as PowerSGD), which
+    :class:`~ddl.tensorflow.hook_reducer.HookedReducer` (a stateful hook such as PowerSGD), which
     changes the values at any size: the dense gradients then go through its hook, told the
     ``loss_scale`` they carry (a loss scaler's current scale, a scalar tensor) if given.
     """

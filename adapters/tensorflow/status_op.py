@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import tensorflow as tf
+from ddl.base.atomic_write import atomic_path
 
 SOURCE = Path(__file__).with_name("status_op.cc")
 DEFAULT_CACHE = Path.home() / ".cache" / "ddl" / "tensorflow"
@@ -114,20 +115,16 @@ def build(cache_dir: Path | None = None, *, compiler: str | None = None, quiet: 
         if not quiet:
             print(f"ddl.tensorflow: compiling its status op for TensorFlow {tf.__version__} once "
                   f"(~10 s) into {folder}", file=sys.stderr, flush=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+        fd, unique = tempfile.mkstemp(suffix=".so", dir=folder)  # a name no other builder (host) takes
         os.close(fd)
-        try:
-            cmd = build_command(cxx, SOURCE, Path(tmp), compile_flags, link_flags)
+        with atomic_path(target, temporary=unique) as tmp:
+            cmd = build_command(cxx, SOURCE, tmp, compile_flags, link_flags)
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
             except (OSError, subprocess.TimeoutExpired) as exc:
                 raise BuildError(f"{cxx} did not run: {exc}") from exc
             if proc.returncode != 0:
                 raise BuildError(f"{cxx} failed (exit {proc.returncode}): {(proc.stderr or proc.stdout)[-2000:]}")
-            os.replace(tmp, target)  # atomic: a reader sees the whole library or none
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
     return target
 
 

@@ -13,7 +13,7 @@ from ddl.runtime import api
 
 from .bridge import host_call
 from .gradients import check_gradient_op, name_for, reduce_gradients
-from .hooked import as_reduction
+from .hook_reducer import as_reduction
 
 
 class DistributedGradientTape:

@@ -21,6 +21,7 @@ from ddl.runtime import process
 from ddl.runtime.process import *  # noqa: F403 - init, rank, process sets, *_built, ...: the same on every adapter
 
 from . import checkpoint as checkpoint  # ddl.torch.checkpoint.save / load: sharded, any world size
+from . import optimizer as _optimizer
 from .amp import install as _reduce_before_grad_scaler
 from .broadcast import (  # type: ignore[assignment]
     allgather_object as allgather_object,  # replaces the core's: tensors go to CPU first
@@ -68,10 +69,12 @@ from .movement import (  # type: ignore[assignment]
     reducescatter_async,
 )
 from .optimizer import DistributedOptimizer
+from .sharded_optimizer import ShardedOptimizer as _ShardedOptimizer
 from .sharded_optimizer import ZeroRedundancyOptimizer
 from .sync_batch_norm import SyncBatchNorm
 
 _use_torch_kernels()  # float16 casts and sums at memory speed (numpy's take ~100 ns per subnormal)
+_optimizer.sharded_class = _ShardedOptimizer  # what DistributedOptimizer(..., shard_optimizer_state=True) builds
 _reduce_before_grad_scaler()  # GradScaler.unscale_ (and scaler.step) read reduced gradients, as with DDP
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -86,6 +87,11 @@ class DistributedOptimizer(PassesThrough):
     Example:
         >>> opt = ddl.torch.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
         ...                                      named_parameters=model.named_parameters())  # doctest: +SKIP
+
+    What ``DistributedOptimizer(...)`` returns (:func:`wrapper_class`): with ``op=ddl.Adasum``
+    a :class:`~ddl.torch.adasum_optimizer.DistributedAdasumOptimizer` (Horovod's; not an
+    instance of this class), with ``shard_optimizer_state=True`` a
+    :class:`~ddl.torch.sharded_optimizer.ShardedOptimizer` (a subclass), otherwise this class.
     """
 
     hook_state: Any  # the stateful hook's state (PowerSGD's), None with a plain compressor
@@ -94,30 +100,12 @@ class DistributedOptimizer(PassesThrough):
     #: on): the scaler unscales, after :meth:`_reduce_before_unscale` has reduced.
     _step_supports_amp_scaling = False
 
-    def __new__(cls, optimizer: Any = None, *args: Any, **kwargs: Any) -> Any:
-        # op=ddl.Adasum is a different algorithm (Horovod's _DistributedAdasumOptimizer):
-        # the model's change from each local step is combined, not the gradients.
-        op = kwargs.get("op", args[3] if len(args) > 3 else None)
-        if optimizer is not None and op is not None and as_op(op) is ReduceOp.ADASUM:
-            from .adasum_optimizer import DistributedAdasumOptimizer
-
-            return DistributedAdasumOptimizer(optimizer, *args, **kwargs)
-        if kwargs.get("shard_optimizer_state") and cls is DistributedOptimizer:
-            # ZeRO stage 1: the same wrapper, with each rank keeping and updating its part
-            # (the subclass that registered itself below; ddl.torch imports it).
-            sharded = DistributedOptimizer._sharded_class
-            if sharded is None:
-                raise RuntimeError("shard_optimizer_state=True needs ddl.torch.sharded_optimizer; import ddl.torch")
-            return super().__new__(sharded)
-        return super().__new__(cls)
-
-    #: The sharded wrapper (ZeRO-1), which registers itself by subclassing with ``shards=True``.
-    _sharded_class: type[DistributedOptimizer] | None = None
-
-    def __init_subclass__(cls, *, shards: bool = False, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if shards:
-            DistributedOptimizer._sharded_class = cls
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        # Which optimizer a call builds is decided in one place, by name: wrapper_class.
+        chosen = wrapper_class(cls, args, kwargs)
+        if issubclass(chosen, DistributedOptimizer):
+            return super().__new__(chosen)  # then Python runs chosen.__init__(*args, **kwargs)
+        return chosen(*args, **kwargs)  # Adasum: not a DistributedOptimizer, so built here whole
 
     def __init__(
         self, optimizer: torch.optim.Optimizer,
@@ -472,6 +460,52 @@ class DistributedOptimizer(PassesThrough):
         self._name_new()
         self._attach(prefix=self._next_prefix())
 
+
+def wrapper_class(cls: type[DistributedOptimizer], args: tuple[Any, ...], kwargs: dict[str, Any]) -> type[Any]:
+    """The optimizer class that ``cls(*args, **kwargs)`` builds.
+
+    ``op=ddl.Adasum`` is a different algorithm (Horovod's ``_DistributedAdasumOptimizer``:
+    the model's change from each local step is combined, not the gradients), so
+    ``DistributedOptimizer(..., op=ddl.Adasum)`` returns
+    :class:`~ddl.torch.adasum_optimizer.DistributedAdasumOptimizer`, as Horovod's does.
+    ``DistributedOptimizer(..., shard_optimizer_state=True)`` is ZeRO stage 1:
+    :class:`~ddl.torch.sharded_optimizer.ShardedOptimizer` (:data:`sharded_class`). Otherwise ``cls`` itself. The
+    arguments are read by name through ``DistributedOptimizer.__init__``'s signature, so
+    ``op`` counts wherever it stands; arguments that do not fit it are left for
+    ``__init__`` to refuse (unpickling makes one with none).
+
+    Example:
+        >>> wrapper_class(DistributedOptimizer, (), {}).__name__
+        'DistributedOptimizer'
+        >>> wrapper_class(DistributedOptimizer, ("sgd",), {"shard_optimizer_state": True}).__name__
+        'ShardedOptimizer'
+        >>> wrapper_class(DistributedOptimizer, ("sgd", None, None, 1, ddl.Adasum), {}).__name__
+        'DistributedAdasumOptimizer'
+    """
+    try:
+        given = _SIGNATURE.bind(None, *args, **kwargs).arguments
+    except TypeError:
+        return cls
+    op = given.get("op")
+    if given.get("optimizer") is not None and op is not None and as_op(op) is ReduceOp.ADASUM:
+        from .adasum_optimizer import DistributedAdasumOptimizer
+
+        return DistributedAdasumOptimizer
+    if given.get("shard_optimizer_state") and cls is DistributedOptimizer:
+        if sharded_class is None:
+            raise RuntimeError("shard_optimizer_state=True needs ddl.torch.sharded_optimizer; import ddl.torch")
+        return sharded_class
+    return cls
+
+
+#: The class ``DistributedOptimizer(..., shard_optimizer_state=True)`` builds:
+#: :class:`~ddl.torch.sharded_optimizer.ShardedOptimizer`. It subclasses DistributedOptimizer,
+#: so this module cannot import it (no two modules import each other): ``ddl.torch``'s
+#: ``__init__`` sets it, in one line, right after importing both.
+sharded_class: type[DistributedOptimizer] | None = None
+
+
+_SIGNATURE = inspect.signature(DistributedOptimizer.__init__)
 
 def _deferred(state: Any) -> Any:
     """A stateful hook's state whose updates wait for ``step()`` (when it can: PowerSGD's)."""

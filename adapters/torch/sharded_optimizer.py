@@ -34,7 +34,7 @@ _NOT_CONSOLIDATED = ("the optimizer state of a sharded optimizer is spread over 
                      "with ddl.torch.checkpoint.save(path, model=..., optimizer=...), which writes each rank's part")
 
 
-class ShardedOptimizer(DistributedOptimizer, shards=True):
+class ShardedOptimizer(DistributedOptimizer):
     """``DistributedOptimizer(..., shard_optimizer_state=True)``: ZeRO stage 1 (see the module docstring).
 
     Differences from the unsharded wrapper, each for a reason:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ddl.base.atomic_write import write_atomically
 from ddl.base.dtypes import bfloat16
 from ddl.checkpoint.manifest import MANIFEST, CheckpointError, Entry, FileRecord, Manifest
 
@@ -96,13 +97,9 @@ def write_data_file(folder: Path, name: str, rank: int,
 
 def commit_manifest(folder: Path, manifest: Manifest) -> None:
     """Replace ``folder``'s manifest with ``manifest`` in one atomic step (the save's commit)."""
-    temporary = folder / f".manifest.{manifest.save_id}.tmp"
-    with open(temporary, "w") as f:
-        f.write(manifest.write_text())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, folder / MANIFEST)
-    _sync_folder(folder)
+    # The temporary name is one remove_stale knows, for a save killed before its commit.
+    write_atomically(folder / MANIFEST, manifest.write_text(), temporary=folder / f".manifest.{manifest.save_id}.tmp",
+                     durable=True)
 
 
 def remove_stale(folder: Path, keep: Iterable[str]) -> list[str]:
@@ -115,19 +112,6 @@ def remove_stale(folder: Path, keep: Iterable[str]) -> list[str]:
             path.unlink(missing_ok=True)
             gone.append(path.name)
     return sorted(gone)
-
-
-def _sync_folder(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # a folder that cannot be opened (some filesystems): the rename is still atomic
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def numpy_dtype(name: str) -> np.dtype:

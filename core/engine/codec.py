@@ -174,8 +174,7 @@ class Exchange:
         self.payloads = [self._recv[q * RECORD_BYTES + HEADER_WORDS * 8 : (q + 1) * RECORD_BYTES]
                          for q in range(0 if self.compact else p)]
         # Every cycle gathers these same two buffers: prepared once where MPI can (MPI-4).
-        prepare = getattr(comm, "persistent_allgather", None)
-        self._gather = prepare(self._send, self._recv) if prepare is not None and not self.compact and p > 1 else None
+        self._gather = comm.persistent_allgather(self._send, self._recv) if not self.compact and p > 1 else None
 
     def run(self, digest: int, length: int, *, stop: int = 0, inline: int = 0, due: bool = False) -> None:
         """Exchange this rank's header (its payload must already be in :attr:`payload_out`);

@@ -312,8 +312,7 @@ class Engine:
         leaves without ``shutdown``, which the lost peer could never agree to.
         """
         self._interrupted = error
-        if hasattr(self.ctx.comm, "interrupted"):
-            self.ctx.comm.interrupted = error
+        self.ctx.comm.interrupted = error
         with self._lock:
             for req in self._pending:
                 req.handle.set_error(error)

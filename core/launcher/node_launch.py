@@ -34,7 +34,7 @@ from ddl.launcher.node_protocol import (
     Assign,
     Done,
     Hello,
-    ProtocolError,
+    NodeProtocolError,
     Refuse,
     Roster,
     admit,
@@ -134,8 +134,8 @@ def _collect(server: socket.socket, roster: Roster, connections: dict[int, socke
             conn.settimeout(10.0)
             hello = decode(_read_line(conn))
             if not isinstance(hello, Hello):
-                raise ProtocolError(f"expected a hello, got {hello.kind!r}")
-        except (OSError, ProtocolError) as exc:
+                raise NodeProtocolError(f"expected a hello, got {hello.kind!r}")
+        except (OSError, NodeProtocolError) as exc:
             report(f"ignoring a connection from {peer[0]}: {exc}")
             conn.close()
             continue
@@ -166,8 +166,8 @@ def _run_world(place: NodePlace, launch: Launch, connections: dict[int, socket.s
             proxies = parse_launch_lines(lines)
             missing = [rank for rank in range(place.nnodes) if rank not in proxies]
             if missing:
-                raise ProtocolError(f"mpiexec printed no proxy command for node(s) {missing}: {lines}")
-        except (ProtocolError, NodeLaunchError) as exc:
+                raise NodeProtocolError(f"mpiexec printed no proxy command for node(s) {missing}: {lines}")
+        except (NodeProtocolError, NodeLaunchError) as exc:
             _end(mpiexec)
             _tell_all(connections, Done(LOST_NODE_STATUS))
             raise NodeLaunchError(f"mpiexec -launcher manual did not start the world: {exc}") from None
@@ -264,7 +264,7 @@ def run_node(place: NodePlace, *, env: Mapping[str, str], timeout: float, report
         reader = conn.makefile("rb")
         try:
             answer = decode(reader.readline())
-        except ProtocolError as exc:
+        except NodeProtocolError as exc:
             raise NodeLaunchError(f"node 0 ended or answered wrongly before starting the world ({exc})") from None
         if isinstance(answer, Refuse):
             raise NodeLaunchError(f"node 0 refused this node: {answer.reason}")
@@ -311,7 +311,7 @@ def _follow(proxy: subprocess.Popen[bytes], reader: IO[bytes], *, report: Report
         try:
             message = decode(reader.readline())
             outcome["status"] = message.status if isinstance(message, Done) else LOST_NODE_STATUS
-        except (ProtocolError, OSError):
+        except (NodeProtocolError, OSError):
             outcome["gone"] = True
 
     listener = threading.Thread(target=listen, daemon=True)
@@ -344,7 +344,7 @@ def _read_line(conn: socket.socket, limit: int = 1 << 16) -> bytes:
             break
         data += chunk
         if len(data) > limit:
-            raise ProtocolError("a line longer than 64 KiB")
+            raise NodeProtocolError("a line longer than 64 KiB")
     return data
 
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 VERSION = 1
 
 
-class ProtocolError(ValueError):
+class NodeProtocolError(ValueError):
     """A line that is not a message of this protocol's version; the text says what came."""
 
 
@@ -77,7 +77,7 @@ def decode(line: bytes) -> Message:
     """The message on one line.
 
     Raises:
-        ProtocolError: not JSON, another version, an unknown kind or missing fields.
+        NodeProtocolError: not JSON, another version, an unknown kind or missing fields.
 
     Example:
         >>> decode(b'{"v": 1, "kind": "assign", "proxy": ["hydra_pmi_proxy", "--proxy-id", "1"]}')
@@ -88,18 +88,18 @@ def decode(line: bytes) -> Message:
         data = json.loads(text)
         version, kind = data.pop("v"), data.pop("kind")
     except (ValueError, KeyError, AttributeError, TypeError):
-        raise ProtocolError(f"not a ddlrun node message: {text[:200]!r}") from None
+        raise NodeProtocolError(f"not a ddlrun node message: {text[:200]!r}") from None
     if version != VERSION:
-        raise ProtocolError(f"a ddlrun node message of protocol version {version!r}, not {VERSION}: run the same "
+        raise NodeProtocolError(f"a ddlrun node message of protocol version {version!r}, not {VERSION}: run the same "
                             "ddl version on every node")
     if kind not in _KINDS:
-        raise ProtocolError(f"unknown ddlrun node message kind {kind!r}")
+        raise NodeProtocolError(f"unknown ddlrun node message kind {kind!r}")
     if "proxy" in data and isinstance(data["proxy"], list):
         data["proxy"] = tuple(str(word) for word in data["proxy"])
     try:
         return _KINDS[kind](**data)
     except TypeError as exc:
-        raise ProtocolError(f"a {kind!r} message with wrong fields ({exc})") from None
+        raise NodeProtocolError(f"a {kind!r} message with wrong fields ({exc})") from None
 
 
 # -- the master's roster ---------------------------------------------------------------------
@@ -186,7 +186,7 @@ def parse_launch_lines(lines: Sequence[str]) -> dict[int, list[str]]:
     """The proxy command of each host from ``mpiexec -launcher manual``'s lines, by proxy id.
 
     Raises:
-        ProtocolError: a line names no ``--proxy-id``, or an id twice.
+        NodeProtocolError: a line names no ``--proxy-id``, or an id twice.
 
     Example:
         >>> parse_launch_lines(["HYDRA_LAUNCH: /v/bin/hydra_pmi_proxy --control-port n0:4000 --proxy-id 1 "])
@@ -198,10 +198,10 @@ def parse_launch_lines(lines: Sequence[str]) -> dict[int, list[str]]:
             continue
         argv = line[len(LAUNCH_PREFIX):].split()
         if "--proxy-id" not in argv or argv.index("--proxy-id") + 1 >= len(argv):
-            raise ProtocolError(f"hydra's launch line names no --proxy-id: {line.strip()!r}")
+            raise NodeProtocolError(f"hydra's launch line names no --proxy-id: {line.strip()!r}")
         proxy = int(argv[argv.index("--proxy-id") + 1])
         if proxy in found:
-            raise ProtocolError(f"hydra printed proxy {proxy} twice")
+            raise NodeProtocolError(f"hydra printed proxy {proxy} twice")
         found[proxy] = argv
     return found
 

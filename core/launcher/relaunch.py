@@ -20,7 +20,7 @@ def relaunch_argv(np: int, python_args: Sequence[str], *, hosts: str | None = No
 
     Args:
         np: ranks.
-        python_args: what every rank's interpreter runs (``["-m", "ddl.torch.bench", ...]``).
+        python_args: what every rank's interpreter runs (``["-m", "ddl_bench.torch_training", ...]``).
         hosts: ``-H`` host list (``h1:2,h2:2``), or None for this host.
         settings: settings table fields with a ddlrun flag -> value (None or False: unset).
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ddl.base.atomic_write import write_atomically
 from ddl.base.config import DEFAULT_SHM_BYTES
 from ddl.base.ops import ReduceOp
 from ddl.base.topology import Topology
@@ -163,9 +164,7 @@ def save(path: str | Path, calibration: Calibration, who: dict[str, Any]) -> Non
     data = {"format": FORMAT, **who, "seconds": calibration.seconds, "model": calibration.model.to_json()}
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(target)
+    write_atomically(target, json.dumps(data, indent=1))
 
 
 def load(path: str | Path, who: dict[str, Any], *, segment_bytes: int,

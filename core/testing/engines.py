@@ -25,13 +25,14 @@ T = TypeVar("T")
 
 def run_engines(
     size: int, fn: Callable[[Collectives], T], *, hostnames: Sequence[str] | None = None,
-    spec: str | None = None, config: Config | None = None, stop: bool = True,
+    spec: str | None = None, config: Config | None = None, stop: bool = True, persistent: bool = True,
 ) -> list[T]:
     """Run ``fn(collectives)`` on ``size`` fake ranks; return the results by rank.
 
     ``config`` defaults to tiny segments (to force chunking) and a 10 s stall timeout.
     When ``fn`` raises on a rank, that rank aborts the fake job (as the abort hook does
-    under MPI), so the others end too; the first error is re-raised here.
+    under MPI), so the others end too; the first error is re-raised here. ``persistent``:
+    whether the fake library offers prepared collectives (see :func:`run_ranks`).
 
     Example:
         >>> import numpy as np
@@ -57,4 +58,4 @@ def run_engines(
             engine.stop()
         return result
 
-    return run_ranks(size, body, hostnames=names)
+    return run_ranks(size, body, hostnames=names, persistent=persistent)

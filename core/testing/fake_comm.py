@@ -2,7 +2,10 @@
 
 Point-to-point messages go through per-pair queues (buffered, FIFO, like MPI's
 non-overtaking rule); collectives meet at a shared rendezvous. Every wait has a
-timeout, so a broken schedule fails a test instead of hanging it. Shared-memory groups
+timeout, so a broken schedule fails a test instead of hanging it. The prepared
+(persistent) allgather that the engine's exchange runs in production is here too, with
+the same :class:`~ddl.wire.comm.PreparedCollective` guard, and its wait is left when
+:attr:`FakeComm.interrupted` is set, as ``polite_wait`` leaves MPI's. Shared-memory groups
 are arrays every member thread sees, kept in a registry of the world keyed by the
 group's members, with a barrier of their own.
 """
@@ -18,7 +21,7 @@ from typing import Any, NoReturn, TypeVar
 import numpy as np
 
 from ddl.base.ops import ReduceOp, ufunc
-from ddl.wire.comm import as_bytes
+from ddl.wire.comm import PreparedCollective, as_bytes
 from ddl.wire.shared_memory import SharedSlots
 
 T = TypeVar("T")
@@ -33,12 +36,59 @@ class FakeAbort(RuntimeError):
     """Raised by :meth:`FakeComm.abort` in place of ending the process."""
 
 
+class _Barrier:
+    """:class:`threading.Barrier` (broken by a timeout or :meth:`abort`) whose wait a
+    party can leave before the others arrive, as a rank leaves an interrupted MPI wait."""
+
+    def __init__(self, parties: int, timeout: float) -> None:
+        self._cond = threading.Condition()
+        self._parties = parties
+        self._timeout = timeout
+        self._arrived = 0
+        self._generation = 0
+        self._broken = False
+
+    def wait(self, leave: Callable[[], BaseException | None] | None = None) -> None:
+        """Wait for every party; raise what ``leave()`` returns (polled) once it is not None."""
+        with self._cond:
+            if self._broken:
+                raise threading.BrokenBarrierError
+            generation = self._generation
+            self._arrived += 1
+            if self._arrived == self._parties:
+                self._arrived = 0
+                self._generation += 1
+                self._cond.notify_all()
+                return
+            deadline = time.monotonic() + self._timeout
+            while self._generation == generation:
+                if self._broken:
+                    raise threading.BrokenBarrierError
+                reason = leave() if leave is not None else None
+                if reason is not None:
+                    self._arrived -= 1  # this party never arrived, as far as the others know
+                    raise reason
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._broken = True
+                    self._cond.notify_all()
+                    raise threading.BrokenBarrierError
+                self._cond.wait(min(remaining, 0.05) if leave is not None else remaining)
+
+    def abort(self) -> None:
+        with self._cond:
+            self._broken = True
+            self._cond.notify_all()
+
+
 class _World:
-    def __init__(self, size: int, hostnames: Sequence[str]) -> None:
+    def __init__(self, size: int, hostnames: Sequence[str], persistent: bool = True) -> None:
         self.size = size
         self.hostnames = list(hostnames)
+        #: Whether the fake library offers prepared collectives (MPI-4's persistent ones).
+        self.persistent = persistent
         self.queues = {(s, d): queue.Queue[np.ndarray]() for s in range(size) for d in range(size)}
-        self.barrier = threading.Barrier(size, timeout=TIMEOUT_S)
+        self.barrier = _Barrier(size, TIMEOUT_S)
         self.slots: list[Any] = [None] * size
         self.aborted = False  # like MPI_Abort: every rank's pending receive ends
         self.groups: dict[tuple[int, ...], _Group] = {}
@@ -75,6 +125,11 @@ class FakeComm:
         #: Bytes this rank handed to the network: point-to-point sends, and each
         #: collective's contribution (what an allreduce of that buffer must move at least).
         self.wire_bytes = 0
+        #: Set from outside (``Engine.interrupt``): a prepared collective's wait raises it.
+        self.interrupted: BaseException | None = None
+        self._prepared = 0  # prepared collectives so far: the k-th of every rank meet
+        #: Runs of this rank's prepared collectives that completed.
+        self.prepared_runs = 0
 
     @property
     def rank(self) -> int:
@@ -109,14 +164,15 @@ class FakeComm:
                 if waited >= TIMEOUT_S:
                     raise TimeoutError(f"rank {self._rank}: no message from rank {source}") from None
 
-    def _exchange(self, obj: Any, kind: str) -> list[Any]:
+    def _exchange(self, obj: Any, kind: str, *, leavable: bool = False) -> list[Any]:
         """Every rank's ``obj``, once all have called the collective ``kind``.
 
         Ranks that meet in different collectives fail here, on every rank, naming them:
         under MPI they would hang or mix up data, which breaks the engine's contract.
+        ``leavable``: until every rank has arrived, raise :attr:`interrupted` once set.
         """
         w = self._world
-        w.barrier.wait()
+        w.barrier.wait((lambda: self.interrupted) if leavable else None)
         w.slots[self._rank] = (kind, obj)
         w.barrier.wait()
         out = list(w.slots)
@@ -167,6 +223,20 @@ class FakeComm:
         parts = self._exchange(as_bytes(send).copy(), "allgather")
         as_bytes(recv)[...] = np.concatenate(parts)
 
+    def persistent_allgather(self, send: np.ndarray, recv: np.ndarray) -> Callable[[], None] | None:
+        if not self._world.persistent:
+            return None
+        kind = f"prepared allgather #{self._prepared}"
+        self._prepared += 1
+
+        def run() -> None:
+            self.wire_bytes += send.nbytes
+            parts = self._exchange(as_bytes(send).copy(), kind, leavable=True)
+            as_bytes(recv)[...] = np.concatenate(parts)
+            self.prepared_runs += 1
+
+        return PreparedCollective(lambda: None, run)
+
     def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
         view = self._views.get(members)
         if view is not None and view.capacity >= nbytes:
@@ -215,18 +285,21 @@ class FakeComm:
 
 
 def run_ranks(
-    size: int, fn: Callable[[FakeComm], T], *, hostnames: Sequence[str] | None = None
+    size: int, fn: Callable[[FakeComm], T], *, hostnames: Sequence[str] | None = None,
+    persistent: bool = True,
 ) -> list[T]:
     """Run ``fn(comm)`` on ``size`` fake ranks in threads; return the results by rank.
 
     An exception on any rank is re-raised here (the first one, by rank), after the
-    other ranks are released from any collective they wait in.
+    other ranks are released from any collective they wait in. ``persistent``: whether
+    the fake library offers prepared collectives (as MPI-4 libraries do; without them
+    the engine's exchange runs a plain allgather each cycle).
 
     Example:
         >>> run_ranks(2, lambda c: c.rank)
         [0, 1]
     """
-    world = _World(size, hostnames or ["fakehost"] * size)
+    world = _World(size, hostnames or ["fakehost"] * size, persistent)
     results: list[Any] = [None] * size
     errors: list[BaseException | None] = [None] * size
 

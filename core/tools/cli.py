@@ -1,9 +1,11 @@
-"""The ``ddl`` command: one table of the core's subcommands, plus those adapters register.
+"""The ``ddl`` command: one table of the core's subcommands, plus those other packages register.
 
 Each subcommand is a module with ``main(argv) -> int``, imported only when used. The
-core's own are in :data:`COMMANDS`; an adapter adds its own (``ddl bench torch``) as an
-entry point in the ``ddl.commands`` group, named by its words (``"bench torch"``), with
-the extra it needs (``ddl.torch.bench:main [torch]``), so this module names no framework.
+core's own are in :data:`COMMANDS`; another package adds its own as an entry point in
+the ``ddl.commands`` group, named by its words (``"bench torch"``), with the extra it
+needs (``ddl_bench.torch_training:main [torch]``). The framework benchmarks are tooling,
+outside the ddl-runtime wheel (the ddl-bench package in the repository's tools/bench):
+:data:`TOOLING` names them, so that asking for one that is not installed says how to get it.
 ``ddl bench allreduce -np N`` re-launches itself under ``ddlrun -np N``.
 """
 
@@ -43,6 +45,9 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("doctor",): ("ddl.tools.doctor", "ddl doctor [-np N] [-H HOST:SLOTS,... | --hostfile F]"),
 }
 GROUP = "ddl.commands"
+#: Subcommands of the ddl-bench tooling package (tools/bench), by words -> the extra they need.
+TOOLING: dict[tuple[str, ...], str] = {("bench", "torch"): "torch", ("bench", "tensorflow"): "tensorflow"}
+TOOLING_PACKAGE = "ddl-bench"
 
 
 def registered() -> dict[tuple[str, ...], importlib.metadata.EntryPoint]:
@@ -72,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
             found: Callable[[list[str]], int] = importlib.import_module(COMMANDS[words][0]).main
             return found(rest)
         return _plugin(plugins[words], " ".join(words))(rest)
+    for words, extra in TOOLING.items():
+        if tuple(args[: len(words)]) == words:
+            print(f"ddl {' '.join(words)} is a benchmark of the {TOOLING_PACKAGE} tooling package, which is not "
+                  f"installed here (it is not part of {DISTRIBUTION}). From a ddl checkout: pip install "
+                  f"'./tools/bench[{extra}]' (scripts/setup-env.sh installs it), then run it again", file=sys.stderr)
+            return 2
     if not args:
         print(overview(plugins), file=sys.stderr)
         return 2
@@ -103,7 +114,8 @@ def _plugin(entry: importlib.metadata.EntryPoint, what: str) -> Callable[[list[s
         found: Callable[[list[str]], int] = entry.load()
     except ImportError as exc:
         extra = ",".join(entry.extras) or "the adapter's"
-        print(f"ddl {what} needs the {extra} extra ({exc}); pip install '{DISTRIBUTION}[{extra}]'", file=sys.stderr)
+        owner = entry.dist.name if entry.dist is not None else DISTRIBUTION
+        print(f"ddl {what} needs the {extra} extra ({exc}); pip install '{owner}[{extra}]'", file=sys.stderr)
         return lambda _argv: 2
     return found
 

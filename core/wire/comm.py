@@ -30,6 +30,10 @@ NATIVE_REDUCE_DTYPES = tuple(np.dtype(t) for t in (np.float32, np.float64, np.in
 class Comm(Protocol):
     """What the core needs from a communicator."""
 
+    #: Set from outside (an elastic world that lost a peer, ``Engine.interrupt``): a wait
+    #: that can be left (a prepared exchange's) raises it instead of waiting on.
+    interrupted: BaseException | None
+
     @property
     def rank(self) -> int: ...
 
@@ -53,6 +57,13 @@ class Comm(Protocol):
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         """Gather every rank's equally sized contiguous ``send`` into ``recv`` in rank order."""
+
+    def persistent_allgather(self, send: np.ndarray, recv: np.ndarray) -> Callable[[], None] | None:
+        """:meth:`allgather_buffer` of these very buffers, prepared once: calling the result
+        runs it (a :class:`PreparedCollective`). None where the communicator has none (then
+        every rank gets None). Collective: every rank prepares its own in the same order,
+        and runs them in the same order as its other collectives.
+        """
 
     def alltoallv_buffer(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
                          recv_counts: list[int]) -> None:
@@ -110,13 +121,30 @@ def polite_wait(request: Any, spin: float = 250e-6, longest: float = 200e-6,
         pause = min(pause * 2, longest)
 
 
-class _Prepared:
-    """A persistent collective request and whether a run of it is still unfinished."""
+class PreparedCollective:
+    """A collective prepared once (its buffers fixed) and run by calling it.
 
-    __slots__ = ("active", "request")
+    It refuses to run while an earlier run is unfinished: a wait left because the world
+    lost a peer (:attr:`Comm.interrupted`) leaves the collective active, and MPI forbids
+    starting an active persistent request again (it aborted the job, issue 39); no
+    exchange may follow in that world anyway.
+    """
 
-    def __init__(self, request: Any) -> None:
-        self.request = request
+    __slots__ = ("_start", "_wait", "active")
+
+    def __init__(self, start: Callable[[], None], wait: Callable[[], None]) -> None:
+        self._start = start
+        self._wait = wait
+        #: Started and not yet completed (an interrupted run stays active for good).
+        self.active = False
+
+    def __call__(self) -> None:
+        if self.active:
+            raise RuntimeError("the engine's prepared exchange is still active from an interrupted run; this "
+                               "world can run no collective any more")
+        self._start()
+        self.active = True
+        self._wait()
         self.active = False
 
 
@@ -141,7 +169,8 @@ class MPIComm:
         }
         self._windows: dict[tuple[int, ...], MPISharedWindow] = {}
         self._user_ops: dict[tuple[np.dtype, ReduceOp], tuple[Any, Any]] = {}
-        self._persistent: list[_Prepared] = []  # prepared collectives, freed before the communicator
+        # Prepared collectives and their MPI requests, freed before the communicator.
+        self._persistent: list[tuple[PreparedCollective, Any]] = []
 
     @property
     def rank(self) -> int:
@@ -215,26 +244,19 @@ class MPIComm:
         order, and every rank either gets one (the same library everywhere) or not.
         """
         try:
-            prepared = _Prepared(self._comm.Allgather_init(send, recv))
+            request = self._comm.Allgather_init(send, recv)
         except (NotImplementedError, AttributeError, self._MPI.Exception):
             return None
-        self._persistent.append(prepared)
 
-        def run() -> None:
-            if prepared.active:
-                # An earlier run left it unfinished (a wait interrupted when an elastic world
-                # lost a peer): MPI forbids starting it again, and no exchange may follow.
-                raise RuntimeError("the engine's prepared exchange is still active from an interrupted run; this "
-                                   "world can run no collective any more")
-            prepared.request.Start()
-            prepared.active = True
+        def wait() -> None:
             if self.polite:
-                polite_wait(prepared.request, owner=self)
+                polite_wait(request, owner=self)
             else:
-                prepared.request.Wait()
-            prepared.active = False
+                request.Wait()
 
-        return run
+        prepared = PreparedCollective(request.Start, wait)
+        self._persistent.append((prepared, request))
+        return prepared
 
     def alltoallv_buffer(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
                          recv_counts: list[int]) -> None:
@@ -286,9 +308,9 @@ class MPIComm:
         for window in self._windows.values():  # shared windows and group comms go first
             window.free()
         self._windows.clear()
-        for prepared in self._persistent:
+        for prepared, request in self._persistent:
             if not prepared.active:  # freeing an active persistent collective is erroneous; the world is over
-                prepared.request.Free()
+                request.Free()
         self._persistent.clear()
         for _, user_op in self._user_ops.values():
             user_op.Free()
@@ -308,6 +330,7 @@ class SelfComm:
     size = 1
 
     def __init__(self, load_error: str | None = None) -> None:
+        self.interrupted: BaseException | None = None
         #: Why there is no MPI world (mpi4py could not load an MPI library), or None when
         #: MPI itself said the world is this one process.
         self.load_error = load_error
@@ -331,6 +354,9 @@ class SelfComm:
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         as_bytes(recv)[...] = as_bytes(send)
+
+    def persistent_allgather(self, send: np.ndarray, recv: np.ndarray) -> Callable[[], None] | None:
+        return None  # nothing to prepare: a world of one gathers by copying
 
     def alltoallv_buffer(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
                          recv_counts: list[int]) -> None:

@@ -30,7 +30,7 @@ from ddl.runtime.elastic import protocol
 from ddl.runtime.elastic.position import batches_per_rank, deal, epoch_order
 from ddl.runtime.elastic.protocol import (
     Beat,
-    Launch,
+    LaunchRank,
     ProtocolError,
     RankReport,
     Route,
@@ -243,7 +243,7 @@ def test_a_message_on_the_wrong_route_is_refused() -> None:
 def test_descriptors_travel_with_the_first_message(tmp_path: Path) -> None:
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with a, b, open(tmp_path / "f", "w") as f:
-        launch = Launch(argv=["python", "t.py"], env={"A": "1"}, cwd="/")
+        launch = LaunchRank(argv=["python", "t.py"], env={"A": "1"}, cwd="/")
         send(a, launch, [f.fileno()])
         reader = LineReader()
         assert reader.receive(b, with_fds=True) == [launch]

@@ -77,7 +77,7 @@ def test_a_host_connects_imports_and_becomes_ready() -> None:
     assert state.last_heard == 5.0
     state, actions = hm.step(state, hm.Warmed(3.5, ("numpy",), at=6.0), T)
     assert state.phase is hm.HostPhase.READY and state.ready and state.warm_seconds == 3.5
-    assert actions == [hm.Note("agent on h1 ready (preloaded in 3.5 s); could not preload numpy")]
+    assert actions == [hm.HostNote("agent on h1 ready (preloaded in 3.5 s); could not preload numpy")]
 
 
 @covers("H2", "H3")
@@ -93,7 +93,7 @@ def test_late_or_repeated_reports_change_nothing() -> None:
     ready = host(hm.HostPhase.READY, last_heard=3.0)
     assert hm.step(ready, hm.Warmed(1.0, (), at=4.0), T) == (ready, [])
     lost = host(hm.HostPhase.LOST)
-    for event in (hm.Heard(9.0), hm.Warmed(1.0, (), 9.0), hm.Closed(9.0), hm.ProcessEnded(1, 9.0), hm.Tick(999.0)):
+    for event in (hm.Heard(9.0), hm.Warmed(1.0, (), 9.0), hm.Closed(9.0), hm.ProcessEnded(1, 9.0), hm.HostTick(999.0)):
         assert hm.step(lost, event, T) == (lost, [])
 
 
@@ -119,21 +119,21 @@ def test_the_agents_mpiexec_ending_matters_only_before_it_connected() -> None:
 def test_a_ready_host_is_lost_after_six_missed_beats_and_not_before() -> None:
     ready = host(hm.HostPhase.READY, last_heard=10.0)
     assert T.lost_after == 1.5 <= 2.0  # the target: a silent host declared lost within 2 s by default
-    assert hm.step(ready, hm.Tick(10.0 + T.lost_after), T) == (ready, [])
-    state, actions = hm.step(ready, hm.Tick(10.0 + T.lost_after + 0.01), T)
+    assert hm.step(ready, hm.HostTick(10.0 + T.lost_after), T) == (ready, [])
+    state, actions = hm.step(ready, hm.HostTick(10.0 + T.lost_after + 0.01), T)
     assert state.phase is hm.HostPhase.LOST and len(actions) == 1
     assert isinstance(actions[0], hm.DeclareLost) and "missed 6 heartbeats" in actions[0].why
     slow = Timing(elastic_timeout=10)  # the rate follows --elastic-timeout: 0.5 s beats, lost after 3 s
-    assert hm.step(ready, hm.Tick(12.9), slow) == (ready, [])
-    assert hm.step(ready, hm.Tick(13.1), slow)[0].phase is hm.HostPhase.LOST
+    assert hm.step(ready, hm.HostTick(12.9), slow) == (ready, [])
+    assert hm.step(ready, hm.HostTick(13.1), slow)[0].phase is hm.HostPhase.LOST
 
 
 @covers("H12", "H13")
 def test_a_host_starting_or_importing_has_the_start_timeout() -> None:
     for phase, words in ((hm.HostPhase.STARTING, "did not connect"), (hm.HostPhase.IMPORTING, "silent while importing")):
         state = host(phase, last_heard=0.0)
-        assert hm.step(state, hm.Tick(100.0), T) == (state, [])  # importing torch may stall beats: no false alarm
-        lost, actions = hm.step(state, hm.Tick(120.5), T)
+        assert hm.step(state, hm.HostTick(100.0), T) == (state, [])  # importing torch may stall beats: no false alarm
+        lost, actions = hm.step(state, hm.HostTick(120.5), T)
         assert lost.phase is hm.HostPhase.LOST and words in actions[0].why  # type: ignore[union-attr]
 
 
@@ -146,57 +146,57 @@ def world(*hosts: str, **kw: Any) -> wm.WorldState:
 
 def synced(state: wm.WorldState) -> wm.WorldState:
     for r in range(state.plan.np):
-        state, _ = wm.step(state, wm.RankStarted(r), T)
-        state, _ = wm.step(state, wm.RankProgress(r, Step.SYNCED, 10, at=1.0), T)
+        state, _ = wm.step(state, wm.WorldRankStarted(r), T)
+        state, _ = wm.step(state, wm.WorldRankProgress(r, Step.SYNCED, 10, at=1.0), T)
     return state
 
 
 @covers("W1", "W2")
 def test_a_world_runs_once_every_rank_started_and_synced() -> None:
     state = world()
-    state, actions = wm.step(state, wm.RankStarted(1), T)
+    state, actions = wm.step(state, wm.WorldRankStarted(1), T)
     assert state.forked == {1} and not actions
     for r in (0, 1):
-        state, actions = wm.step(state, wm.RankProgress(r, Step.SYNCED, 10, at=1.0), T)
+        state, actions = wm.step(state, wm.WorldRankProgress(r, Step.SYNCED, 10, at=1.0), T)
         assert state.phase is wm.WorldPhase.STARTING and not actions
-    state, actions = wm.step(state, wm.RankProgress(2, Step.SYNCED, 10, at=1.0), T)
-    assert state.phase is wm.WorldPhase.RUNNING and actions == [wm.Note("world 2: every rank synced, from commit 10")]
+    state, actions = wm.step(state, wm.WorldRankProgress(2, Step.SYNCED, 10, at=1.0), T)
+    assert state.phase is wm.WorldPhase.RUNNING and actions == [wm.WorldNote("world 2: every rank synced, from commit 10")]
 
 
 @covers("W3", "W5", "W6")
 def test_progress_reports_are_logged_once_and_change_nothing_else() -> None:
     state = synced(world())
-    state, actions = wm.step(state, wm.RankProgress(1, Step.COMMIT, 11, at=2.0), T)
+    state, actions = wm.step(state, wm.WorldRankProgress(1, Step.COMMIT, 11, at=2.0), T)
     assert not actions
-    state, actions = wm.step(state, wm.RankProgress(0, Step.COMMIT, 11, at=2.0), T)
-    assert actions == [wm.Note("world 2: first commit (11)")]
-    assert wm.step(state, wm.RankProgress(0, Step.COMMIT, 12, at=3.0), T) == (state, [])
-    assert wm.step(state, wm.RankProgress(0, Step.RESET, 15, at=4.0, reason=Reason.HOSTS_UPDATED), T) == (
-        state, [wm.Note("world 2: the ranks leave at commit 15 for the next world")])
-    assert wm.step(state, wm.RankProgress(2, Step.RESET, 15, at=4.0, reason=Reason.HOSTS_UPDATED), T) == (state, [])
-    done, actions = wm.step(state, wm.RankProgress(2, Step.DONE, 15, at=4.0), T)
+    state, actions = wm.step(state, wm.WorldRankProgress(0, Step.COMMIT, 11, at=2.0), T)
+    assert actions == [wm.WorldNote("world 2: first commit (11)")]
+    assert wm.step(state, wm.WorldRankProgress(0, Step.COMMIT, 12, at=3.0), T) == (state, [])
+    assert wm.step(state, wm.WorldRankProgress(0, Step.RESET, 15, at=4.0, reason=Reason.HOSTS_UPDATED), T) == (
+        state, [wm.WorldNote("world 2: the ranks leave at commit 15 for the next world")])
+    assert wm.step(state, wm.WorldRankProgress(2, Step.RESET, 15, at=4.0, reason=Reason.HOSTS_UPDATED), T) == (state, [])
+    done, actions = wm.step(state, wm.WorldRankProgress(2, Step.DONE, 15, at=4.0), T)
     assert done.done == {2} and not actions and done.phase is state.phase
 
 
 @covers("W4")
 def test_a_rank_leaving_after_a_failed_collective_stops_the_others_at_once() -> None:
     state = synced(world())
-    state, actions = wm.step(state, wm.RankProgress(0, Step.RESET, 10, at=5.0, reason=Reason.COLLECTIVE_FAILED), T)
+    state, actions = wm.step(state, wm.WorldRankProgress(0, Step.RESET, 10, at=5.0, reason=Reason.COLLECTIVE_FAILED), T)
     assert (state.phase, state.ending, state.ending_since) == (wm.WorldPhase.ENDING, wm.Ending.RESET, 5.0)
     assert actions[-1] == wm.StopRanks(2, StopWhy.RESET) and "HorovodInternalError" in actions[0].text  # type: ignore[union-attr]
-    assert wm.step(state, wm.RankProgress(1, Step.RESET, 10, at=5.1, reason=Reason.COLLECTIVE_FAILED), T) == (state, [])
+    assert wm.step(state, wm.WorldRankProgress(1, Step.RESET, 10, at=5.1, reason=Reason.COLLECTIVE_FAILED), T) == (state, [])
 
 
 @covers("W7", "W23", "W24")
 def test_a_rank_killed_by_a_signal_fails_its_host_after_the_settle_time_and_a_frozen_one_at_once() -> None:
-    state, actions = wm.step(synced(world()), wm.RankEnded(2, -9, EndCause.SIGNAL, at=4.0), T)
+    state, actions = wm.step(synced(world()), wm.WorldRankEnded(2, -9, EndCause.SIGNAL, at=4.0), T)
     assert state.ending is None and state.exits[2].code == -9 and not actions  # noted: judged after the settle
-    assert wm.step(state, wm.Tick(4.0 + T.settle), T) == (state, [])
-    state, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+    assert wm.step(state, wm.WorldTick(4.0 + T.settle), T) == (state, [])
+    state, actions = wm.step(state, wm.WorldTick(4.0 + T.settle + 0.01), T)
     assert state.ending is wm.Ending.LOST and state.lost_hosts == {"h3"}
     assert actions[0] == wm.FailHost("h3") and actions[-1] == wm.StopRanks(2, StopWhy.LOST, ("h3",))
     assert "lost host h3 (rank 2 was killed by signal 9)" in actions[1].text  # type: ignore[union-attr]
-    state, actions = wm.step(synced(world()), wm.RankEnded(1, -9, EndCause.FROZEN, at=4.0), T)
+    state, actions = wm.step(synced(world()), wm.WorldRankEnded(1, -9, EndCause.FROZEN, at=4.0), T)
     assert state.ending is wm.Ending.LOST and actions[0] == wm.FailHost("h2")
     assert "sent no heartbeat for the rank bound (frozen" in actions[1].text  # type: ignore[union-attr]
 
@@ -206,14 +206,14 @@ def test_a_survivor_crashed_by_a_peers_exit_is_not_blamed() -> None:
     """Measured in the chaos run: rank 0 left with sys.exit(0) and MPI then killed rank 2 on another host
     by SIGSEGV. The rank that left is the lost one; the crashed survivor's host stays; a rank whose
     collective failed meanwhile (HorovodInternalError) has the ends judged at once."""
-    state, _ = wm.step(synced(world()), wm.RankEnded(0, 0, EndCause.EXIT, at=4.0), T)
-    state, _ = wm.step(state, wm.RankEnded(2, -11, EndCause.SIGNAL, at=4.1), T)
-    judged, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+    state, _ = wm.step(synced(world()), wm.WorldRankEnded(0, 0, EndCause.EXIT, at=4.0), T)
+    state, _ = wm.step(state, wm.WorldRankEnded(2, -11, EndCause.SIGNAL, at=4.1), T)
+    judged, actions = wm.step(state, wm.WorldTick(4.0 + T.settle + 0.01), T)
     assert judged.lost_hosts == {"h1"} and [a for a in actions if isinstance(a, wm.FailHost)] == [wm.FailHost("h1")]
     # The SIGSEGV heard first (another agent's report may overtake): the same verdict.
-    state, _ = wm.step(synced(world()), wm.RankEnded(2, -11, EndCause.SIGNAL, at=4.0), T)
-    state, _ = wm.step(state, wm.RankEnded(0, 0, EndCause.EXIT, at=4.05), T)
-    failed, actions = wm.step(state, wm.RankProgress(1, Step.RESET, 10, at=4.2, reason=Reason.COLLECTIVE_FAILED), T)
+    state, _ = wm.step(synced(world()), wm.WorldRankEnded(2, -11, EndCause.SIGNAL, at=4.0), T)
+    state, _ = wm.step(state, wm.WorldRankEnded(0, 0, EndCause.EXIT, at=4.05), T)
+    failed, actions = wm.step(state, wm.WorldRankProgress(1, Step.RESET, 10, at=4.2, reason=Reason.COLLECTIVE_FAILED), T)
     assert failed.ending is wm.Ending.LOST and failed.lost_hosts == {"h1"}
     assert [a for a in actions if isinstance(a, wm.FailHost)] == [wm.FailHost("h1")]
 
@@ -224,42 +224,42 @@ def test_a_rank_killed_from_outside_is_blamed_not_the_survivor_mpi_crashed() -> 
     The SIGKILLed rank's host fails, whatever order the reports come in; a crash alone still counts."""
     for order in ((2, -9, 0, -11), (0, -11, 2, -9)):
         state = synced(world())
-        state, _ = wm.step(state, wm.RankEnded(order[0], order[1], EndCause.SIGNAL, at=4.0), T)
-        state, _ = wm.step(state, wm.RankEnded(order[2], order[3], EndCause.SIGNAL, at=4.1), T)
-        state, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+        state, _ = wm.step(state, wm.WorldRankEnded(order[0], order[1], EndCause.SIGNAL, at=4.0), T)
+        state, _ = wm.step(state, wm.WorldRankEnded(order[2], order[3], EndCause.SIGNAL, at=4.1), T)
+        state, actions = wm.step(state, wm.WorldTick(4.0 + T.settle + 0.01), T)
         assert state.lost_hosts == {"h3"} and [a for a in actions if isinstance(a, wm.FailHost)] == [wm.FailHost("h3")]
-    crashed, _ = wm.step(synced(world()), wm.RankEnded(1, -11, EndCause.SIGNAL, at=4.0), T)
-    crashed, actions = wm.step(crashed, wm.Tick(4.0 + T.settle + 0.01), T)
+    crashed, _ = wm.step(synced(world()), wm.WorldRankEnded(1, -11, EndCause.SIGNAL, at=4.0), T)
+    crashed, actions = wm.step(crashed, wm.WorldTick(4.0 + T.settle + 0.01), T)
     assert crashed.lost_hosts == {"h2"} and "killed by signal 11" in actions[1].text  # type: ignore[union-attr]
 
 
 @covers("W8", "W11")
 def test_a_rank_leaving_at_a_commit_ends_the_world_without_stopping_the_others() -> None:
-    state, actions = wm.step(synced(world()), wm.RankEnded(0, 75, EndCause.EXIT, at=4.0), T)
+    state, actions = wm.step(synced(world()), wm.WorldRankEnded(0, 75, EndCause.EXIT, at=4.0), T)
     assert state.ending is wm.Ending.RESET and actions == []  # the others leave at the same commit by themselves
-    state, actions = wm.step(state, wm.RankEnded(1, 3, EndCause.EXIT, at=4.1), T)
+    state, actions = wm.step(state, wm.WorldRankEnded(1, 3, EndCause.EXIT, at=4.1), T)
     assert state.early == () and not actions  # while ending, a rank's status is only recorded
-    state, actions = wm.step(state, wm.RankEnded(2, -9, EndCause.STOP, at=4.2), T)
+    state, actions = wm.step(state, wm.WorldRankEnded(2, -9, EndCause.STOP, at=4.2), T)
     assert state.lost_hosts == frozenset() and not actions
 
 
 @covers("W9", "W14", "W22")
 def test_an_exception_of_the_program_ends_the_job_once_no_lost_host_explains_it() -> None:
-    state, actions = wm.step(synced(world()), wm.RankProgress(1, Step.FAILED, 10, at=3.9, reason=Reason.EXCEPTION,
+    state, actions = wm.step(synced(world()), wm.WorldRankProgress(1, Step.FAILED, 10, at=3.9, reason=Reason.EXCEPTION,
                                                               detail="ValueError: bad batch"), T)
     assert state.raised == {1: "ValueError: bad batch"} and not actions
-    state, actions = wm.step(state, wm.RankEnded(1, 3, EndCause.EXIT, at=4.0), T)
+    state, actions = wm.step(state, wm.WorldRankEnded(1, 3, EndCause.EXIT, at=4.0), T)
     assert state.early == (wm.EarlyEnd(rank=1, code=3, cause=EndCause.EXIT, at=4.0),) and state.ending is None
     assert not actions
-    assert wm.step(state, wm.Tick(4.0 + T.settle), T) == (state, [])  # a lost host may still show up
-    state, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+    assert wm.step(state, wm.WorldTick(4.0 + T.settle), T) == (state, [])  # a lost host may still show up
+    state, actions = wm.step(state, wm.WorldTick(4.0 + T.settle + 0.01), T)
     assert state.ending is wm.Ending.ERROR and state.status == 3 and actions[-1] == wm.StopRanks(2, StopWhy.ERROR)
     assert "rank 1 raised ValueError: bad batch and exited with status 3: an error of the program" in \
         actions[0].text  # type: ignore[union-attr]
     # A rank that returned from its training function (done), then failed: the job's error too.
-    after, _ = wm.step(synced(world()), wm.RankProgress(0, Step.DONE, 10, at=1.0), T)
-    after, _ = wm.step(after, wm.RankEnded(0, 2, EndCause.EXIT, at=2.0), T)
-    after, actions = wm.step(after, wm.Tick(2.0 + T.settle + 0.01), T)
+    after, _ = wm.step(synced(world()), wm.WorldRankProgress(0, Step.DONE, 10, at=1.0), T)
+    after, _ = wm.step(after, wm.WorldRankEnded(0, 2, EndCause.EXIT, at=2.0), T)
+    after, actions = wm.step(after, wm.WorldTick(2.0 + T.settle + 0.01), T)
     assert after.ending is wm.Ending.ERROR and "after its training function returned" in actions[0].text  # type: ignore[union-attr]
 
 
@@ -270,58 +270,58 @@ def test_a_rank_that_exits_before_it_finished_is_a_lost_rank_not_a_hang() -> Non
     so the ranks waiting for it leave for the next world at once."""
     for code in (3, 0):
         for state in (synced(world()), world()):  # mid-step; before init (nothing synced)
-            state, actions = wm.step(state, wm.RankEnded(2, code, EndCause.EXIT, at=4.0), T)
+            state, actions = wm.step(state, wm.WorldRankEnded(2, code, EndCause.EXIT, at=4.0), T)
             assert state.early and not actions
-            state, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+            state, actions = wm.step(state, wm.WorldTick(4.0 + T.settle + 0.01), T)
             assert state.ending is wm.Ending.LOST and state.lost_hosts == {"h3"}
             assert actions[0] == wm.FailHost("h3") and actions[-1] == wm.StopRanks(2, StopWhy.LOST, ("h3",))
             assert f"rank 2 exited with status {code} before it finished (a lost rank)" in actions[1].text  # type: ignore[union-attr]
     # Every rank leaving with 0 within the settle time (a program that ends without elastic.run): done.
     state = synced(world())
     for r in range(3):
-        state, _ = wm.step(state, wm.RankEnded(r, 0, EndCause.EXIT, at=4.0 + r * 0.1), T)
-    state, actions = wm.step(state, wm.Tick(4.5), T)
+        state, _ = wm.step(state, wm.WorldRankEnded(r, 0, EndCause.EXIT, at=4.0 + r * 0.1), T)
+    state, actions = wm.step(state, wm.WorldTick(4.5), T)
     assert state.ending is wm.Ending.DONE and not actions
 
 
 @covers("W10", "W12")
 def test_a_stub_ended_by_mpiexec_is_an_error_unless_a_host_loss_explains_it() -> None:
-    state, _ = wm.step(synced(world()), wm.RankEnded(0, -9, EndCause.STUB, at=4.0), T)
+    state, _ = wm.step(synced(world()), wm.WorldRankEnded(0, -9, EndCause.STUB, at=4.0), T)
     assert state.early == (wm.EarlyEnd(rank=0, code=-9, cause=EndCause.STUB, at=4.0),)
-    aborted, actions = wm.step(state, wm.Tick(4.0 + T.settle + 0.01), T)
+    aborted, actions = wm.step(state, wm.WorldTick(4.0 + T.settle + 0.01), T)
     assert aborted.ending is wm.Ending.ERROR and aborted.status == 0 and "MPI_Abort" in actions[0].text  # type: ignore[union-attr]
     state, actions = wm.step(state, wm.HostLost("h2", "its agent's connection closed", at=4.5), T)
     assert state.ending is wm.Ending.LOST and actions[-1] == wm.StopRanks(2, StopWhy.LOST, ("h2",))  # lost wins
     other = synced(world())
     assert wm.step(other, wm.HostLost("h9", "x", at=1.0), T) == (other, [])  # not a host of this world
     state, actions = wm.step(state, wm.HostLost("h3", "again", at=4.6), T)  # already ending for a loss: noted only
-    assert state.lost_hosts == {"h2", "h3"} and len(actions) == 1 and isinstance(actions[0], wm.Note)
+    assert state.lost_hosts == {"h2", "h3"} and len(actions) == 1 and isinstance(actions[0], wm.WorldNote)
 
 
 @covers("W13", "W19")
 def test_every_rank_done_closes_the_world_done() -> None:
     state = synced(world())
     for r in range(3):
-        state, _ = wm.step(state, wm.RankEnded(r, 0, EndCause.EXIT, at=5.0), T)
-    state, actions = wm.step(state, wm.Tick(5.1), T)
+        state, _ = wm.step(state, wm.WorldRankEnded(r, 0, EndCause.EXIT, at=5.0), T)
+    state, actions = wm.step(state, wm.WorldTick(5.1), T)
     assert state.ending is wm.Ending.DONE and actions == []
-    state, actions = wm.step(state, wm.Tick(5.2), T)
+    state, actions = wm.step(state, wm.WorldTick(5.2), T)
     assert state.phase is wm.WorldPhase.CLOSED and actions == [wm.Close(2, wm.Ending.DONE, 0)]
-    assert wm.step(state, wm.Tick(6.0), T) == (state, [])  # closed is final
+    assert wm.step(state, wm.WorldTick(6.0), T) == (state, [])  # closed is final
 
 
 @covers("W15")
 def test_mpiexec_ending_early_fails_the_hosts_whose_ranks_never_started_or_ends_the_job() -> None:
     state = world()
     for r in (0, 1):
-        state, _ = wm.step(state, wm.RankStarted(r), T)
-    state, actions = wm.step(state, wm.Tick(3.0, mpiexec_code=1), T)
+        state, _ = wm.step(state, wm.WorldRankStarted(r), T)
+    state, actions = wm.step(state, wm.WorldTick(3.0, mpiexec_code=1), T)
     assert state.mpiexec_ended_at == 3.0 and not actions  # reports may still be on their way
-    state, actions = wm.step(state, wm.Tick(3.0 + T.mpiexec_grace + 0.1, mpiexec_code=1), T)
+    state, actions = wm.step(state, wm.WorldTick(3.0 + T.mpiexec_grace + 0.1, mpiexec_code=1), T)
     assert wm.FailHost("h3") in actions and state.ending is wm.Ending.LOST
     nobody = world()  # no rank started anywhere: the problem is not one host's
-    nobody, _ = wm.step(nobody, wm.Tick(3.0, mpiexec_code=7), T)
-    nobody, actions = wm.step(nobody, wm.Tick(5.5, mpiexec_code=7), T)
+    nobody, _ = wm.step(nobody, wm.WorldTick(3.0, mpiexec_code=7), T)
+    nobody, actions = wm.step(nobody, wm.WorldTick(5.5, mpiexec_code=7), T)
     assert nobody.ending is wm.Ending.ERROR and nobody.status == 7
     assert "mpiexec ended with status 7 before every rank reported" in actions[0].text  # type: ignore[union-attr]
 
@@ -329,15 +329,15 @@ def test_mpiexec_ending_early_fails_the_hosts_whose_ranks_never_started_or_ends_
 @covers("W16")
 def test_ranks_not_synced_within_the_start_timeout() -> None:
     state = world()
-    state, _ = wm.step(state, wm.RankStarted(0), T)
-    state, actions = wm.step(state, wm.Tick(T.start_timeout + 1), T)
+    state, _ = wm.step(state, wm.WorldRankStarted(0), T)
+    state, actions = wm.step(state, wm.WorldTick(T.start_timeout + 1), T)
     assert [a for a in actions if isinstance(a, wm.FailHost)] == [wm.FailHost("h2"), wm.FailHost("h3")]
     for r in (1, 2):
-        state, _ = wm.step(state, wm.RankStarted(r), T)
+        state, _ = wm.step(state, wm.WorldRankStarted(r), T)
     everywhere = world()
     for r in range(3):
-        everywhere, _ = wm.step(everywhere, wm.RankStarted(r), T)
-    everywhere, actions = wm.step(everywhere, wm.Tick(T.start_timeout + 1), T)
+        everywhere, _ = wm.step(everywhere, wm.WorldRankStarted(r), T)
+    everywhere, actions = wm.step(everywhere, wm.WorldTick(T.start_timeout + 1), T)
     assert everywhere.ending is wm.Ending.ERROR and "(--start-timeout)" in actions[0].text  # type: ignore[union-attr]
 
 
@@ -345,40 +345,40 @@ def test_ranks_not_synced_within_the_start_timeout() -> None:
 def test_a_change_of_hosts_is_announced_once_every_rank_synced() -> None:
     bigger = plan("h1", "h2", "h3", "h4")
     starting = world()
-    assert wm.step(starting, wm.Tick(1.0, desired=bigger), T) == (starting, [])  # not synced yet
+    assert wm.step(starting, wm.WorldTick(1.0, desired=bigger), T) == (starting, [])  # not synced yet
     state = synced(world())
-    assert wm.step(state, wm.Tick(1.0, desired=plan("h1", "h2", "h3")), T) == (state, [])  # the same hosts
+    assert wm.step(state, wm.WorldTick(1.0, desired=plan("h1", "h2", "h3")), T) == (state, [])  # the same hosts
     two = synced(wm.WorldState(number=2, plan=WorldPlan((HostSlots("h1", 2), HostSlots("h2", 1))), started=0.0))
-    assert wm.step(two, wm.Tick(1.0, desired=plan("h1", "h2")), T) == (two, [])  # fewer slots, no host gone: stay
-    state, actions = wm.step(state, wm.Tick(1.0, desired=bigger), T)
+    assert wm.step(two, wm.WorldTick(1.0, desired=plan("h1", "h2")), T) == (two, [])  # fewer slots, no host gone: stay
+    state, actions = wm.step(state, wm.WorldTick(1.0, desired=bigger), T)
     assert state.announced and actions[-1] == wm.Announce(2)
-    assert wm.step(state, wm.Tick(2.0, desired=bigger), T) == (state, [])  # once
+    assert wm.step(state, wm.WorldTick(2.0, desired=bigger), T) == (state, [])  # once
     gone = synced(world())
-    assert wm.step(gone, wm.Tick(1.0, desired=plan("h1", "h2", "h4")), T)[1][-1] == wm.Announce(2)
+    assert wm.step(gone, wm.WorldTick(1.0, desired=plan("h1", "h2", "h4")), T)[1][-1] == wm.Announce(2)
 
 
 @covers("W18", "W19")
 def test_ranks_that_do_not_leave_are_stopped_again_and_the_world_closes_at_last() -> None:
-    state, _ = wm.step(synced(world()), wm.RankEnded(0, 75, EndCause.EXIT, at=0.0), T)
-    assert wm.step(state, wm.Tick(T.restop - 0.1), T) == (state, [])
-    state, actions = wm.step(state, wm.Tick(T.restop + 0.1), T)
+    state, _ = wm.step(synced(world()), wm.WorldRankEnded(0, 75, EndCause.EXIT, at=0.0), T)
+    assert wm.step(state, wm.WorldTick(T.restop - 0.1), T) == (state, [])
+    state, actions = wm.step(state, wm.WorldTick(T.restop + 0.1), T)
     assert actions == [wm.StopRanks(2, StopWhy.RESET)] and state.ending_since == T.restop + 0.1
-    state, actions = wm.step(state, wm.Tick(T.restop + 0.1 + T.ending), T)
+    state, actions = wm.step(state, wm.WorldTick(T.restop + 0.1 + T.ending), T)
     assert actions == [wm.Close(2, wm.Ending.RESET, 0)]
     lost, _ = wm.step(synced(world()), wm.HostLost("h3", "x", at=0.0), T)
     for r in (0, 1):
-        lost, _ = wm.step(lost, wm.RankEnded(r, -9, EndCause.STOP, at=0.5), T)
-    assert wm.step(lost, wm.Tick(0.6), T)[1] == [wm.Close(2, wm.Ending.LOST, 0)]  # h3's rank cannot report
+        lost, _ = wm.step(lost, wm.WorldRankEnded(r, -9, EndCause.STOP, at=0.5), T)
+    assert wm.step(lost, wm.WorldTick(0.6), T)[1] == [wm.Close(2, wm.Ending.LOST, 0)]  # h3's rank cannot report
 
 
 @covers("W20", "W19")
 def test_ddlrun_ending_stops_the_ranks() -> None:
     state, actions = wm.step(synced(world()), wm.Shutdown(at=3.0), T)
     assert state.ending is wm.Ending.DONE and actions == [wm.StopRanks(2, StopWhy.DONE)]
-    error, _ = wm.step(synced(world()), wm.RankProgress(1, Step.FAILED, 1, at=0.0, reason=Reason.EXCEPTION), T)
-    error, _ = wm.step(error, wm.RankEnded(1, 3, EndCause.EXIT, at=0.0), T)
-    error, _ = wm.step(error, wm.Tick(T.settle + 1), T)
-    error, actions = wm.step(error, wm.Tick(T.settle + 1 + T.ending), T)
+    error, _ = wm.step(synced(world()), wm.WorldRankProgress(1, Step.FAILED, 1, at=0.0, reason=Reason.EXCEPTION), T)
+    error, _ = wm.step(error, wm.WorldRankEnded(1, 3, EndCause.EXIT, at=0.0), T)
+    error, _ = wm.step(error, wm.WorldTick(T.settle + 1), T)
+    error, actions = wm.step(error, wm.WorldTick(T.settle + 1 + T.ending), T)
     assert actions == [wm.Close(2, wm.Ending.ERROR, 3)]
 
 
@@ -452,14 +452,14 @@ def entry(pid: int, world: int = 2, rank: int = 0, **kw: Any) -> am.RankEntry:
 
 @covers("A1", "A14", "A15")
 def test_the_agent_beats_hears_pings_and_fences_itself_after_the_timeout() -> None:
-    state, actions = am.step(agent(), am.Tick(0.0), T)
+    state, actions = am.step(agent(), am.AgentTick(0.0), T)
     assert actions == [am.TellSupervisor(Beat(host="h1", seq=1))] and state.next_beat == T.beat
-    state, actions = am.step(state, am.Tick(0.1), T)
+    state, actions = am.step(state, am.AgentTick(0.1), T)
     assert actions == []  # not due
     state, _ = am.step(state, am.FromSupervisor(Ping(seq=4), at=4.0), T)
     assert state.last_heard == 4.0
-    assert not any(isinstance(a, am.EndAgent) for a in am.step(state, am.Tick(4.0 + T.fence_after), T)[1])
-    actions = am.step(state, am.Tick(4.0 + T.fence_after + 0.01), T)[1]
+    assert not any(isinstance(a, am.EndAgent) for a in am.step(state, am.AgentTick(4.0 + T.fence_after), T)[1])
+    actions = am.step(state, am.AgentTick(4.0 + T.fence_after + 0.01), T)[1]
     assert len(actions) == 1 and isinstance(actions[0], am.EndAgent) and "nothing from ddlrun for 5 s" in actions[0].why
 
 
@@ -481,9 +481,9 @@ def test_a_world_that_lost_a_host_raises_first_and_kills_after_the_grace() -> No
     assert state.ranks[10].kill_at == 1.0 + T.lost_grace and state.ranks[11].killed_because is EndCause.STOP
     again, actions = am.step(state, am.FromSupervisor(StopWorld(world=2, why=StopWhy.LOST, lost=["h3"]), at=1.1), T)
     assert actions == []  # told already, its kill is due
-    _, actions = am.step(state, am.Tick(1.0 + T.lost_grace - 0.01), T)
+    _, actions = am.step(state, am.AgentTick(1.0 + T.lost_grace - 0.01), T)
     assert am.KillRank(10) not in actions
-    state, actions = am.step(state, am.Tick(1.0 + T.lost_grace), T)
+    state, actions = am.step(state, am.AgentTick(1.0 + T.lost_grace), T)
     assert am.KillRank(10) in actions and state.ranks[10].killed_because is EndCause.STOP
 
 
@@ -511,11 +511,11 @@ def test_a_world_lost_while_it_starts_does_not_wait_for_ranks_never_forked() -> 
     the world closes once its forked ranks are gone, not after the ending timeout."""
     state = world()
     for r in (0, 2):
-        state, _ = wm.step(state, wm.RankStarted(r), T)  # rank 1's stub (on h2) has not reached its agent
+        state, _ = wm.step(state, wm.WorldRankStarted(r), T)  # rank 1's stub (on h2) has not reached its agent
     state, _ = wm.step(state, wm.HostLost("h3", "its agent's connection closed", at=1.0), T)
-    assert wm.step(state, wm.Tick(1.1), T)[1] == []  # rank 0 (forked, on h1) is still there
-    state, _ = wm.step(state, wm.RankEnded(0, -9, EndCause.STOP, at=1.2), T)
-    assert wm.step(state, wm.Tick(1.3), T)[1] == [wm.Close(2, wm.Ending.LOST, 0)]
+    assert wm.step(state, wm.WorldTick(1.1), T)[1] == []  # rank 0 (forked, on h1) is still there
+    state, _ = wm.step(state, wm.WorldRankEnded(0, -9, EndCause.STOP, at=1.2), T)
+    assert wm.step(state, wm.WorldTick(1.3), T)[1] == [wm.Close(2, wm.Ending.LOST, 0)]
 
 
 @covers("A5", "A6")
@@ -563,13 +563,13 @@ def test_a_frozen_rank_is_killed_after_the_rank_bound_and_a_slow_one_never_is() 
         now += 1.0
         state, _ = am.step(state, am.RankSaid(10, RankBeat(seq=int(now)), at=now), T)
         state, _ = am.step(state, am.FromSupervisor(Ping(seq=1), at=now), T)
-        state, actions = am.step(state, am.Tick(now), T)
+        state, actions = am.step(state, am.AgentTick(now), T)
         assert not any(isinstance(a, am.KillRank) for a in actions), now
     assert state.ranks[10].heard == 60.0
     state, _ = am.step(state, am.FromSupervisor(Ping(seq=2), at=60.0 + T.rank_silent_after), T)  # ddlrun is there
-    _, actions = am.step(state, am.Tick(60.0 + T.rank_silent_after), T)
+    _, actions = am.step(state, am.AgentTick(60.0 + T.rank_silent_after), T)
     assert not any(isinstance(a, am.KillRank) for a in actions)
-    state, actions = am.step(state, am.Tick(60.0 + T.rank_silent_after + 0.01), T)
+    state, actions = am.step(state, am.AgentTick(60.0 + T.rank_silent_after + 0.01), T)
     assert am.KillRank(10) in actions and am.KillRank(11) not in actions  # 11 never linked
     assert state.ranks[10].killed_because is EndCause.FROZEN
     assert any(isinstance(a, am.Log) and "sent nothing for 3.0 s (frozen" in a.text for a in actions)
@@ -585,7 +585,7 @@ def test_a_frozen_rank_is_killed_after_the_rank_bound_and_a_slow_one_never_is() 
         state, _ = am.step(agent(entry(10, linked=True, heard=0.0)), am.RankSaid(
             10, RankReport(step=step, serial=1), at=1.0), T)
         state, _ = am.step(state, am.FromSupervisor(Ping(seq=1), at=30.0), T)
-        _, actions = am.step(state, am.Tick(30.0), T)
+        _, actions = am.step(state, am.AgentTick(30.0), T)
         assert not any(isinstance(a, am.KillRank) for a in actions), step
 
 
@@ -605,7 +605,7 @@ def test_discovery_lists_are_observed_garbage_named_once_and_a_failed_first_run_
     assert state.known and actions == [dm.Observe((HostSlots("h1", 1), HostSlots("h2", 1)))]
     junk = ("d.sh line 3: '<html>'",)
     state, actions = discover(state, discovered("h1", skipped=junk))
-    assert actions == [dm.Note("host discovery printed 1 line(s) that are not host[:slots], skipped: d.sh line 3: "
+    assert actions == [dm.DiscoveryNote("host discovery printed 1 line(s) that are not host[:slots], skipped: d.sh line 3: "
                                "'<html>'"), dm.Observe((HostSlots("h1", 1),))]
     _, actions = discover(state, discovered("h1", skipped=junk))
     assert actions == [dm.Observe((HostSlots("h1", 1),))]  # said once
@@ -618,7 +618,7 @@ def test_discovery_lists_are_observed_garbage_named_once_and_a_failed_first_run_
 def test_a_failing_discovery_keeps_the_last_list_and_says_so_once_per_reason() -> None:
     state, _ = discover(dm.DiscoveryState(), discovered("h1", "h2"))
     state, actions = discover(state, dm.DiscoveryFailed("d.sh exited with status 1 (boom)", 0.1, 5.0))
-    assert actions == [dm.Note("host discovery failed: d.sh exited with status 1 (boom); keeping the last list "
+    assert actions == [dm.DiscoveryNote("host discovery failed: d.sh exited with status 1 (boom); keeping the last list "
                                "(1 failure(s) in a row)")]  # no Observe: the membership keeps its list
     state, actions = discover(state, dm.DiscoveryFailed("d.sh exited with status 1 (boom)", 0.1, 6.0))
     assert actions == [] and state.failures == 2
@@ -626,7 +626,7 @@ def test_a_failing_discovery_keeps_the_last_list_and_says_so_once_per_reason() -
                                                          3.0, 9.5))
     assert len(actions) == 1 and "did not finish in 3 s" in actions[0].text  # type: ignore[union-attr]
     state, actions = discover(state, discovered("h1", at=12.0))
-    assert actions[0] == dm.Note("host discovery works again after 3 failure(s) over 7.1 s")  # from 4.9 (5.0 - 0.1)
+    assert actions[0] == dm.DiscoveryNote("host discovery works again after 3 failure(s) over 7.1 s")  # from 4.9 (5.0 - 0.1)
     assert actions[-1] == dm.Observe((HostSlots("h1", 1),)) and state.failing_since is None
 
 
@@ -634,13 +634,13 @@ def test_a_failing_discovery_keeps_the_last_list_and_says_so_once_per_reason() -
 def test_a_slow_discovery_is_logged_once_per_slow_spell() -> None:
     state, _ = discover(dm.DiscoveryState(), discovered("h1"))
     state, actions = discover(state, discovered("h1", seconds=6.2))
-    assert actions[0] == dm.Note("host discovery took 6.2 s (the job went on meanwhile; runs start one after "
+    assert actions[0] == dm.DiscoveryNote("host discovery took 6.2 s (the job went on meanwhile; runs start one after "
                                  "another, so new hosts are seen that much later)")
     state, actions = discover(state, discovered("h1", seconds=30.0))
     assert actions == [dm.Observe((HostSlots("h1", 1),))]
     state, _ = discover(state, discovered("h1", seconds=0.1))
     _, actions = discover(state, discovered("h1", seconds=7.0))
-    assert isinstance(actions[0], dm.Note)
+    assert isinstance(actions[0], dm.DiscoveryNote)
 
 
 # -- every transition is covered ---------------------------------------------------------------
@@ -662,5 +662,5 @@ def test_timeouts_out_of_range_are_refused_not_replaced(flags: dict[str, float],
 def test_the_machines_states_are_values() -> None:
     """The machines return new states; the ones they were given are left as they were."""
     before = world()
-    after, _ = wm.step(before, wm.RankStarted(0), T)
+    after, _ = wm.step(before, wm.WorldRankStarted(0), T)
     assert before.forked == frozenset() and after.forked == {0} and dataclasses.is_dataclass(after)

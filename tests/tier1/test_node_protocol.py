@@ -9,7 +9,7 @@ from ddl.launcher.node_protocol import (
     Assign,
     Done,
     Hello,
-    ProtocolError,
+    NodeProtocolError,
     Refuse,
     Roster,
     admit,
@@ -46,7 +46,7 @@ def test_messages_survive_a_line(message: object) -> None:
     (b"", "not a ddlrun node message"),
 ])
 def test_what_is_not_a_message_is_named(line: bytes, words: str) -> None:
-    with pytest.raises(ProtocolError, match=words):
+    with pytest.raises(NodeProtocolError, match=words):
         decode(line)
 
 
@@ -107,7 +107,7 @@ def test_hydras_launch_lines_give_each_proxy_its_command() -> None:
     ([HYDRA_LINES[0], HYDRA_LINES[0]], "printed proxy 0 twice"),
 ])
 def test_unexpected_launch_lines_are_errors(lines: list[str], words: str) -> None:
-    with pytest.raises(ProtocolError, match=words):
+    with pytest.raises(NodeProtocolError, match=words):
         parse_launch_lines(lines)
 
 

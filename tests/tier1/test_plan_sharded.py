@@ -38,7 +38,7 @@ def test_the_sharded_step_divides_the_update_and_adds_the_gather() -> None:
 
 def test_the_memory_table_compares_rss_saved_with_state_saved() -> None:
     pytest.importorskip("torch")
-    from ddl.torch.bench_memory import format_table, summarize
+    from ddl_bench.torch_memory import format_table, summarize
 
     mib = 1 << 20
     base = {"size": 2, "mode": "unsharded", "params": 10, "param_bytes": 100 * mib, "largest_bucket_bytes": 25 * mib,

@@ -11,10 +11,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
+from ddl_bench.tensorflow_training import format_table, summarize  # noqa: E402
+
 import ddl  # noqa: E402
 import ddl.tensorflow as dtf  # noqa: E402
 import ddl.tensorflow.keras as dk  # noqa: E402
-from ddl.tensorflow.bench import format_table, summarize  # noqa: E402
 from ddl.tensorflow.gradients import name_for, reduce_gradients  # noqa: E402
 
 

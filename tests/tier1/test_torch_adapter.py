@@ -376,7 +376,7 @@ def test_cuda_tensors_stage_through_host_memory() -> None:
 
 # -- ddl bench torch's arithmetic ---------------------------------------------------
 def test_bench_summary_computes_efficiency_against_one_undistributed_process() -> None:
-    from ddl.torch.bench import format_table, summarize
+    from ddl_bench.torch_training import format_table, summarize
 
     per = {"none": 0.100, "ddl.torch": 0.104, "DDP-gloo": 0.110}
     runs = [{"size": 1, "step_s": {"cnn": per}, "batch": {"cnn": 8}, "params": {"cnn": 1000},

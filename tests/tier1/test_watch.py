@@ -23,8 +23,8 @@ from ddl.base import notes
 from ddl.base.notes import Note
 from ddl.launcher.watch import protocol, verdict
 from ddl.launcher.watch.output import OutputRouter, hydra_banner
-from ddl.launcher.watch.protocol import Ended, Hello, Noted, Output
-from ddl.launcher.watch.server import Closed, WatchServer
+from ddl.launcher.watch.protocol import Ended, KeeperHello, Noted, Output
+from ddl.launcher.watch.server import KeeperClosed, WatchServer
 from ddl.wire.segments import Segment, mapped_segments, parse_maps, remove_left
 
 # -- the verdict ---------------------------------------------------------------------------
@@ -46,7 +46,7 @@ def _tell(state: verdict.WatchState, rank: int, *kinds: str, at: float = 1.0, **
 
 def _gone(state: verdict.WatchState, rank: int, code: int | None = None, sig: int | None = None, at: float = 2.0,
           words: tuple[str, ...] = ()) -> list[verdict.Action]:
-    return verdict.step(state, verdict.Gone(rank, Ended(rank, code, sig, words), at))
+    return verdict.step(state, verdict.RankGone(rank, Ended(rank, code, sig, words), at))
 
 
 def test_a_rank_that_fails_before_init_ends_the_job_with_its_status_and_last_words() -> None:
@@ -128,15 +128,15 @@ def test_programs_that_never_use_ddl_fail_only_by_their_status() -> None:
 
 def test_every_message_round_trips_and_output_keeps_any_bytes() -> None:
     raw = b"caf\xc3\xa9 \xff\xfe end"
-    messages = [Hello(1, "h2", 42, "ab"), Output(1, "stderr", raw.decode("utf-8", "surrogateescape")),
+    messages = [KeeperHello(1, "h2", 42, "ab"), Output(1, "stderr", raw.decode("utf-8", "surrogateescape")),
                 Noted(0, Note(notes.FAILING, "ValueError: x", blame=1)), Ended(1, None, 9, ("a", "b"), ("/dev/shm/x",))]
     for message in messages:
         assert protocol.decode(protocol.encode(message).rstrip(b"\n")) == message
     assert messages[1].text.encode("utf-8", "surrogateescape") == raw  # type: ignore[union-attr]
     assert Ended(1, None, 9).status == 137 and Ended(1, 3, None).status == 3
-    with pytest.raises(protocol.ProtocolError):
+    with pytest.raises(protocol.KeeperProtocolError):
         protocol.decode(b'{"type": "hello", "v": 99}')
-    with pytest.raises(protocol.ProtocolError):
+    with pytest.raises(protocol.KeeperProtocolError):
         protocol.decode(b"not json")
     assert protocol.parse_monitor("10.0.0.1:42/tok") == ("10.0.0.1", 42, "tok")
     with pytest.raises(ValueError, match="HOST:PORT/TOKEN"):
@@ -217,7 +217,7 @@ def _events(server: WatchServer, until: float) -> list[object]:
         except queue.Empty:
             continue
         got.append(event.what)
-        if isinstance(event.what, Closed):
+        if isinstance(event.what, KeeperClosed):
             break
     return got
 
@@ -240,7 +240,7 @@ def test_the_keeper_reports_a_killed_rank_with_its_lines_notes_and_last_words_an
         server.close()
         segment.unlink(missing_ok=True)
     hello = got[0]
-    assert isinstance(hello, Hello) and (hello.rank, hello.host) == (1, "h2")
+    assert isinstance(hello, KeeperHello) and (hello.rank, hello.host) == (1, "h2")
     lines = [(m.stream, m.text) for m in got if isinstance(m, Output)]
     assert ("stdout", "part one, part two") in lines and ("stderr", "dying now") in lines
     assert [m.note.kind for m in got if isinstance(m, Noted)] == [notes.INIT, notes.READY]
@@ -288,17 +288,17 @@ def test_a_rank_stopped_from_outside_defers_to_the_rank_that_failed_by_itself() 
     state = _state()
     _tell(state, 0, notes.INIT, notes.READY)
     _tell(state, 1, notes.INIT, notes.READY)
-    stopped = verdict.Gone(0, Ended(0, None, signal.SIGTERM, stopped=True), 2.0)
+    stopped = verdict.RankGone(0, Ended(0, None, signal.SIGTERM, stopped=True), 2.0)
     assert verdict.step(state, stopped) == []  # rank 1's MPI_Abort got the launcher to kill rank 0's anchor
     (action,) = _gone(state, 1, 4, at=2.2)
     assert action.status == 4 and action.report[0].startswith("ddlrun: rank 1 (host h2) exited with status 4")
     alone = _state()
-    assert verdict.step(alone, verdict.Gone(0, Ended(0, None, signal.SIGTERM, stopped=True), 5.0)) == []
+    assert verdict.step(alone, verdict.RankGone(0, Ended(0, None, signal.SIGTERM, stopped=True), 5.0)) == []
     (action,) = verdict.step(alone, verdict.Over(5.1))  # everyone has ended: no cause will come
     assert action.status == 143 and "stopped from outside" in "\n".join(action.report)
     asked = _state()
     asked.stopping = True  # ddlrun itself was interrupted: its ranks being stopped is no failure
-    assert verdict.step(asked, verdict.Gone(0, Ended(0, None, signal.SIGINT, stopped=True), 1.0)) == []
+    assert verdict.step(asked, verdict.RankGone(0, Ended(0, None, signal.SIGINT, stopped=True), 1.0)) == []
     assert verdict.step(asked, verdict.Tick(10.0)) == [] and asked.failure is None
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ddl.base.atomic_write import atomic_path
 from ddl.caffe.export.onnx_nodes import EMITTERS, Graph
 from ddl.caffe.layers.base import LayerError
 from ddl.caffe.net.net import Net
@@ -138,8 +139,7 @@ def export(net: Net, path: str | Path, *, check: bool = True, tolerance: float |
     import onnx
     p = Path(path)
     model = to_onnx(net, extra_outputs=tuple(logits_of(net)))
-    tmp = p.with_name(p.name + ".partial")
-    try:
+    with atomic_path(p, temporary=p.with_name(p.name + ".partial")) as tmp:
         onnx.save(model, str(tmp))
         rel = check_onnx(net, tmp) if check else {}
         bad = {k: v for k, v in rel.items() if tolerance is not None and not v <= tolerance}
@@ -147,7 +147,4 @@ def export(net: Net, path: str | Path, *, check: bool = True, tolerance: float |
             raise LayerError(f"the export differs from ddl-caffe's own forward in onnxruntime: "
                              f"{', '.join(f'{k} {v:.3g}' for k, v in bad.items())} (relative; tolerance {tolerance:g}); "
                              "nothing was written")
-        tmp.replace(p)
-    finally:
-        tmp.unlink(missing_ok=True)
     return rel

@@ -14,6 +14,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from ddl.base.atomic_write import atomic_path
 from ddl.caffe.formats.errors import CaffeFormatError
 from ddl.caffe.formats.whole_file import replacing, swap_in
 
@@ -81,11 +82,6 @@ def _write_message(f: BinaryIO, number: int, head: bytes, blob_field: int, blobs
 
 def _field_size(number: int, body: int) -> int:
     return len(tag(number, LEN)) + len(varint(body)) + body
-
-
-def _atomic(path: str | Path) -> tuple[Path, Path]:
-    p = Path(path)
-    return p, p.with_name(p.name + ".tmp")
 
 
 def write_caffemodel(path: str | Path, name: str, layers: Iterable[tuple[Any, list[torch.Tensor], list[torch.Tensor | None]]]) -> None:
@@ -258,8 +254,7 @@ class CaffemodelReader:
 def write_hdf5_weights(path: str | Path, layers: Iterable[tuple[str, list[torch.Tensor], list[torch.Tensor | None]]]) -> None:
     """Caffe's Net::ToHDF5: groups data/<layer>/<blob index> (and diff/... when diffs are given)."""
     import h5py
-    p, tmp = _atomic(path)
-    with h5py.File(tmp, "w") as f:
+    with atomic_path(path, put=swap_in) as tmp, h5py.File(tmp, "w") as f:
         data, diff = f.create_group("data"), None
         for name, blobs, diffs in layers:
             g = data.create_group(name)
@@ -271,7 +266,6 @@ def write_hdf5_weights(path: str | Path, layers: Iterable[tuple[str, list[torch.
                 for i, d in enumerate(diffs):
                     if d is not None:
                         gd.create_dataset(str(i), data=_array(d))
-    swap_in(tmp, p)
 
 
 def read_hdf5_weights(path: str | Path) -> list[LayerBlobs]:
@@ -293,15 +287,13 @@ def read_hdf5_weights(path: str | Path) -> list[LayerBlobs]:
 def write_hdf5_solverstate(path: str | Path, *, it: int, learned_net: str, current_step: int, history: list[torch.Tensor]) -> None:
     """Caffe's SGDSolver::SnapshotSolverStateToHDF5: iter, learned_net, current_step, history/<i>."""
     import h5py
-    p, tmp = _atomic(path)
-    with h5py.File(tmp, "w") as f:
+    with atomic_path(path, put=swap_in) as tmp, h5py.File(tmp, "w") as f:
         f.create_dataset("iter", data=np.int32(it))
         f.create_dataset("learned_net", data=np.bytes_(learned_net.encode()))
         f.create_dataset("current_step", data=np.int32(current_step))
         g = f.create_group("history")
         for i, h in enumerate(history):
             g.create_dataset(str(i), data=_array(h))
-    swap_in(tmp, p)
 
 
 def read_hdf5_solverstate(path: str | Path) -> tuple[int, str, int, list[np.ndarray]]:

@@ -9,6 +9,7 @@ from typing import Any
 from google.protobuf import message as _message
 from google.protobuf import text_format
 
+from ddl.base.atomic_write import write_atomically
 from ddl.caffe.formats import schema
 from ddl.caffe.formats.errors import CaffeFormatError
 from ddl.caffe.formats.upgrade import UpgradeError, upgrade_net, upgrade_solver
@@ -211,10 +212,7 @@ def read_binary(path: str | Path, message: Any) -> Any:
 
 def write_binary(path: str | Path, message: Any) -> None:
     """Write ``message`` in binary wire format (written to a temporary name, then renamed)."""
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_bytes(message.SerializeToString())
-    tmp.replace(p)
+    write_atomically(path, message.SerializeToString())
 
 
 def upgrade_file(src: str | Path, dst: str | Path) -> str:

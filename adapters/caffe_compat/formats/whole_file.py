@@ -9,9 +9,10 @@ import errno
 import itertools
 import os
 import threading
-from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
+
+from ddl.base.atomic_write import atomic_open
 
 RENAME_EXCHANGE = 2             # linux/fs.h: swap two existing names atomically
 _AT_FDCWD = -100
@@ -46,25 +47,13 @@ def swap_in(tmp: Path, path: Path) -> None:
         tmp.replace(path)
 
 
-@contextlib.contextmanager
-def replacing(path: str | Path, size: int | None = None) -> Iterator[BinaryIO]:
-    """A file to write ``path`` through; it appears there only once the block ends without an error.
+def replacing(path: str | Path, size: int | None = None) -> contextlib.AbstractContextManager[BinaryIO]:
+    """A file to write ``path`` through; it appears there only once the block ends without an error (put in
+    place by :func:`swap_in`).
 
     Args:
         path: the file to write.
         size: its size when known: the blocks are reserved first (``posix_fallocate``), which makes writing a
             large file 30% faster than letting the file system allocate them as the pages arrive.
     """
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            if size:
-                with contextlib.suppress(OSError):
-                    os.posix_fallocate(f.fileno(), 0, size)
-            yield f
-            f.truncate(f.tell())            # a size that was not exact leaves no reserved tail
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    swap_in(tmp, p)
+    return cast("contextlib.AbstractContextManager[BinaryIO]", atomic_open(path, "wb", size=size, put=swap_in))

@@ -31,7 +31,7 @@ from ddl.engine.periodic import check_schedule
 from ddl.runtime import api
 
 from ..bridge import host_call
-from ..hooked import hook_config, hook_from_config
+from ..hook_reducer import hook_config, hook_from_config
 from .lossscale import is_loss_scale
 from .wrapping import PassesThrough
 

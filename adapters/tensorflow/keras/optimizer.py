@@ -15,7 +15,7 @@ from ddl.engine.naming import manifest_name
 from ddl.reduction.partition import partition_by_bytes
 
 from ..gradients import check_gradient_op, name_for, reduce_gradients
-from ..hooked import HookedReducer, as_reduction, hook_config
+from ..hook_reducer import HookedReducer, as_reduction, hook_config
 from .lossscale import is_loss_scale
 from .sharding import agree_finite, gather_from_owners, reduce_to_owners
 from .wrapping import PassesThrough

@@ -24,7 +24,7 @@ from ..bridge import host_call
 
 
 @dataclasses.dataclass(frozen=True)
-class Lane:
+class DtypeLayout:
     """The variables of one dtype in one buffer: their order, offsets and the owners' segments."""
 
     dtype: np.dtype
@@ -44,13 +44,13 @@ class Layout:
 
     Example:
         >>> lay = Layout([2, 3, 1], [np.dtype("float32")] * 3, [1, 0, 1], 2)
-        >>> lay.lanes[0].order, lay.lanes[0].bounds
+        >>> lay.by_dtype[0].order, lay.by_dtype[0].bounds
         ((1, 0, 2), (0, 3, 6))
     """
 
     def __init__(self, sizes: Sequence[int], dtypes: Sequence[np.dtype], owners: Sequence[int], world_size: int) -> None:
         self.sizes = list(sizes)
-        lanes = []
+        by_dtype = []
         for dtype in dict.fromkeys(dtypes):
             order = by_owner([i for i, d in enumerate(dtypes) if d == dtype], owners)
             offsets, at, counts = {}, 0, [0] * world_size
@@ -58,18 +58,18 @@ class Layout:
                 offsets[i] = at
                 at += sizes[i]
                 counts[owners[i]] += sizes[i]
-            lanes.append(Lane(dtype, tuple(order), offsets, segment_bounds(counts)))
-        self.lanes = lanes
-        self.lane_of = {i: lane for lane in lanes for i in lane.order}
+            by_dtype.append(DtypeLayout(dtype, tuple(order), offsets, segment_bounds(counts)))
+        self.by_dtype = by_dtype
+        self.by_variable = {i: dtype_layout for dtype_layout in by_dtype for i in dtype_layout.order}
 
     def buffers(self) -> list[np.ndarray]:
-        return [np.empty(lane.bounds[-1], lane.dtype) for lane in self.lanes]
+        return [np.empty(dtype_layout.bounds[-1], dtype_layout.dtype) for dtype_layout in self.by_dtype]
 
     def view(self, buffers: list[np.ndarray], i: int) -> np.ndarray:
         """Variable ``i``'s slice of its buffer (flat)."""
-        lane = self.lane_of[i]
-        start = lane.offsets[i]
-        return buffers[self.lanes.index(lane)][start : start + self.sizes[i]]
+        dtype_layout = self.by_variable[i]
+        start = dtype_layout.offsets[i]
+        return buffers[self.by_dtype.index(dtype_layout)][start : start + self.sizes[i]]
 
 
 def reduce_to_owners(grads: Sequence[tf.Tensor], owners: Sequence[int], rank: int, world_size: int, *, name: str,
@@ -83,8 +83,8 @@ def reduce_to_owners(grads: Sequence[tf.Tensor], owners: Sequence[int], rank: in
         buffers = layout.buffers()
         for i, a in enumerate(arrays):
             layout.view(buffers, i)[...] = a.reshape(-1)
-        handles = [api.reduce_segments_async(buf, lane.bounds, op=op, name=f"{name}.{lane.dtype.name}")
-                   for buf, lane in zip(buffers, layout.lanes, strict=True)]
+        handles = [api.reduce_segments_async(buf, dtype_layout.bounds, op=op, name=f"{name}.{dtype_layout.dtype.name}")
+                   for buf, dtype_layout in zip(buffers, layout.by_dtype, strict=True)]
         for h in handles:
             h.wait()
         return [layout.view(buffers, i).reshape(arrays[i].shape) for i in mine]
@@ -105,8 +105,8 @@ def gather_from_owners(values: Sequence[tf.Tensor], owners: Sequence[int], rank:
         buffers = layout.buffers()
         for i, a in zip(mine, arrays, strict=True):
             layout.view(buffers, i)[...] = a.reshape(-1)
-        handles = [api.allgather_segments_async(buf, lane.bounds, name=f"{name}.{lane.dtype.name}")
-                   for buf, lane in zip(buffers, layout.lanes, strict=True)]
+        handles = [api.allgather_segments_async(buf, dtype_layout.bounds, name=f"{name}.{dtype_layout.dtype.name}")
+                   for buf, dtype_layout in zip(buffers, layout.by_dtype, strict=True)]
         for h in handles:
             h.wait()
         return [layout.view(buffers, i).reshape(tuple(values[i].shape)) for i in theirs]

@@ -12,7 +12,7 @@ from typing import Any
 
 import keras
 
-from ..hooked import hook_from_config
+from ..hook_reducer import hook_from_config
 
 
 class PassesThrough:

@@ -43,7 +43,7 @@ from ddl.runtime.elastic.protocol import (
     AnnounceHosts,
     Beat,
     ForwardSignal,
-    Launch,
+    LaunchRank,
     Message,
     Ping,
     ProtocolError,
@@ -148,7 +148,7 @@ class Agent:
             for pid, code in self._reaped():
                 if self._apply(machine.RankExited(pid, code)):
                     return None
-            if self._apply(machine.Tick(time.monotonic())):
+            if self._apply(machine.AgentTick(time.monotonic())):
                 return None
 
     def _apply(self, event: machine.AgentEvent) -> bool:
@@ -218,7 +218,7 @@ class Agent:
         sock.close()
 
     def _from_local(self, sock: socket.socket, message: Message, reader: LineReader) -> Forked | None:
-        if isinstance(message, Launch):
+        if isinstance(message, LaunchRank):
             fds, reader.fds = reader.fds, []
             env = dict(message.env)
             env[BY_FIELD["elastic_store"].env] = str(self.folder)  # the rank's commits and its link to this agent

@@ -137,12 +137,12 @@ class RankExited:
 
 
 @dataclasses.dataclass(frozen=True)
-class Tick:
+class AgentTick:
     now: float
 
 
 AgentEvent = (FromSupervisor | SupervisorGone | RankForked | RankLinked | RankSaid | StubGone | StubSignalled
-              | RankExited | Tick)
+              | RankExited | AgentTick)
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ def step(state: AgentState, event: AgentEvent, timing: Timing) -> tuple[AgentSta
             state, kill = _kill(state, state.ranks[event.pid], EndCause.STOP)
             return state, [started, *kill]
         return state, [started]
-    if isinstance(event, Tick):
+    if isinstance(event, AgentTick):
         return _tick(state, event.now, timing)
     known = state.ranks.get(event.pid)
     if known is None:

@@ -72,7 +72,7 @@ class Observe:
 
 
 @dataclasses.dataclass(frozen=True)
-class Note:
+class DiscoveryNote:
     text: str
 
 
@@ -81,7 +81,7 @@ class FailJob:
     message: str
 
 
-DiscoveryAction = Observe | Note | FailJob
+DiscoveryAction = Observe | DiscoveryNote | FailJob
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -106,7 +106,7 @@ def step(state: DiscoveryState, event: DiscoveryEvent, *, slow_after: float,
     if isinstance(event, Discovered):
         slow = event.seconds > slow_after
         if slow and not state.slow:  # D6
-            actions.append(Note(f"host discovery took {event.seconds:.1f} s (the job went on meanwhile; runs "
+            actions.append(DiscoveryNote(f"host discovery took {event.seconds:.1f} s (the job went on meanwhile; runs "
                                 "start one after another, so new hosts are seen that much later)"))
         state = dataclasses.replace(state, slow=slow)
     if isinstance(event, DiscoveryFailed):
@@ -114,17 +114,17 @@ def step(state: DiscoveryState, event: DiscoveryEvent, *, slow_after: float,
             return state, [*actions, FailJob(f"the first host discovery failed: {event.why}; fix {script} (it must "
                                              "print host[:slots] lines and exit 0) and start the job again")]
         if event.why != state.last_failure:  # D3
-            actions.append(Note(f"host discovery failed: {event.why}; keeping the last list "
+            actions.append(DiscoveryNote(f"host discovery failed: {event.why}; keeping the last list "
                                 f"({state.failures + 1} failure(s) in a row)"))
         # D7: the same reason again: already said
         began = event.at - event.seconds  # the failing run's start: a hang counts from when it began
         return dataclasses.replace(state, failing_since=state.failing_since if state.failing_since is not None
                                    else began, failures=state.failures + 1, last_failure=event.why), actions
     if state.failing_since is not None:  # D4
-        actions.append(Note(f"host discovery works again after {state.failures} failure(s) over "
+        actions.append(DiscoveryNote(f"host discovery works again after {state.failures} failure(s) over "
                             f"{event.at - state.failing_since:.1f} s"))
     if event.skipped and event.skipped != state.skipped:  # D2
-        actions.append(Note(f"host discovery printed {len(event.skipped)} line(s) that are not host[:slots], "
+        actions.append(DiscoveryNote(f"host discovery printed {len(event.skipped)} line(s) that are not host[:slots], "
                             f"skipped: {'; '.join(event.skipped)}"))
     actions.append(Observe(event.hosts))  # D1
     return dataclasses.replace(state, known=True, failing_since=None, failures=0, last_failure="",

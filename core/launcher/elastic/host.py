@@ -110,11 +110,11 @@ class ProcessEnded:
 
 
 @dataclasses.dataclass(frozen=True)
-class Tick:
+class HostTick:
     now: float
 
 
-HostEvent = Connected | Heard | Warmed | Closed | ProcessEnded | Tick
+HostEvent = Connected | Heard | Warmed | Closed | ProcessEnded | HostTick
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -135,13 +135,13 @@ class DeclareLost:
 
 
 @dataclasses.dataclass(frozen=True)
-class Note:
+class HostNote:
     """A line for ddlrun's log."""
 
     text: str
 
 
-HostAction = DropConnection | DeclareLost | Note
+HostAction = DropConnection | DeclareLost | HostNote
 
 
 def step(state: HostState, event: HostEvent, timing: Timing) -> tuple[HostState, list[HostAction]]:
@@ -162,7 +162,7 @@ def step(state: HostState, event: HostEvent, timing: Timing) -> tuple[HostState,
         extra = f"; could not preload {', '.join(sorted(event.failed))}" if event.failed else ""
         return (dataclasses.replace(state, phase=HostPhase.READY, warm_seconds=event.seconds,  # H5
                                     last_heard=max(state.last_heard, event.at)),
-                [Note(f"agent on {state.name} ready (preloaded in {event.seconds:.1f} s){extra}")])
+                [HostNote(f"agent on {state.name} ready (preloaded in {event.seconds:.1f} s){extra}")])
     if isinstance(event, Closed):  # H7, H8
         return _lost(state, event.why) if phase is not HostPhase.STARTING else (state, [])
     if isinstance(event, ProcessEnded):

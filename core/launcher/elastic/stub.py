@@ -20,7 +20,7 @@ import sys
 import time
 
 from ddl.base.config import announced_world, environment
-from ddl.runtime.elastic.protocol import ForwardSignal, Launch, ProtocolError, Route, StubExit
+from ddl.runtime.elastic.protocol import ForwardSignal, LaunchRank, ProtocolError, Route, StubExit
 from ddl.runtime.elastic.wire import AGENT_SOCKET, LineReader, host_folder, send
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     fds = [0, 1, 2]
     if env.get("PMI_FD", "").isdigit():
         fds.append(int(env["PMI_FD"]))
-    send(sock, Launch(argv=command, env=env, cwd=os.getcwd()), fds)
+    send(sock, LaunchRank(argv=command, env=env, cwd=os.getcwd()), fds)
 
     def forward(signum: int, frame: object) -> None:
         with contextlib.suppress(OSError):

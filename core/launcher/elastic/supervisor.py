@@ -30,10 +30,10 @@ from types import FrameType
 
 from ddl.base.config import BY_FIELD
 from ddl.launcher.command import PYTHON_NAMES, Launch, LaunchOptions, MpiInfo, build_launch
-from ddl.launcher.elastic import discovery as discm
-from ddl.launcher.elastic import host as hostm
-from ddl.launcher.elastic import job as jobm
-from ddl.launcher.elastic import world as worldm
+from ddl.launcher.elastic import discovery as discovery_machine
+from ddl.launcher.elastic import host as host_machine
+from ddl.launcher.elastic import job as job_machine
+from ddl.launcher.elastic import world as world_machine
 from ddl.launcher.elastic.flags import ElasticOptions
 from ddl.launcher.elastic.membership import Membership, WorldPlan
 from ddl.launcher.elastic.server import (
@@ -63,16 +63,16 @@ LOCALHOST = "localhost"
 
 
 @dataclasses.dataclass
-class Agent:
+class SupervisedAgent:
     """One host's agent process and what the host machine knows of it."""
 
-    state: hostm.HostState
+    state: host_machine.HostState
     process: subprocess.Popen[bytes]
 
 
 @dataclasses.dataclass
 class RunningWorld:
-    state: worldm.WorldState
+    state: world_machine.WorldState
     process: subprocess.Popen[bytes]
 
 
@@ -87,7 +87,7 @@ class Supervisor:
         self.job = uuid.uuid4().hex[:12]
         self.membership = Membership(max_np=options.max_np, cooldown=options.cooldown)
         self.server = EventServer()
-        self.agents: dict[str, Agent] = {}
+        self.agents: dict[str, SupervisedAgent] = {}
         self.host_by_connection: dict[int, str] = {}
         self.world: RunningWorld | None = None
         self.worlds = 0
@@ -95,8 +95,8 @@ class Supervisor:
         self.result: int | None = None
         self.t0 = time.monotonic()
         self.next_discovery = 0.0  # hosts given by flags: looked at again (cooldowns) at this time
-        self.discovery = discm.DiscoveryState()
-        self.runner: discm.DiscoveryRunner | None = None
+        self.discovery = discovery_machine.DiscoveryState()
+        self.runner: discovery_machine.DiscoveryRunner | None = None
         self.address = ""
         self.last_plan: WorldPlan | None = None
         self.dying: list[subprocess.Popen[bytes]] = []  # killed, not reaped yet
@@ -157,7 +157,7 @@ class Supervisor:
         """Hosts from the flags are known at once; a discovery script's come as its first event."""
         script = self.options.discovery_script
         if script:
-            self.runner = discm.DiscoveryRunner(script, default_slots=self.options.slots,
+            self.runner = discovery_machine.DiscoveryRunner(script, default_slots=self.options.slots,
                                                 interval=self.options.discovery_interval,
                                                 timeout=self.options.discovery_timeout, post=self.server.events.put)
             self.runner.start()
@@ -176,7 +176,7 @@ class Supervisor:
         except queue.Empty:
             return
         while self.result is None:
-            if isinstance(event, (discm.Discovered, discm.DiscoveryFailed)):
+            if isinstance(event, (discovery_machine.Discovered, discovery_machine.DiscoveryFailed)):
                 self._discovery_event(event)
             else:
                 self._event(event)
@@ -193,8 +193,8 @@ class Supervisor:
         for agent in list(self.agents.values()):
             code = agent.process.poll()
             if code is not None:
-                self._host_event(agent, hostm.ProcessEnded(code, now))
-            self._host_event(agent, hostm.Tick(now))
+                self._host_event(agent, host_machine.ProcessEnded(code, now))
+            self._host_event(agent, host_machine.HostTick(now))
         if self.result is not None:
             return
         if not self.discovery.known and self.options.discovery_script:
@@ -203,19 +203,19 @@ class Supervisor:
             self._maybe_start_world(now)
         else:
             desired = self.membership.plan(ready=self._ready(), previous=self.world.state.plan.names)
-            tick = worldm.Tick(now, self.world.process.poll(),
+            tick = world_machine.WorldTick(now, self.world.process.poll(),
                                desired if desired.np >= self.options.min_np else None)
             self._world_event(tick)
 
     # -- discovery and agents -------------------------------------------------------------
-    def _discovery_event(self, event: discm.DiscoveryEvent) -> None:
-        self.discovery, actions = discm.step(self.discovery, event, slow_after=self.timing.elastic_timeout,
+    def _discovery_event(self, event: discovery_machine.DiscoveryEvent) -> None:
+        self.discovery, actions = discovery_machine.step(self.discovery, event, slow_after=self.timing.elastic_timeout,
                                              script=self.options.discovery_script or "")
         for action in actions:
-            if isinstance(action, discm.Note):
+            if isinstance(action, discovery_machine.DiscoveryNote):
                 self.log(action.text)
-            elif isinstance(action, discm.FailJob):
-                self._finish(jobm.Finish(1, action.message))
+            elif isinstance(action, discovery_machine.FailJob):
+                self._finish(job_machine.Finish(1, action.message))
             else:
                 self._observe(action.hosts, first=not self.address)
 
@@ -240,7 +240,7 @@ class Supervisor:
         """An agent on every eligible host (warm spares too: a join then costs no import)."""
         for host in self.membership.eligible():
             agent = self.agents.get(host.name)
-            if agent is None or agent.state.phase is hostm.HostPhase.LOST:
+            if agent is None or agent.state.phase is host_machine.HostPhase.LOST:
                 self._start_agent(host.name)
 
     def _start_agent(self, host: str) -> None:
@@ -249,7 +249,7 @@ class Supervisor:
                    "--host", host, "--timeout", f"{self.timing.elastic_timeout:g}",
                    *(["--cold"] if self.options.cold_start else []), "--", *self.command)
         launch = self._launch(1, () if host == LOCALHOST else (HostSlots(host, 1),), command, {})
-        self.agents[host] = Agent(hostm.HostState(name=host, last_heard=time.monotonic()),
+        self.agents[host] = SupervisedAgent(host_machine.HostState(name=host, last_heard=time.monotonic()),
                                   start_process(launch.argv, launch.env))
         if self.options.verbose:
             self.log(f"agent starting on {host}")
@@ -265,7 +265,7 @@ class Supervisor:
     def _ready(self) -> list[str]:
         return [name for name, agent in self.agents.items() if agent.state.ready]
 
-    def _send(self, agent: Agent, message: Message) -> None:
+    def _send(self, agent: SupervisedAgent, message: Message) -> None:
         connection = agent.state.usable_connection
         if connection is not None:
             self.server.send(connection, message)
@@ -279,18 +279,18 @@ class Supervisor:
                 self.server.drop(event.connection)  # an agent of a host ddlrun no longer runs
                 return
             self.host_by_connection[event.connection] = what.host
-            self._host_event(agent, hostm.Connected(event.connection, what.folder, event.at))
+            self._host_event(agent, host_machine.Connected(event.connection, what.folder, event.at))
             return
         name = self.host_by_connection.get(event.connection)
         agent = self.agents.get(name) if name else None
         if agent is None or agent.state.connection != event.connection:
             return  # a connection ddlrun dropped, or of an agent replaced since
         if isinstance(what, Gone):
-            self._host_event(agent, hostm.Closed(event.at, what.why))
+            self._host_event(agent, host_machine.Closed(event.at, what.why))
             return
-        self._host_event(agent, hostm.Heard(event.at))
+        self._host_event(agent, host_machine.Heard(event.at))
         if isinstance(what, AgentWarm):
-            self._host_event(agent, hostm.Warmed(what.seconds, tuple(what.failed), event.at))
+            self._host_event(agent, host_machine.Warmed(what.seconds, tuple(what.failed), event.at))
         elif isinstance(what, (RankStarted, RankEnded, RankProgress)):
             self._rank_event(what, event.at)
 
@@ -299,50 +299,50 @@ class Supervisor:
         if world is None or message.world != world.state.number:
             return  # a late word from a world already closed
         if isinstance(message, RankStarted):
-            self._world_event(worldm.RankStarted(message.rank))
+            self._world_event(world_machine.WorldRankStarted(message.rank))
         elif isinstance(message, RankProgress):
-            self._world_event(worldm.RankProgress(message.rank, message.step, message.serial, at, message.reason,
+            self._world_event(world_machine.WorldRankProgress(message.rank, message.step, message.serial, at, message.reason,
                                                   message.detail))
         else:
             if self.options.verbose:
                 self.log(f"world {world.state.number}: rank {message.rank} ended ({message.cause.value}, "
                          f"status {message.code})")
-            self._world_event(worldm.RankEnded(message.rank, message.code, message.cause, at))
+            self._world_event(world_machine.WorldRankEnded(message.rank, message.code, message.cause, at))
 
     # -- carrying out the machines' actions ------------------------------------------------------
-    def _host_event(self, agent: Agent, event: hostm.HostEvent) -> None:
-        agent.state, actions = hostm.step(agent.state, event, self.timing)
+    def _host_event(self, agent: SupervisedAgent, event: host_machine.HostEvent) -> None:
+        agent.state, actions = host_machine.step(agent.state, event, self.timing)
         for action in actions:
-            if isinstance(action, hostm.Note):
+            if isinstance(action, host_machine.HostNote):
                 self.log(action.text)
-            elif isinstance(action, hostm.DropConnection):
+            elif isinstance(action, host_machine.DropConnection):
                 self.server.drop(action.connection)
             else:
                 self._host_lost(agent, action.why)
 
-    def _host_lost(self, agent: Agent, why: str) -> None:
+    def _host_lost(self, agent: SupervisedAgent, why: str) -> None:
         if agent.state.connection is not None:
             self.server.drop(agent.state.connection)
         self._kill(agent.process)
         host, now = agent.state.name, time.monotonic()
         self.membership.fail(host, now)
         if self.world is not None and host in self.world.state.plan.names:
-            self._world_event(worldm.HostLost(host, why, now))
+            self._world_event(world_machine.HostLost(host, why, now))
         else:
             self.log(f"host {host} lost ({why}); it was not in a running world")
 
-    def _world_event(self, event: worldm.WorldEvent) -> None:
+    def _world_event(self, event: world_machine.WorldEvent) -> None:
         world = self.world
         assert world is not None
-        world.state, actions = worldm.step(world.state, event, self.timing)
+        world.state, actions = world_machine.step(world.state, event, self.timing)
         for action in actions:
-            if isinstance(action, worldm.Note):
+            if isinstance(action, world_machine.WorldNote):
                 self.log(action.text)
-            elif isinstance(action, worldm.StopRanks):
+            elif isinstance(action, world_machine.StopRanks):
                 self._to_world_hosts(world, StopWorld(world=action.world, why=action.why, lost=list(action.lost)))
-            elif isinstance(action, worldm.Announce):
+            elif isinstance(action, world_machine.Announce):
                 self._to_world_hosts(world, AnnounceHosts(world=action.world))
-            elif isinstance(action, worldm.FailHost):
+            elif isinstance(action, world_machine.FailHost):
                 self.membership.fail(action.host, time.monotonic())
             else:
                 self._close_world(world, action)
@@ -356,16 +356,16 @@ class Supervisor:
     # -- worlds ----------------------------------------------------------------------------
     def _maybe_start_world(self, now: float) -> None:
         plan = self.membership.plan(ready=self._ready(), previous=self.last_plan.names if self.last_plan else ())
-        starting = any(a.state.phase in (hostm.HostPhase.STARTING, hostm.HostPhase.IMPORTING)
+        starting = any(a.state.phase in (host_machine.HostPhase.STARTING, host_machine.HostPhase.IMPORTING)
                        for a in self.agents.values())
-        decision = jobm.start_decision(
+        decision = job_machine.start_decision(
             plan=plan, first=self.worlds == 0, np=self.options.np, max_np=self.options.max_np,
             min_np=self.options.min_np, listed_slots=sum(h.slots for h in self.membership.eligible()),
             hosts_starting=starting, elapsed=now - self.t0, start_timeout=self.timing.start_timeout,
             discovery=bool(self.options.discovery_script))
-        if isinstance(decision, jobm.StartWorld):
+        if isinstance(decision, job_machine.StartWorld):
             self._start_world(decision.plan)
-        elif isinstance(decision, jobm.Finish):
+        elif isinstance(decision, job_machine.Finish):
             self._finish(decision)
 
     def _start_world(self, plan: WorldPlan) -> None:
@@ -385,26 +385,26 @@ class Supervisor:
                 "--hosts", per_rank, "--", *self.command)
         hosts = () if plan.names == (LOCALHOST,) else plan.hosts
         launch = self._launch(plan.np, hosts, stub, env, supervised=True)
-        state = worldm.WorldState(number=self.worlds, plan=plan, started=time.monotonic())
+        state = world_machine.WorldState(number=self.worlds, plan=plan, started=time.monotonic())
         self.world = RunningWorld(state, start_process(launch.argv, launch.env))
         self.last_plan = plan
         self.log(f"world {self.worlds}: starting {plan}")
 
-    def _close_world(self, world: RunningWorld, close: worldm.Close) -> None:
+    def _close_world(self, world: RunningWorld, close: world_machine.Close) -> None:
         self.world = None
-        if close.ending is worldm.Ending.DONE:
+        if close.ending is world_machine.Ending.DONE:
             self.done_world = world.process  # its mpiexec may still forward output: waited for at the end
             self.log(f"world {close.world}: every rank finished; the job is done")
         else:
             self._kill(world.process)
-        self.resets, finish = jobm.after_close(close.ending, status=close.status, mpiexec_status=world.process.returncode,
+        self.resets, finish = job_machine.after_close(close.ending, status=close.status, mpiexec_status=world.process.returncode,
                                                resets=self.resets, reset_limit=self.options.reset_limit)
         if finish is not None:
             self._finish(finish)
         else:
             self.log(f"world {close.world} ended ({close.ending.value}); planning the next")
 
-    def _finish(self, finish: jobm.Finish) -> None:
+    def _finish(self, finish: job_machine.Finish) -> None:
         if finish.message:
             print(f"ddlrun: error: elastic: {finish.message}", file=sys.stderr, flush=True)
         self.result = finish.status
@@ -419,7 +419,7 @@ class Supervisor:
             self.runner.stop()
         world = self.world
         if world is not None:
-            world.state, _ = worldm.step(world.state, worldm.Shutdown(time.monotonic()), self.timing)
+            world.state, _ = world_machine.step(world.state, world_machine.Shutdown(time.monotonic()), self.timing)
             self._to_world_hosts(world, StopWorld(world=world.state.number, why=StopWhy.DONE, lost=[]))
             kill_process(world.process, grace=1.0)
         if self.done_world is not None:

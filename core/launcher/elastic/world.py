@@ -125,12 +125,12 @@ class WorldState:
 # -- events --------------------------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
-class RankStarted:
+class WorldRankStarted:
     rank: int
 
 
 @dataclasses.dataclass(frozen=True)
-class RankProgress:
+class WorldRankProgress:
     rank: int
     step: Step
     serial: int
@@ -140,7 +140,7 @@ class RankProgress:
 
 
 @dataclasses.dataclass(frozen=True)
-class RankEnded:
+class WorldRankEnded:
     rank: int
     code: int
     cause: EndCause
@@ -155,7 +155,7 @@ class HostLost:
 
 
 @dataclasses.dataclass(frozen=True)
-class Tick:
+class WorldTick:
     """Time passes. ``mpiexec_code``: the world's mpiexec's status once it ended (None while it
     runs); ``desired``: the world the hosts ready now would make (None: no change to announce)."""
 
@@ -169,7 +169,7 @@ class Shutdown:
     at: float
 
 
-WorldEvent = RankStarted | RankProgress | RankEnded | HostLost | Tick | Shutdown
+WorldEvent = WorldRankStarted | WorldRankProgress | WorldRankEnded | HostLost | WorldTick | Shutdown
 
 
 # -- actions ---------------------------------------------------------------------------------
@@ -198,7 +198,7 @@ class FailHost:
 
 
 @dataclasses.dataclass(frozen=True)
-class Note:
+class WorldNote:
     text: str
 
 
@@ -211,18 +211,18 @@ class Close:
     status: int = 0
 
 
-WorldAction = StopRanks | Announce | FailHost | Note | Close
+WorldAction = StopRanks | Announce | FailHost | WorldNote | Close
 
 
 def step(state: WorldState, event: WorldEvent, timing: Timing) -> tuple[WorldState, list[WorldAction]]:
     """The world after ``event``, and what the supervisor must do (see :data:`TRANSITIONS`)."""
     if state.phase is WorldPhase.CLOSED:
         return state, []
-    if isinstance(event, RankStarted):  # W1
+    if isinstance(event, WorldRankStarted):  # W1
         return dataclasses.replace(state, forked=state.forked | {event.rank}), []
-    if isinstance(event, RankProgress):
+    if isinstance(event, WorldRankProgress):
         return _progress(state, event)
-    if isinstance(event, RankEnded):
+    if isinstance(event, WorldRankEnded):
         return _rank_ended(state, event)
     if isinstance(event, HostLost):  # W12
         if event.host not in state.plan.names:
@@ -235,19 +235,19 @@ def step(state: WorldState, event: WorldEvent, timing: Timing) -> tuple[WorldSta
     return _tick_ending(state, event, timing)
 
 
-def _progress(state: WorldState, event: RankProgress) -> tuple[WorldState, list[WorldAction]]:
+def _progress(state: WorldState, event: WorldRankProgress) -> tuple[WorldState, list[WorldAction]]:
     if event.step is Step.SYNCED:  # W2
         synced = state.synced | {event.rank}
         state = dataclasses.replace(state, synced=synced)
         if len(synced) == state.plan.np and state.phase is WorldPhase.STARTING:
             start = f"from commit {event.serial}" if event.serial else "nothing committed yet"
             return dataclasses.replace(state, phase=WorldPhase.RUNNING), [
-                Note(f"world {state.number}: every rank synced, {start}")]
+                WorldNote(f"world {state.number}: every rank synced, {start}")]
         return state, []
     if event.step is Step.COMMIT:  # W3
         if event.rank == 0 and not state.first_commit_logged:
             return dataclasses.replace(state, first_commit_logged=True), [
-                Note(f"world {state.number}: first commit ({event.serial})")]
+                WorldNote(f"world {state.number}: first commit ({event.serial})")]
         return state, []
     if event.step is Step.RESET and event.reason is Reason.COLLECTIVE_FAILED:  # W4
         if state.ending is not None:
@@ -256,19 +256,19 @@ def _progress(state: WorldState, event: RankProgress) -> tuple[WorldState, list[
             return _judge(state, event.at)  # what broke the collective
         # A collective failed there: the others wait for it in one and cannot reach a commit.
         ended, actions = _end(state, Ending.RESET, event.at, StopWhy.RESET)
-        return ended, [Note(f"world {state.number}: rank {event.rank} left after a failed collective "
+        return ended, [WorldNote(f"world {state.number}: rank {event.rank} left after a failed collective "
                             f"(HorovodInternalError); stopping the other ranks, the next world resumes from "
                             f"commit {event.serial}"), *actions]
     if event.step is Step.RESET:  # W5
         if event.rank == 0:
-            return state, [Note(f"world {state.number}: the ranks leave at commit {event.serial} for the next world")]
+            return state, [WorldNote(f"world {state.number}: the ranks leave at commit {event.serial} for the next world")]
         return state, []
     if event.step is Step.FAILED:  # W22
         return dataclasses.replace(state, raised={**state.raised, event.rank: event.detail}), []
     return dataclasses.replace(state, done=state.done | {event.rank}), []  # W6
 
 
-def _rank_ended(state: WorldState, event: RankEnded) -> tuple[WorldState, list[WorldAction]]:
+def _rank_ended(state: WorldState, event: WorldRankEnded) -> tuple[WorldState, list[WorldAction]]:
     state = dataclasses.replace(state, exits={**state.exits, event.rank: RankEnd(code=event.code, cause=event.cause)})
     if state.ending is not None:
         return state, []  # W11
@@ -290,7 +290,7 @@ def _rank_ended(state: WorldState, event: RankEnded) -> tuple[WorldState, list[W
     return state, []  # W11
 
 
-def _tick_live(state: WorldState, event: Tick, timing: Timing) -> tuple[WorldState, list[WorldAction]]:
+def _tick_live(state: WorldState, event: WorldTick, timing: Timing) -> tuple[WorldState, list[WorldAction]]:
     now, n = event.now, state.plan.np
     if len(state.exits) == n and all(end.code == 0 for end in state.exits.values()):  # W13
         return _end(state, Ending.DONE, now, None)
@@ -312,7 +312,7 @@ def _tick_live(state: WorldState, event: Tick, timing: Timing) -> tuple[WorldSta
             and desired.hosts != state.plan.hosts
             and (desired.np > n or any(h not in desired.names for h in state.plan.names))):
         return dataclasses.replace(state, announced=True), [
-            Note(f"world {state.number}: hosts changed, next world {desired}; every rank leaves at its next commit"),
+            WorldNote(f"world {state.number}: hosts changed, next world {desired}; every rank leaves at its next commit"),
             Announce(state.number)]
     return state, []
 
@@ -353,7 +353,7 @@ def _program_error(state: WorldState, early: EarlyEnd, now: float) -> tuple[Worl
         how = f"rank {early.rank} exited with status {early.code} after its training function returned"
     state = dataclasses.replace(state, status=early.code if early.cause is EndCause.EXIT else 0)
     ended, actions = _end(state, Ending.ERROR, now, StopWhy.ERROR)
-    return ended, [Note(f"world {state.number}: {how}: an error of the program, not a lost host; ending the job"),
+    return ended, [WorldNote(f"world {state.number}: {how}: an error of the program, not a lost host; ending the job"),
                    *actions]
 
 
@@ -370,10 +370,10 @@ def _never_started(state: WorldState, now: float, host_why: str, job_why: str,
         return state, actions
     state = dataclasses.replace(state, status=status)
     ended, actions = _end(state, Ending.ERROR, now, StopWhy.ERROR)
-    return ended, [Note(f"world {state.number}: {job_why}; ending the job"), *actions]
+    return ended, [WorldNote(f"world {state.number}: {job_why}; ending the job"), *actions]
 
 
-def _tick_ending(state: WorldState, event: Tick, timing: Timing) -> tuple[WorldState, list[WorldAction]]:
+def _tick_ending(state: WorldState, event: WorldTick, timing: Timing) -> tuple[WorldState, list[WorldAction]]:
     now = event.now
     # Ranks never forked are stubs inside this world's mpiexec, which Close kills (a stub that reaches
     # its agent after the stop has its rank killed there at once: A18): nobody waits for them.
@@ -389,7 +389,7 @@ def _tick_ending(state: WorldState, event: Tick, timing: Timing) -> tuple[WorldS
 
 def _host_failed(state: WorldState, host: str, why: str, now: float) -> tuple[WorldState, list[WorldAction]]:
     state = dataclasses.replace(state, lost_hosts=state.lost_hosts | {host})
-    note = Note(f"world {state.number}: lost host {host} ({why}); stopping its other ranks")
+    note = WorldNote(f"world {state.number}: lost host {host} ({why}); stopping its other ranks")
     if state.ending in (None, Ending.RESET, Ending.ERROR):
         ended, actions = _end(state, Ending.LOST, now, StopWhy.LOST)
         return ended, [note, *actions]

@@ -25,8 +25,8 @@ from ddl.launcher.command import Launch
 from ddl.launcher.watch import verdict
 from ddl.launcher.watch.lifeline import die_with_parent
 from ddl.launcher.watch.output import OutputRouter
-from ddl.launcher.watch.protocol import Ended, Hello, Noted, Output
-from ddl.launcher.watch.server import Closed, Event, WatchServer
+from ddl.launcher.watch.protocol import Ended, KeeperHello, Noted, Output
+from ddl.launcher.watch.server import KeeperClosed, KeeperEvent, WatchServer
 
 #: Seconds after the SIGTERM that ends a failed job before its mpiexec is killed.
 KILL_AFTER = 10.0
@@ -84,7 +84,7 @@ class WatchedJob:
         """mpiexec's own lines (hydra's messages; a rank's whose keeper could not reach ddlrun)."""
         for raw in pipe:
             text = raw.rstrip(b"\n").decode("utf-8", "surrogateescape")
-            self.server.events.put(Event(LAUNCHER, Output(-1, stream, text), time.monotonic()))
+            self.server.events.put(KeeperEvent(LAUNCHER, Output(-1, stream, text), time.monotonic()))
         pipe.close()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -144,13 +144,13 @@ class WatchedJob:
                 self.router.flush()
                 return
 
-    def _event(self, event: Event) -> None:
+    def _event(self, event: KeeperEvent) -> None:
         what = event.what
         if event.connection == LAUNCHER:
             assert isinstance(what, Output)
             self.router.launcher_line(what.stream, what.text, ended_by_ddlrun=self.status is not None)
             return
-        if isinstance(what, Hello):
+        if isinstance(what, KeeperHello):
             self.ranks[event.connection] = what.rank
             self._act(verdict.step(self.state, verdict.Joined(what.rank, what.host, event.at)))
             return
@@ -163,13 +163,13 @@ class WatchedJob:
             self._act(verdict.step(self.state, verdict.Told(rank, what.note, event.at)))
         elif isinstance(what, Ended):
             self.reported.add(rank)
-            self._act(verdict.step(self.state, verdict.Gone(rank, what, event.at)))
-        elif isinstance(what, Closed) and rank not in self.reported:
+            self._act(verdict.step(self.state, verdict.RankGone(rank, what, event.at)))
+        elif isinstance(what, KeeperClosed) and rank not in self.reported:
             # The keeper vanished without a report: it was killed, and its rank with it.
             self.reported.add(rank)
             gone = Ended(rank, None, signal.SIGKILL, ("(its keeper's connection closed without a report: "
                                                       f"{what.why or 'killed?'})",))
-            self._act(verdict.step(self.state, verdict.Gone(rank, gone, event.at)))
+            self._act(verdict.step(self.state, verdict.RankGone(rank, gone, event.at)))
 
     def _act(self, actions: list[verdict.Action]) -> None:
         for action in actions:

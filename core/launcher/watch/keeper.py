@@ -38,7 +38,7 @@ from ddl.base.config import BY_FIELD, announced_world, environment
 from ddl.base.notes import Note
 from ddl.launcher.watch import protocol
 from ddl.launcher.watch.lifeline import die_with_parent
-from ddl.launcher.watch.protocol import Ended, Hello, Message, Noted, Output
+from ddl.launcher.watch.protocol import Ended, KeeperHello, Message, Noted, Output
 from ddl.wire.segments import Segment, mapped_segments, remove_left
 
 #: Seconds a rank has to end after a SIGTERM before it is killed.
@@ -194,7 +194,7 @@ class Keeper:
                       "rank's output goes through mpiexec and its end is not reported to ddlrun")
             return None
         self.sock = sock
-        self._send(Hello(self.rank, self.host, os.getpid(), token))
+        self._send(KeeperHello(self.rank, self.host, os.getpid(), token))
         self._flush()
         return self.sock
 

@@ -16,12 +16,12 @@ VERSION = 1
 STREAMS = ("stdout", "stderr")
 
 
-class ProtocolError(ValueError):
+class KeeperProtocolError(ValueError):
     """A line that is not a message of this version (another ddl's keeper, or garbage)."""
 
 
 @dataclasses.dataclass(frozen=True)
-class Hello:
+class KeeperHello:
     """The first message: who the rank is. ``token`` must be the job's (from ``DDL_MONITOR``)."""
 
     rank: int
@@ -68,8 +68,8 @@ class Ended:
         return 128 + self.signal if self.signal is not None else int(self.code or 0)
 
 
-Message = Hello | Output | Noted | Ended
-_TYPES: dict[str, type] = {"hello": Hello, "output": Output, "noted": Noted, "ended": Ended}
+Message = KeeperHello | Output | Noted | Ended
+_TYPES: dict[str, type] = {"hello": KeeperHello, "output": Output, "noted": Noted, "ended": Ended}
 _NAMES = {cls: name for name, cls in _TYPES.items()}
 
 
@@ -90,14 +90,14 @@ def decode(line: bytes) -> Message:
     """The message in one line.
 
     Raises:
-        ProtocolError: not JSON, another version, an unknown type or missing fields.
+        KeeperProtocolError: not JSON, another version, an unknown type or missing fields.
     """
     try:
         data = json.loads(line)
     except ValueError as exc:
-        raise ProtocolError(f"not a keeper message ({exc}): {line[:80]!r}") from None
+        raise KeeperProtocolError(f"not a keeper message ({exc}): {line[:80]!r}") from None
     if not isinstance(data, dict) or data.get("v") != VERSION or data.get("type") not in _TYPES:
-        raise ProtocolError(f"not a keeper message of version {VERSION}: {line[:80]!r}")
+        raise KeeperProtocolError(f"not a keeper message of version {VERSION}: {line[:80]!r}")
     cls = _TYPES[data["type"]]
     try:
         kwargs = {f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data}
@@ -108,9 +108,9 @@ def decode(line: bytes) -> Message:
                 kwargs[name] = tuple(str(x) for x in kwargs[name])
         message: Message = cls(**kwargs)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ProtocolError(f"malformed {data['type']} message ({exc}): {line[:80]!r}") from None
+        raise KeeperProtocolError(f"malformed {data['type']} message ({exc}): {line[:80]!r}") from None
     if isinstance(message, Output) and message.stream not in STREAMS:
-        raise ProtocolError(f"output on unknown stream {message.stream!r}")
+        raise KeeperProtocolError(f"output on unknown stream {message.stream!r}")
     return message
 
 

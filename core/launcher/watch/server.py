@@ -1,7 +1,7 @@
 """ddlrun's end of the keepers' connections: a TCP listener whose messages become one queue of events.
 
 A reader thread per connection turns lines into messages (:mod:`~ddl.launcher.watch.protocol`);
-a connection whose first message is not a :class:`~ddl.launcher.watch.protocol.Hello` with
+a connection whose first message is not a :class:`~ddl.launcher.watch.protocol.KeeperHello` with
 the job's token is dropped (a stray client, or a keeper of another job). The loop that
 decides (:mod:`~ddl.launcher.watch.job`) reads :attr:`WatchServer.events` alone.
 """
@@ -17,20 +17,20 @@ import threading
 import time
 
 from ddl.launcher.watch import protocol
-from ddl.launcher.watch.protocol import Hello, Message
+from ddl.launcher.watch.protocol import KeeperHello, Message
 
 
 @dataclasses.dataclass(frozen=True)
-class Closed:
+class KeeperClosed:
     """A keeper's connection ended (``why``: what it last sent that was not understood, if anything)."""
 
     why: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
-class Event:
+class KeeperEvent:
     connection: int
-    what: Message | Closed
+    what: Message | KeeperClosed
     at: float  # time.monotonic() when it arrived
 
 
@@ -41,7 +41,7 @@ class WatchServer:
         self.token = secrets.token_hex(8)
         self.listener = socket.create_server(("0.0.0.0", 0), backlog=1024)
         self.port = int(self.listener.getsockname()[1])
-        self.events: queue.Queue[Event] = queue.Queue()
+        self.events: queue.Queue[KeeperEvent] = queue.Queue()
         self._connections: dict[int, socket.socket] = {}
         self._lock = threading.Lock()
         self._ids = 0
@@ -78,16 +78,16 @@ class WatchServer:
                 for line in lines:
                     message = protocol.decode(line)
                     if not admitted:
-                        if not isinstance(message, Hello) or message.token != self.token:
-                            raise protocol.ProtocolError("the first message did not carry this job's token")
+                        if not isinstance(message, KeeperHello) or message.token != self.token:
+                            raise protocol.KeeperProtocolError("the first message did not carry this job's token")
                         admitted = True
-                    self.events.put(Event(cid, message, at))
-        except protocol.ProtocolError as exc:
+                    self.events.put(KeeperEvent(cid, message, at))
+        except protocol.KeeperProtocolError as exc:
             why = str(exc)
         except OSError:
             pass
         if admitted:
-            self.events.put(Event(cid, Closed(why), time.monotonic()))
+            self.events.put(KeeperEvent(cid, KeeperClosed(why), time.monotonic()))
         self.drop(cid)
 
     def drop(self, cid: int) -> None:

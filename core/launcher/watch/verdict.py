@@ -96,7 +96,7 @@ class Told:
 
 
 @dataclasses.dataclass(frozen=True)
-class Gone:
+class RankGone:
     rank: int
     ended: Ended
     at: float
@@ -114,7 +114,7 @@ class Over:
     at: float
 
 
-WatchEvent = Joined | Told | Gone | Tick | Over
+WatchEvent = Joined | Told | RankGone | Tick | Over
 
 
 # -- actions -----------------------------------------------------------------------------
@@ -136,7 +136,7 @@ def step(state: WatchState, event: WatchEvent) -> list[Action]:
         return []
     if isinstance(event, Told):
         return _told(state, event)
-    if isinstance(event, Gone):
+    if isinstance(event, RankGone):
         return _gone(state, event)
     if isinstance(event, Over):
         return _tick(state, event.at + BLAME_WAIT + max(state.waiting.values(), default=0.0))
@@ -169,7 +169,7 @@ def _told(state: WatchState, event: Told) -> list[Action]:
     return []
 
 
-def _gone(state: WatchState, event: Gone) -> list[Action]:
+def _gone(state: WatchState, event: RankGone) -> list[Action]:
     r, ended = event.rank, event.ended
     seen = state.seen(r)
     seen.ended, seen.ended_at = ended, event.at

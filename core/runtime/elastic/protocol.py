@@ -191,7 +191,7 @@ class Quit(Message):
 # -- stub <-> agent (unix socket) ------------------------------------------------------------
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Launch(Message):
+class LaunchRank(Message):
     kind: ClassVar[str] = "launch"
     route: ClassVar[Route] = Route.STUB_TO_AGENT
     about: ClassVar[str] = "fork a rank: the program, its environment and folder; stdio and PMI socket attached"
@@ -266,7 +266,7 @@ class WorldLost(Message):
 KINDS: dict[str, type[Message]] = {cls.kind: cls for cls in (
     AgentHello, Beat, AgentWarm, RankStarted, RankEnded, RankProgress,
     Ping, StopWorld, AnnounceHosts, Quit,
-    Launch, ForwardSignal, StubExit,
+    LaunchRank, ForwardSignal, StubExit,
     RankLink, RankReport, RankBeat, HostsUpdated, WorldLost,
 )}
 

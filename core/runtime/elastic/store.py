@@ -10,9 +10,10 @@ and digest let the next world pick the newest whole commit among the survivors.
 from __future__ import annotations
 
 import hashlib
-import os
 import struct
 from pathlib import Path
+
+from ddl.base.atomic_write import atomic_open
 
 MAGIC = b"DDLSTATE1\n"
 _HEADER = struct.Struct("<QQ32s")  # serial, payload length, sha256 of the payload
@@ -37,12 +38,10 @@ class CommitStore:
     def write(self, serial: int, payload: bytes) -> None:
         """Replace the stored commit with ``payload`` as commit number ``serial``."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        temporary = self.folder / f".{STATE_FILE}.{os.getpid()}"
         header = _HEADER.pack(serial, len(payload), hashlib.sha256(payload).digest())
-        with open(temporary, "wb") as f:
+        with atomic_open(self.path) as f:  # tmpfs: nothing to sync
             f.write(MAGIC + header)
             f.write(payload)
-        os.replace(temporary, self.path)
 
     def serial(self) -> int:
         """The stored commit's number, or 0 when there is none (or it is damaged)."""

@@ -1,6 +1,7 @@
-"""Peers measured beside ddl in the same run: MPI's own Allreduce, and those adapters register.
+"""Peers measured beside ddl in the same run: MPI's own Allreduce, and those other packages register.
 
-An adapter adds a peer (``torch-gloo`` from ``ddl.torch.peers``) as an entry point in the
+A package adds a peer (``torch-gloo`` from the ddl-bench tooling package's
+``ddl_bench.torch_peers``) as an entry point in the
 ``ddl.peers`` group: a function ``(mpi4py communicator) -> (allreduce function or None,
 why not)``; a peer whose framework is not installed is skipped with the reason.
 """

@@ -3,7 +3,7 @@
 With ``--zero`` ddl.torch with sharded optimizer state (``shard_optimizer_state=True``)
 runs beside them, with its step time over the unsharded one's (``vs ddl``); ``--optimizer
 adam`` trains with Adam, whose update the sharded mode divides among the ranks. With
-``--memory`` it measures memory instead (:mod:`ddl.torch.bench_memory`).
+``--memory`` it measures memory instead (:mod:`ddl_bench.torch_memory`).
 
 Two models, an MLP of about 5 M parameters and a CNN whose single-process step computes
 for about ``--cnn-step-ms``, are trained on synthetic batches at each world size in
@@ -30,13 +30,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 import torch
-from ddl.launcher.relaunch import parse_rank_counts, relaunch
-from ddl.tools.helptext import plain
 from torch import nn
 
-from .resnet import resnet50
+from ddl.launcher.relaunch import parse_rank_counts, relaunch
+from ddl.tools.helptext import plain
+from ddl_bench.torch_resnet import resnet50
 
 CONTENDERS = ["none", "ddl.torch", "DDP-gloo"]
 #: The sharded contender ``--zero`` adds.
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also time ddl.torch with sharded optimizer state (shard_optimizer_state=True)")
     parser.add_argument("--memory", action="store_true",
                         help="measure optimizer-state bytes and peak RSS per rank, sharded and not, instead "
-                             "(see python -m ddl.torch.bench_memory --help)")
+                             "(see python -m ddl_bench.torch_memory --help)")
     parser.add_argument("--hook", default="", metavar="LIST",
                         help="also time ddl.torch with these communication hooks, e.g. fp16,powersgd:4 (PowerSGD "
                              "from its first step; contenders ddl.torch+HOOK); auto[:HOOK]: compression=\"auto\" "
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
     if args.memory:
-        from .bench_memory import main as memory
+        from ddl_bench.torch_memory import main as memory
 
         return memory(["--ranks", args.np, "--out", args.out, *rest])
     if rest:
@@ -122,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in ranks:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "result.json"
-            proc = relaunch(p, ["-m", "ddl.torch.bench", "--worker", str(out), "--models", args.models, "--mlp-batch", str(args.mlp_batch),
+            proc = relaunch(p, ["-m", "ddl_bench.torch_training", "--worker", str(out), "--models", args.models, "--mlp-batch", str(args.mlp_batch),
                              "--cnn-batch", str(batch), "--cnn-step-ms", str(args.cnn_step_ms),
                                 "--rounds", str(args.rounds), "--steps", str(args.steps), "--device", args.device,
                                 "--optimizer", args.optimizer, *(["--zero"] if args.zero else []),
@@ -193,12 +192,12 @@ def format_table(report: dict[str, Any]) -> str:
 
 # -- the worker (one per rank, under ddlrun) ------------------------------------------
 def _worker(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
     from mpi4py import MPI
+    from torch.nn.parallel import DistributedDataParallel
 
     import ddl.torch as dt
-    import torch.distributed as dist
     from ddl.tools.bench.peers import free_port
-    from torch.nn.parallel import DistributedDataParallel
 
     torch.set_num_threads(1)
     dt.init()

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-
 import torch
 import torch.distributed as dist
+
 from ddl.tools.bench.peers import free_port
 
 

@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
 from ddl.tools.helptext import plain
-from torch import nn
 
 MODES = ("unsharded", "sharded")
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode in MODES:
             with tempfile.TemporaryDirectory() as tmp:
                 out = Path(tmp) / "result.json"
-                proc = relaunch(p, ["-m", "ddl.torch.bench_memory", "--worker", str(out), "--mode", mode,
+                proc = relaunch(p, ["-m", "ddl_bench.torch_memory", "--worker", str(out), "--mode", mode,
                                     "--steps", str(args.steps), "--batch", str(args.batch)])
                 if proc.returncode != 0 or not out.exists():
                     print(f"ddl bench torch --memory: the {p}-rank {mode} run failed (exit {proc.returncode})",

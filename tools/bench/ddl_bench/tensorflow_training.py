@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in ranks:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "result.json"
-            proc = relaunch(p, ["-m", "ddl.tensorflow.bench", "--worker", str(out), "--batch", str(args.batch),
+            proc = relaunch(p, ["-m", "ddl_bench.tensorflow_training", "--worker", str(out), "--batch", str(args.batch),
                                 "--rounds", str(args.rounds), "--steps", str(args.steps)])
             if proc.returncode != 0 or not out.exists():
                 print(f"ddl bench tensorflow: the {p}-rank run failed (exit {proc.returncode})", file=sys.stderr)
@@ -144,7 +144,6 @@ def _worker(args: argparse.Namespace) -> int:
     ports = comm.bcast([free_port() for _ in range(size)] if rank == 0 else None, root=0)
 
     import numpy as np
-
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
