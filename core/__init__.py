@@ -41,6 +41,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(("allgather_object", "barrier", "broadcast_object", "context", "cross_rank", "cross_size",
                      "init", "is_initialized", "local_rank", "local_size", "rank", "shutdown", "size", "topology"),
                     "ddl.runtime.process"),
+    "AutoCompression": "ddl.engine.auto_compression",
     "Compression": "ddl.engine.compression",
     "PowerSGD": "ddl.engine.powersgd",
     **dict.fromkeys(("DDLError", "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError",
@@ -64,6 +65,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
         WorldMismatchError,
     )
     from ddl.base.ops import Adasum, Average, Max, Min, Product, ReduceOp, Sum
+    from ddl.engine.auto_compression import AutoCompression
     from ddl.engine.compression import Compression
     from ddl.engine.handle import GroupHandle, Handle
     from ddl.engine.powersgd import PowerSGD
@@ -138,7 +140,7 @@ def __dir__() -> list[str]:
 
 # A literal, for type checkers; a test checks it names exactly the lazy names.
 __all__ = [
-    "Adasum", "Average", "Compression", "DDLError", "GroupHandle", "Handle", "HorovodInternalError",
+    "Adasum", "AutoCompression", "Average", "Compression", "DDLError", "GroupHandle", "Handle", "HorovodInternalError",
     "HostsUpdatedInterrupt", "Max", "Min", "MismatchError", "NotInitializedError", "PowerSGD", "ProcessSet", "Product",
     "RankLeftError", "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "WorldMismatchError",
     "add_process_set", "allgather",

@@ -31,6 +31,7 @@ from ddl.engine.periodic import check_schedule
 from ddl.runtime import api
 from ddl.runtime.process_sets import global_process_set
 
+from . import kernels
 from .collectives import grouped_allreduce_
 from .optimizer import DistributedOptimizer
 from .tensors import from_numpy, numpy_dtype
@@ -63,7 +64,8 @@ class _Periodic(PassesThrough):
         self._process_set = None if process_set is None or process_set.process_set_id == 0 else process_set
         manifest = [(tuple(p.shape), str(p.dtype)) for p in params]
         self._rounds = HookedBuckets([tuple(p.shape) for p in params], [numpy_dtype(p.dtype) for p in params],
-                                     hook=compression, name=manifest_name(f"ddl.torch.{self._kind}", manifest))
+                                     hook=compression, name=manifest_name(f"ddl.torch.{self._kind}", manifest),
+                                     matmul=kernels.matmul)
         self._anchor: list[torch.Tensor] | None = None  # taken at the first step: after the user's broadcast
         self._boundary: list[torch.Tensor] = []  # the weights when the round in flight started
         self._pending: Pending | None = None

@@ -12,8 +12,8 @@ from typing import Any
 import ddl
 import torch
 from ddl.base.ops import ReduceOp, as_op
-from ddl.engine.compression import Compressor
-from ddl.engine.hooks import as_hook
+from ddl.engine.auto_compression import AutoCompression, as_hook_or_auto
+from ddl.engine.compression import Compression, Compressor
 from ddl.engine.naming import call_site_name, manifest_name
 from ddl.reduction.buckets import BUCKET_BYTES, FIRST_BUCKET_BYTES, MiB
 from ddl.runtime import api
@@ -45,7 +45,9 @@ class DistributedOptimizer(PassesThrough):
         named_parameters: ``model.named_parameters()``, used to name parameters in errors.
         compression: ``ddl.Compression.none`` (default), ``.fp16`` or ``.bf16`` on the wire, or a
             stateful communication hook such as ``ddl.PowerSGD(rank=4)`` (its state is
-            :attr:`hook_state`; see also :meth:`register_comm_hook`).
+            :attr:`hook_state`; see also :meth:`register_comm_hook`), or ``"auto"``
+            (``ddl.AutoCompression(hook)``, fp16 by default): each bucket compressed only
+            where the priced link time saved exceeds the hook's own work; never on one host.
         backward_passes_per_step: backward passes accumulated locally per reduction.
             Gradients are summed over the passes (scale the loss by 1/k for a mean).
             For a count that varies from step to step use ``no_sync()`` instead.
@@ -137,8 +139,11 @@ class DistributedOptimizer(PassesThrough):
                             f"{type(grad_scaler).__name__}")
         self.__dict__["optimizer"] = optimizer
         self.__dict__["_grad_scaler"] = grad_scaler
-        hook = as_hook(compression)
-        self.__dict__["hook_state"] = None if isinstance(hook, Compressor) else _deferred(hook.new_state())
+        hook = as_hook_or_auto(compression)
+        if shard_optimizer_state and isinstance(hook, AutoCompression):
+            hook = Compression.none  # sharded gradients travel in their own dtype: auto has nothing to choose
+        state = None if isinstance(hook, Compressor) else hook.new_state()
+        self.__dict__["hook_state"] = None if state is None else _deferred(state)
         self._options = Options(
             compression=hook, backward_passes_per_step=backward_passes_per_step,
             op=reduce_op, gradient_predivide_factor=float(gradient_predivide_factor),
@@ -266,7 +271,7 @@ class DistributedOptimizer(PassesThrough):
         """
         if self._reducer.in_flight():
             raise RuntimeError("register_comm_hook() while gradient allreduces are in flight; call step() first")
-        checked = as_hook(hook)
+        checked = as_hook_or_auto(hook)
         if isinstance(checked, Compressor):
             state = None
         elif state is None:
@@ -514,7 +519,9 @@ def _check_shardable(optimizer: torch.optim.Optimizer, compression: Any, process
     if isinstance(optimizer, torch.optim.LBFGS):
         raise ValueError("shard_optimizer_state=True cannot shard LBFGS: its step looks at every parameter at once "
                          "(a flat view of all of them); use it unsharded")
-    hook = as_hook(compression)
+    hook = as_hook_or_auto(compression)
+    if isinstance(hook, AutoCompression):  # sharded gradients travel plainly: nothing for auto to choose
+        hook = Compression.none
     if not isinstance(hook, Compressor):
         raise ValueError(f"shard_optimizer_state=True cannot take a communication hook ({hook.name}): its "
                          "gradients reach their owners by a reduce-scatter, which a hook such as PowerSGD does "

@@ -9,16 +9,17 @@ from typing import Any
 import ddl
 import torch
 from ddl.base.ops import ReduceOp
+from ddl.engine.auto_compression import AutoCompression
 from ddl.engine.compression import Compressor
 from ddl.engine.hooks import CommHook, Future, GradBucket, apply_hook, is_identity
 from ddl.engine.naming import label
-from ddl.runtime import api
+from ddl.runtime import api, running
 from ddl.runtime.process_sets import global_process_set
 
-from . import staging
+from . import kernels, staging
 from .buckets import Bucket, GradientBucket, MiB, gradient_buckets, plan_buckets
 from .collectives import TorchHandle, sparse_allreduce_async
-from .tensors import host_view
+from .tensors import host_view, numpy_dtype
 
 _LOCAL = object()  # a bucket's "handle" when one rank needs no reduction
 _LANDING = object()  # a bucket's "handle" while its gradients are still on their way to host memory
@@ -31,7 +32,7 @@ _current_node: Callable[[], object] = getattr(torch._C, "_current_autograd_node"
 class Options:
     """The DistributedOptimizer's reduction settings (see its docstring)."""
 
-    compression: Compressor | CommHook  # a wire compressor, or a stateful hook (ddl.PowerSGD)
+    compression: Compressor | CommHook | AutoCompression  # a wire compressor, a stateful hook (ddl.PowerSGD), or auto
     backward_passes_per_step: int
     op: ReduceOp
     gradient_predivide_factor: float
@@ -74,6 +75,7 @@ class Reducer:
         # place before synchronize (GradScaler.unscale_, clipping) would be lost, so it is an error.
         self._taken: list[tuple[torch.Tensor, torch.Tensor, int]] = []
         self._hooked: list[Future] = []  # stateful hooks' futures in flight, moved on as gradients arrive
+        self._auto: dict[tuple[Any, ...], Compressor | CommHook] = {}  # compression="auto": each layout's hook
         self.names = names
         self.prefix = prefix
         self.trainable = [p for p in params if p.requires_grad]
@@ -194,7 +196,7 @@ class Reducer:
         opts = self.options
         grads = [p.grad for p in bucket.params]
         densify = opts.sparse_as_dense and any(g is not None and g.is_sparse for g in grads)
-        if opts.size() == 1 and is_identity(opts.compression) and not densify:
+        if opts.size() == 1 and is_identity(self.hook_for(bucket)) and not densify:
             bucket.handle = _LOCAL  # one rank: the average is the gradient itself (a sparse one too)
             return
         with torch.no_grad():
@@ -272,19 +274,41 @@ class Reducer:
                 bucket.buffer.div_(factor)
                 op = ReduceOp.SUM
         view = host_view(bucket.buffer)
-        if isinstance(opts.compression, Compressor):
+        hook = self.hook_for(bucket)
+        if isinstance(hook, Compressor):
             bucket.handle = api.allreduce_async(view, op=op, name=bucket.name, process_set=opts.process_set,
-                                                compression=opts.compression, inplace=True)
+                                                compression=hook, inplace=True)
             return
         # A stateful hook: the gradients, then the presence flags (uncompressed, as a vector).
         if self.loss_scale is not None and not self._scale_read:
             self.hook_state.loss_scale = float(self.loss_scale())
             self._scale_read = True
-        shapes = (*(tuple(p.shape) for p in bucket.params), (view.size - bucket.numel,))
-        grad_bucket = GradBucket(bucket.index, bucket.name, view, shapes, op, api.collectives(opts.process_set))
-        future = apply_hook(opts.compression, self.hook_state, grad_bucket)
+        shapes = self._shapes(bucket)
+        grad_bucket = GradBucket(bucket.index, bucket.name, view, shapes, op, api.collectives(opts.process_set),
+                                 matmul=kernels.matmul)
+        future = apply_hook(hook, self.hook_state, grad_bucket)
         bucket.handle = future
         self._hooked.append(future)
+
+    @staticmethod
+    def _shapes(bucket: Bucket) -> tuple[tuple[int, ...], ...]:
+        """What a hook sees packed in the bucket: each gradient, then the presence flags (a vector)."""
+        return (*(tuple(p.shape) for p in bucket.params), (bucket.buffer.numel() - bucket.numel,))
+
+    def hook_for(self, bucket: Bucket) -> Compressor | CommHook:
+        """The bucket's hook: the one given, or, for ``compression="auto"``, what
+        :meth:`~ddl.engine.auto_compression.AutoCompression.resolve` chose for its layout
+        (decided once per layout, alike on every rank: the inputs are)."""
+        hook = self.options.compression
+        if not isinstance(hook, AutoCompression):
+            return hook
+        key = (bucket.index, self._shapes(bucket), bucket.buffer.dtype)
+        chosen = self._auto.get(key)
+        if chosen is None:
+            ctx = running.context()
+            chosen = self._auto[key] = hook.resolve(self._shapes(bucket), numpy_dtype(bucket.buffer.dtype),
+                                                    ctx.topology, ctx.model)
+        return chosen
 
     # -- at step() -----------------------------------------------------------------------
     def synchronize(self, extra: Sequence[Bucket] = ()) -> None:

@@ -17,8 +17,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ddl.base import kernels
 from ddl.base.dtypes import accumulator, bfloat16, is_floating
 
+#: Tensors of at least this many elements (on average) are cast one call each by the kernels.
+_KERNEL_ELEMENTS = 4096
 _WIRES = {"none": lambda: None, "fp16": lambda: np.dtype(np.float16), "bf16": bfloat16}
 
 
@@ -54,19 +57,35 @@ class Compressor:
 
     def compress(self, arrays: Sequence[np.ndarray], out: np.ndarray, *, divisor: int | None = None) -> None:
         """Pack ``arrays`` (flattened, in order) into ``out`` (of the wire dtype), each
-        divided by ``divisor`` first where given (in its own precision, before the cast)."""
-        if divisor is None:  # one C loop over every tensor (axis=None flattens each), not one numpy call each
-            np.concatenate(arrays, axis=None, out=out, casting="unsafe")
+        divided by ``divisor`` first where given (in its own precision, before the cast).
+
+        Large tensors are cast one by one by the installed kernels (:mod:`ddl.base.kernels`:
+        torch's under ``ddl.torch``, a memory pass); many small ones in one numpy call.
+        """
+        if divisor is None and sum(a.size for a in arrays) < _KERNEL_ELEMENTS * len(arrays):
+            np.concatenate(arrays, axis=None, out=out, casting="unsafe")  # one C loop over every tensor
             return
         offset = 0
         for a in arrays:
             n = a.size
-            np.divide(a.reshape(-1), divisor, out=out[offset : offset + n], casting="unsafe")
+            src = a.reshape(-1)
+            if divisor is None:
+                kernels.cast_into(out[offset : offset + n], src)
+            else:
+                kernels.divide_into(out[offset : offset + n], src, divisor)
             offset += n
 
-    def decompress(self, part: np.ndarray, dtype: np.dtype) -> np.ndarray:
-        """One tensor's reduced values back in its own ``dtype`` (a view when they match)."""
-        return part if part.dtype == dtype else part.astype(dtype)
+    def decompress(self, part: np.ndarray, dtype: np.dtype, *, into: np.ndarray | None = None) -> np.ndarray:
+        """One tensor's reduced values back in its own ``dtype`` (a view when they match),
+        written into ``into`` (of that dtype and shape) where given."""
+        if into is not None:
+            kernels.cast_into(into, part)
+            return into
+        if part.dtype == dtype:
+            return part
+        out = np.empty(part.shape, dtype)
+        kernels.cast_into(out, part)
+        return out
 
     def __repr__(self) -> str:
         return f"ddl.Compression.{self.name}"

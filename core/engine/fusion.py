@@ -253,10 +253,12 @@ def _deliver(bucket: list[Request], fused: np.ndarray, dtype: np.dtype, comp: Co
         if arr.ndim != 1:
             out = out.reshape(arr.shape)
         offset += n
-        if cast:
+        if cast and r.inplace:  # straight into the caller's array: one pass, nothing allocated
+            out = comp.decompress(out, dtype, into=arr)
+        elif cast:
             out = comp.decompress(out, dtype)
         if r.inplace:
-            if not (single and arr.flags.c_contiguous):
+            if not cast and not (single and arr.flags.c_contiguous):
                 arr[...] = out
             out = arr
         r.handle.set_result(out)

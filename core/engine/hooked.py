@@ -12,7 +12,7 @@ and the returned :class:`Pending` is polled or waited on.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -59,6 +59,7 @@ class HookedBuckets:
         op: ``ddl.Average`` (default) or ``ddl.Sum``.
         out_axis: a weight's output dimension (0 in torch, -1 in Keras), for PowerSGD.
         cap_bytes: the bucket cap (default 25 MiB, DDP's).
+        matmul: the matrix product a hook uses (:attr:`GradBucket.matmul`; ``ddl.torch`` passes torch's).
 
     Raises:
         ValueError: shapes and dtypes of different lengths, or an unknown hook.
@@ -71,12 +72,12 @@ class HookedBuckets:
 
     def __init__(self, shapes: Sequence[tuple[int, ...]], dtypes: Sequence[Any], *, hook: Any, name: str,
                  op: ReduceOp = ReduceOp.AVERAGE, out_axis: int = 0, cap_bytes: int = BUCKET_BYTES,
-                 state: Any = None) -> None:
+                 state: Any = None, matmul: Callable[..., Any] = np.matmul) -> None:
         if len(shapes) != len(dtypes):
             raise ValueError(f"{len(shapes)} shapes but {len(dtypes)} dtypes")
         self.hook: Compressor | CommHook = as_hook(hook)
         self.state = state if state is not None or isinstance(self.hook, Compressor) else self.hook.new_state()
-        self.name, self.op, self.out_axis = name, op, out_axis
+        self.name, self.op, self.out_axis, self.matmul = name, op, out_axis, matmul
         kinds = [np.dtype(d) for d in dtypes]
         sizes = [math.prod(s) for s in shapes]
         plan = plan_buckets([n * k.itemsize for n, k in zip(sizes, kinds, strict=True)], kinds,
@@ -105,7 +106,8 @@ class HookedBuckets:
         if self._pending is not None and not self._pending.done():
             raise RuntimeError(f"{self.name}: a reduction is still in flight; wait() for it before the next start()")
         futures = [apply_hook(self.hook, self.state,
-                              GradBucket(k, f"{self.name}.b{k}", buffer, shapes, self.op, collectives, self.out_axis))
+                              GradBucket(k, f"{self.name}.b{k}", buffer, shapes, self.op, collectives, self.out_axis,
+                                         self.matmul))
                    for k, (buffer, shapes) in enumerate(self._buckets)]
         self._pending = Pending(futures, self._views)
         return self._pending

@@ -67,6 +67,10 @@ class GradBucket:
         collectives: where the hook submits its collectives (a process set's, or the world's).
         out_axis: the output dimension of a weight (0 in torch, -1 in Keras), for hooks that
             see tensors as matrices (:func:`matrix_shape`).
+        matmul: the matrix product hooks use (``matmul(a, b, out=None)``, numpy's signature):
+            numpy's, or the adapter's framework's (``ddl.torch`` passes torch's, which follows
+            ``torch.set_num_threads`` as the model does, where numpy's BLAS starts its own
+            threads on every core).
 
     Example:
         >>> b = GradBucket(0, "opt.b0", np.zeros(6, np.float32), ((2, 3),), ddl.Average, collectives)  # doctest: +SKIP
@@ -79,6 +83,7 @@ class GradBucket:
     op: ReduceOp
     collectives: Submitter
     out_axis: int = 0
+    matmul: Callable[..., Any] = np.matmul
 
     def __post_init__(self) -> None:
         if self.buffer.ndim != 1 or not self.buffer.flags.c_contiguous:

@@ -375,7 +375,7 @@ class PowerSGD:
             else:
                 m = grad.astype(dtype, copy=False)
             with np.errstate(invalid="ignore", over="ignore"):  # an overflowed gradient: _middle sees it in P
-                np.matmul(m, qs[j], out=mem.p_buffer[at : at + part.rows * part.rank].reshape(part.rows, part.rank))
+                bucket.matmul(m, qs[j], out=mem.p_buffer[at : at + part.rows * part.rank].reshape(part.rows, part.rank))
             at += part.rows * part.rank
             matrices.append(m)
         for part in mem.plain:
@@ -394,7 +394,7 @@ class PowerSGD:
             p = mem.p_buffer[at : at + part.rows * part.rank].reshape(part.rows, part.rank)
             basis = np.linalg.qr(p)[0]
             ortho.append(basis)
-            np.matmul(m.T, basis, out=mem.q_buffer[q_at : q_at + part.cols * part.rank].reshape(part.cols, part.rank))
+            bucket.matmul(m.T, basis, out=mem.q_buffer[q_at : q_at + part.cols * part.rank].reshape(part.cols, part.rank))
             at += part.rows * part.rank
             q_at += part.cols * part.rank
         return bucket.collectives.allreduce_async(mem.q_buffer, op=bucket.op, name=f"{bucket.name}.powersgd.q",
@@ -418,10 +418,14 @@ class PowerSGD:
         for j, (part, basis) in enumerate(zip(mem.compressed, ortho, strict=True)):
             q = mem.q_buffer[q_at : q_at + part.cols * part.rank].reshape(part.cols, part.rank)
             q_at += part.cols * part.rank
-            approx = basis @ q.T
+            target = buf[part.offset : part.offset + part.size].reshape(part.rows, part.cols)
+            if target.dtype == basis.dtype:  # P Qᵀ made in place: no temporary, one pass fewer
+                approx = bucket.matmul(basis, q.T, out=target)
+            else:
+                approx = bucket.matmul(basis, q.T)
+                target[...] = approx
             if mem.errors is not None:
                 matrices[j] -= approx  # the scratch: M - P Qᵀ, the error this call leaves
-            buf[part.offset : part.offset + part.size].reshape(part.rows, part.cols)[...] = approx
             qs.append(q.copy())
         state.stage(mem, _Update(qs, scale))
         return buf

@@ -338,7 +338,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--bytes", help="also price single allreduces of these sizes, e.g. 8192,1048576")
     p.add_argument("--modes", metavar="LIST",
                    help="with --model and --step-ms, also price training modes side by side: sync, fp16, bf16, "
-                        "powersgd:R, localsgd:H[:HOOK][+overlap], diloco:H[:HOOK][+overlap] (see ddl.tools.plan_hooks)")
+                        "powersgd:R, auto[:HOOK] (compression where it pays, bucket by bucket), localsgd:H[:HOOK][+overlap], diloco:H[:HOOK][+overlap] (see ddl.tools.plan_hooks)")
     p.add_argument("--flop-rate", type=float, default=plan_hooks.DEFAULT_FLOP_RATE, metavar="FLOPS",
                    help="multiply-adds per second a rank's core gives PowerSGD's products (--modes)")
     p.add_argument("--memory-rate", type=float, default=plan_hooks.DEFAULT_MEMORY_RATE, metavar="BYTES",

@@ -29,8 +29,16 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from ddl.base.config import DEFAULT_FUSION_BYTES, DEFAULT_SEGMENT_BYTES
 from ddl.base.topology import Topology
+from ddl.engine.auto_compression import (
+    DEFAULT_FLOP_RATE,
+    DEFAULT_MEMORY_RATE,
+    AutoCompression,
+    Decision,
+)
 from ddl.engine.compression import Compression, Compressor
 from ddl.engine.hooks import CommHook, Traffic, traffic
 from ddl.engine.powersgd import PowerSGD
@@ -44,12 +52,9 @@ from ddl.reduction.buckets import (
 )
 from ddl.reduction.step_plan import landing_times, plan_step, price
 
-__all__ = ["DEFAULT_FLOP_RATE", "DEFAULT_MEMORY_RATE", "Mode", "ModeError", "ModePlan", "mode_lines", "parse_hook", "parse_mode", "plan_mode", "predict_mode"]
+__all__ = ["DEFAULT_FLOP_RATE", "DEFAULT_MEMORY_RATE", "Mode", "ModeError", "ModePlan", "auto_decisions", "mode_lines",
+           "parse_hook", "parse_mode", "plan_mode", "predict_mode"]
 
-#: Multiply-adds per second a rank's core gives PowerSGD's products when none is measured.
-DEFAULT_FLOP_RATE = 10e9
-#: Bytes per second a rank's element-wise passes (errors, deltas, copies) read and write.
-DEFAULT_MEMORY_RATE = 5e9
 
 
 class ModeError(ValueError):
@@ -63,14 +68,15 @@ class Mode:
 
     label: str
     kind: str  # "step", "localsgd" or "diloco"
-    hook: Compressor | CommHook
+    hook: Compressor | CommHook | AutoCompression
     period: int = 1
     overlap: int = 0
 
 
-def parse_hook(text: str, where: str = "hook") -> Compressor | CommHook:
+def parse_hook(text: str, where: str = "hook") -> Compressor | CommHook | AutoCompression:
     """``none``, ``fp16``, ``bf16``, ``powersgd:R`` (or ``powersgd-R``) as a hook; PowerSGD
-    from its first step (``start_iter=0``: the steady state is what is priced and timed).
+    from its first step (``start_iter=0``: the steady state is what is priced and timed);
+    ``auto[:HOOK]``: :class:`~ddl.engine.auto_compression.AutoCompression` of HOOK (fp16).
 
     Raises:
         ModeError: anything else.
@@ -80,6 +86,12 @@ def parse_hook(text: str, where: str = "hook") -> Compressor | CommHook:
         ddl.PowerSGD(rank=4, start_iter=0, min_compression_rate=2, error_feedback=True, warm_start=True)
     """
     name, _, arg = text.replace("-", ":").partition(":")
+    if name == "auto":
+        inner = parse_hook(arg or "fp16", where)
+        if isinstance(inner, AutoCompression) or inner is Compression.none:
+            raise ModeError(f"{where}: auto takes a hook to use where it pays, e.g. auto:fp16 or auto:powersgd:4; "
+                            f"got {text!r}")
+        return AutoCompression(inner)
     if name in ("none", "sync"):
         return Compression.none
     if name in ("fp16", "bf16"):
@@ -89,11 +101,11 @@ def parse_hook(text: str, where: str = "hook") -> Compressor | CommHook:
             return PowerSGD(rank=int(arg or 1), start_iter=0)
         except ValueError:
             raise ModeError(f"{where}: powersgd takes a whole rank, e.g. powersgd:4; got {text!r}") from None
-    raise ModeError(f"{where}: unknown hook {text!r}; use none, fp16, bf16 or powersgd:R")
+    raise ModeError(f"{where}: unknown hook {text!r}; use none, fp16, bf16, powersgd:R or auto[:HOOK]")
 
 
 def parse_mode(text: str) -> Mode:
-    """``sync``, ``fp16``, ``bf16``, ``powersgd:R``, ``localsgd:H[:HOOK][+overlap]`` or
+    """``sync``, ``fp16``, ``bf16``, ``powersgd:R``, ``auto[:HOOK]``, ``localsgd:H[:HOOK][+overlap]`` or
     ``diloco:H[:HOOK][+overlap]`` (HOOK: none, fp16, bf16, powersgd-R).
 
     Raises:
@@ -107,7 +119,7 @@ def parse_mode(text: str) -> Mode:
     if plus and flag != "overlap":
         raise ModeError(f"mode {text!r}: the only suffix is +overlap")
     name, _, rest = body.partition(":")
-    if name in ("sync", "fp16", "bf16", "powersgd"):
+    if name in ("sync", "fp16", "bf16", "powersgd", "auto"):
         if plus:
             raise ModeError(f"mode {text!r}: +overlap is for localsgd and diloco")
         return Mode(text, "step", parse_hook(body, f"mode {text!r}"))
@@ -119,9 +131,12 @@ def parse_mode(text: str) -> Mode:
             period = 0
         if period < 1:
             raise ModeError(f"mode {text!r}: give the period, e.g. {name}:20 or {name}:20:fp16")
-        return Mode(text, name, parse_hook(hook_text or "none", f"mode {text!r}"), period, period if plus else 0)
-    raise ModeError(f"unknown mode {text!r}; use sync, fp16, bf16, powersgd:R, localsgd:H[:HOOK][+overlap] or "
-                    "diloco:H[:HOOK][+overlap]")
+        hook = parse_hook(hook_text or "none", f"mode {text!r}")
+        if isinstance(hook, AutoCompression):
+            raise ModeError(f"mode {text!r}: auto chooses per gradient bucket of a step; give {name} its hook")
+        return Mode(text, name, hook, period, period if plus else 0)
+    raise ModeError(f"unknown mode {text!r}; use sync, fp16, bf16, powersgd:R, auto[:HOOK], "
+                    "localsgd:H[:HOOK][+overlap] or diloco:H[:HOOK][+overlap]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +173,16 @@ def plan_mode(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topo
     """
     numels = [math.prod(s) for s in shapes]
     share = _port_share(topology)
+    if isinstance(mode.hook, AutoCompression):
+        chosen = {d.compress for _, _, d in auto_decisions(mode.hook, shapes, itemsize, topology, model,
+                                                            first_cap=first_cap, cap=cap)}
+        inner = mode.hook.hook
+        if chosen == {False} or (chosen == {True} and isinstance(inner, Compressor)):
+            # One hook for every bucket: priced as that mode is.
+            alone = dataclasses.replace(mode, hook=inner if chosen == {True} else Compression.none)
+            return plan_mode(alone, shapes, itemsize, topology, model, step=step, backward_fraction=backward_fraction,
+                             flop_rate=flop_rate, memory_rate=memory_rate, first_cap=first_cap, cap=cap,
+                             fusion_threshold=fusion_threshold)
     if mode.kind == "step" and isinstance(mode.hook, Compressor):
         wire = traffic(mode.hook, [(1,)], itemsize).rounds[0].itemsize
         planned = plan_step(numels, wire, topology, model, step=step, backward_fraction=backward_fraction,
@@ -175,6 +200,7 @@ def plan_mode(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topo
     # A round's own passes over the weights: the deltas, the copy at its start, the outer
     # update (DiLoCo's optimizer reads and writes more), the weights put back.
     passes = (20.0 if mode.kind == "diloco" else 12.0) * itemsize
+    assert not isinstance(mode.hook, AutoCompression)  # parse_mode refuses it here
     for members in buckets:
         t = traffic(mode.hook, [tuple(shapes[i]) for i in members], itemsize)
         comm += _round_time(topology, t, model)
@@ -198,7 +224,10 @@ def _hooked_step(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, t
     for at, k in ready:
         members = buckets[k].members
         layout = [tuple(shapes[i]) for i in members] + [(FLAGS_PER_TENSOR * len(members),)]
-        t = traffic(mode.hook, layout, itemsize)
+        hook = mode.hook
+        if isinstance(hook, AutoCompression):  # this bucket's choice, as ddl.torch makes it
+            hook = hook.resolve(layout, _float_dtype(itemsize), topology, model)
+        t = traffic(hook, layout, itemsize)
         local = t.flops / flop_rate + t.memory_bytes / memory_rate
         work = local / (len(t.rounds) + 1)  # before, between and after the rounds
         hook_s += local
@@ -214,14 +243,54 @@ def _hooked_step(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, t
     return ModePlan(mode.label, max(step + hook_s, end), comm, hook_s, _port_share(topology) * sent, sent)
 
 
+def _float_dtype(itemsize: int) -> np.dtype:
+    return np.dtype(f"f{itemsize}")
+
+
+def auto_decisions(auto: AutoCompression, shapes: Sequence[tuple[int, ...]], itemsize: int, topology: Topology,
+                   model: cost.CostModel, *, first_cap: int = FIRST_BUCKET_BYTES,
+                   cap: int = BUCKET_BYTES) -> list[tuple[int, int, Decision]]:
+    """``ddl.torch``'s gradient buckets for ``shapes`` and what ``auto`` decides for each:
+    (bucket, elements, decision), the presence flags included as ``ddl.torch`` packs them."""
+    numels = [math.prod(s) for s in shapes]
+    out = []
+    for k, b in enumerate(gradient_buckets(numels, [itemsize] * len(numels), first_cap=first_cap, cap=cap)):
+        layout = [tuple(shapes[i]) for i in b.members] + [(FLAGS_PER_TENSOR * len(b.members),)]
+        out.append((k, sum(math.prod(s) for s in layout), auto.decide(layout, itemsize, topology, model)))
+    return out
+
+
+def _decision_lines(modes: Sequence[Mode], shapes: Sequence[tuple[int, ...]], itemsize: int, topology: Topology,
+                    model: cost.CostModel, *, flop_rate: float, memory_rate: float, first_cap: int,
+                    cap: int) -> tuple[list[str], dict[str, Any]]:
+    """What each ``auto`` mode decides, bucket by bucket (priced at the given rates)."""
+    lines: list[str] = []
+    rows: dict[str, Any] = {}
+    for mode in modes:
+        if not isinstance(mode.hook, AutoCompression):
+            continue
+        auto = dataclasses.replace(mode.hook, flop_rate=flop_rate, memory_rate=memory_rate)
+        found = auto_decisions(auto, shapes, itemsize, topology, model, first_cap=first_cap, cap=cap)
+        kept = sum(d.compress for _, _, d in found)
+        lines.append(f"{mode.label}: {auto.hook!r} on {kept} of {len(found)} gradient buckets "
+                     "(link time saved against the hook's own work, per step):")
+        for k, count, d in found:
+            lines.append(f"  bucket {k} ({count} elements): {'compress' if d.compress else 'plain'} - {d.reason}")
+        rows[mode.label] = [{"bucket": k, "elements": count, **dataclasses.asdict(d)} for k, count, d in found]
+    return lines, rows
+
+
 def mode_lines(modes: Sequence[str], shapes: Sequence[tuple[int, ...]], itemsize: int, topology: Topology,
                model: cost.CostModel, *, step: float, backward_fraction: float, flop_rate: float,
                memory_rate: float, first_cap: int, cap: int,
                fusion_threshold: int) -> tuple[list[str], list[dict[str, Any]]]:
     """The printed table of ``--modes`` and its JSON rows."""
-    plans = [plan_mode(parse_mode(m), shapes, itemsize, topology, model, step=step,
+    parsed = [parse_mode(m) for m in modes]
+    parsed = [dataclasses.replace(m, hook=dataclasses.replace(m.hook, flop_rate=flop_rate, memory_rate=memory_rate))
+              if isinstance(m.hook, AutoCompression) else m for m in parsed]
+    plans = [plan_mode(m, shapes, itemsize, topology, model, step=step,
                        backward_fraction=backward_fraction, flop_rate=flop_rate, memory_rate=memory_rate,
-                       first_cap=first_cap, cap=cap, fusion_threshold=fusion_threshold) for m in modes]
+                       first_cap=first_cap, cap=cap, fusion_threshold=fusion_threshold) for m in parsed]
     base = plans[0]
     lines = [f"modes (average step; bytes a host's port carries per step, without headers; hooks' products at "
              f"{flop_rate / 1e9:.3g} GFLOP/s, their passes at {memory_rate / 1e9:.3g} GB/s; first mode = 1x):",
@@ -230,7 +299,13 @@ def mode_lines(modes: Sequence[str], shapes: Sequence[tuple[int, ...]], itemsize
         ratio = p.link_bytes / base.link_bytes if base.link_bytes else float("nan")
         lines.append(f"{p.label:<26} {p.step_s * 1e3:9.1f} {p.comm_s * 1e3:9.1f} {p.hook_compute_s * 1e3:8.1f} "
                      f"{p.link_bytes / 1e6:9.3f} {ratio:8.4f} {base.step_s / p.step_s:6.1f}x")
-    return lines, [dataclasses.asdict(p) for p in plans]
+    more, decisions = _decision_lines(parsed, shapes, itemsize, topology, model, flop_rate=flop_rate,
+                                      memory_rate=memory_rate, first_cap=first_cap, cap=cap)
+    rows = [dataclasses.asdict(p) for p in plans]
+    for row in rows:
+        if row["label"] in decisions:
+            row["auto"] = decisions[row["label"]]
+    return lines + more, rows
 
 
 def predict_mode(mode: str, shapes: Sequence[tuple[int, ...]], *, topology: str, calibration_file: str,

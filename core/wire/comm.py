@@ -13,9 +13,10 @@ from typing import Any, NoReturn, Protocol
 
 import numpy as np
 
+from ddl.base import kernels
 from ddl.base.config import Announced
 from ddl.base.errors import WorldMismatchError
-from ddl.base.ops import ReduceOp, ufunc
+from ddl.base.ops import ReduceOp
 from ddl.wire.shared_memory import MPISharedWindow, SharedSlots
 from ddl.wire.splits import split_shared_group
 
@@ -212,12 +213,10 @@ class MPIComm:
         if found is None:
             if dtype.itemsize != 2:
                 raise TypeError(f"MPI cannot reduce {dtype} here; reduce it in a type MPI knows")
-            combine = ufunc(op)
-
             def reduce(inbuf: Any, outbuf: Any, datatype: Any) -> None:
                 a = np.frombuffer(inbuf, dtype=dtype)
                 b = np.frombuffer(outbuf, dtype=dtype)
-                combine(b, a, out=b)
+                kernels.combiner(op, dtype)(b, a, out=b)  # a half sum by the kernels installed now
 
             found = self._user_ops[key] = (self._MPI.UINT16_T, self._MPI.Op.Create(reduce, commute=True))
         return found

@@ -225,3 +225,23 @@ def test_a_removed_parameter_is_no_longer_hooked() -> None:
     loss(m).backward()
     opt.step()
     assert m.inp.weight not in opt._reducer.index and m.inp.bias in opt._reducer.index
+
+
+@pytest.mark.parametrize("compression", ["auto", ddl.AutoCompression(ddl.PowerSGD(rank=2, start_iter=0))],
+                         ids=["auto", "auto-powersgd"])
+def test_auto_compression_trains_as_plain_on_one_host(compression: object) -> None:
+    # One host: every bucket is reduced plainly, so the step is the uncompressed one, bit for bit.
+    steps = []
+    for comp in (None, compression):
+        m = Reversed()
+        opt = dt.DistributedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), named_parameters=m.named_parameters(),
+                                      compression=comp, **TINY)
+        for seed in range(3):
+            opt.zero_grad()
+            loss(m, seed).backward()
+            opt.step()
+        steps.append([p.detach().clone() for p in m.parameters()])
+        if comp is not None:
+            reducer = opt._reducer
+            assert all(reducer.hook_for(b) is ddl.Compression.none for b in reducer.buckets)
+    assert all(torch.equal(a, b) for a, b in zip(*steps, strict=True))

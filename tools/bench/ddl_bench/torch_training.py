@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                              "(see python -m ddl_bench.torch_memory --help)")
     parser.add_argument("--hook", default="", metavar="LIST",
                         help="also time ddl.torch with these communication hooks, e.g. fp16,powersgd:4 (PowerSGD "
-                             "from its first step; contenders ddl.torch+HOOK)")
+                             "from its first step; contenders ddl.torch+HOOK); auto[:HOOK]: compression=\"auto\" "
+                             "(the hook only where it pays)")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args(argv)
