@@ -232,17 +232,7 @@ class Keeper:
                 self.segments |= mapped_segments(child.pid)
                 next_look = now + LOOK_EVERY[self._ready or now - started > EARLY]
                 self._look = False
-            for key, _ in selector.select(timeout=0.5):
-                data = _read(key.fd)
-                if key.data == "wake" or data is None:
-                    continue
-                if data == b"":
-                    selector.unregister(key.fd)
-                    os.close(key.fd)
-                elif key.data == "notes":
-                    notes = self._notes(notes + data)
-                else:
-                    self._take(key.data, data)
+            notes = self._serve(selector, 0.5, notes)
             if self._orphaned is not None and time.monotonic() - self._orphaned > ORPHAN_GRACE and kill_at is None:
                 self._signalled = self._signalled or signal.SIGTERM
             if self._signalled is not None:
@@ -266,22 +256,28 @@ class Keeper:
                            tuple(removed), self.stopped))
         return code
 
+    def _serve(self, selector: selectors.BaseSelector, timeout: float, notes: bytes) -> bytes:
+        """Take what the rank's pipes hold within ``timeout`` (output lines, notes); a pipe that
+        closed is let go. Returns the notes not yet complete."""
+        for key, _ in selector.select(timeout=timeout):
+            data = _read(key.fd)
+            if key.data == "wake" or data is None:
+                continue
+            if data == b"":
+                selector.unregister(key.fd)
+                os.close(key.fd)
+            elif key.data == "notes":
+                notes = self._notes(notes + data)
+            else:
+                self._take(key.data, data)
+        return notes
+
     def _drain(self, selector: selectors.BaseSelector, notes: bytes) -> None:
         """What the rank wrote just before it ended (up to a second: a process it started may
         hold its output open)."""
         deadline = time.monotonic() + 1.0
         while any(k.data != "wake" for k in selector.get_map().values()) and time.monotonic() < deadline:
-            for key, _ in selector.select(timeout=0.1):
-                data = _read(key.fd)
-                if key.data == "wake" or data is None:
-                    continue
-                if data == b"":
-                    selector.unregister(key.fd)
-                    os.close(key.fd)
-                elif key.data == "notes":
-                    notes = self._notes(notes + data)
-                else:
-                    self._take(key.data, data)
+            notes = self._serve(selector, 0.1, notes)
         for stream, rest in self._partial.items():
             if rest:
                 self._line(stream, rest)
