@@ -47,12 +47,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 from emulation.cluster import Cluster
-from emulation.rehearsal import CoreWatch, qdisc_drops, retransmissions
+from emulation.rehearsal import CoreWatch, Sampler, qdisc_drops, retransmissions
 
 ROOT = Path(__file__).resolve().parents[1]
 #: One iteration's line as ddl-caffe (and Caffe) logs it with ``display: 1``, and its glog time stamp.
@@ -181,32 +180,23 @@ def steady_seconds(log: str) -> float:
 
 
 # -- the runs ---------------------------------------------------------------------------------------------------------
-class MemoryWatch:
+class MemoryWatch(Sampler):
     """The largest sum of resident memory over the processes named ``ddl-caffe``/python children while a run lasts."""
 
     def __init__(self, pids: list[int]) -> None:
-        self.pids, self.peak, self._stop = pids, 0, threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        super().__init__(0.5)
+        self.pids, self.peak = pids, 0
 
-    def __enter__(self) -> MemoryWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            total = 0
-            for pid in self.pids:
-                try:
-                    text = Path(f"/proc/{pid}/status").read_text()
-                except OSError:
-                    continue
-                m = re.search(r"RssAnon:\s+(\d+) kB", text)
-                total += int(m.group(1)) * 1024 if m else 0
-            self.peak = max(self.peak, total)
+    def sample(self) -> None:
+        total = 0
+        for pid in self.pids:
+            try:
+                text = Path(f"/proc/{pid}/status").read_text()
+            except OSError:
+                continue
+            m = re.search(r"RssAnon:\s+(\d+) kB", text)
+            total += int(m.group(1)) * 1024 if m else 0
+        self.peak = max(self.peak, total)
 
 
 def mem_available() -> int:

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from emulation.cluster import Cluster
 
@@ -36,16 +36,19 @@ def cpu_times() -> dict[str, int]:
     return dict(zip(_FIELDS, map(int, words), strict=True))
 
 
-class CoreWatch:
-    """Samples the machine's core use every ``period`` seconds while a job runs."""
+_S = TypeVar("_S", bound="Sampler")
 
-    def __init__(self, period: float = 1.0) -> None:
+
+class Sampler:
+    """Calls :meth:`sample` every ``period`` seconds on a thread of its own while a ``with``
+    block runs, once at its start and once at its end."""
+
+    def __init__(self, period: float) -> None:
         self.period = period
-        self.samples: list[tuple[float, dict[str, int]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> CoreWatch:
+    def __enter__(self: _S) -> _S:
         self._thread.start()
         return self
 
@@ -55,10 +58,24 @@ class CoreWatch:
 
     def _run(self) -> None:
         while True:
-            self.samples.append((time.monotonic(), cpu_times()))
+            self.sample()
             if self._stop.wait(self.period):
-                self.samples.append((time.monotonic(), cpu_times()))
+                self.sample()
                 return
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+
+class CoreWatch(Sampler):
+    """Samples the machine's core use every ``period`` seconds while a job runs."""
+
+    def __init__(self, period: float = 1.0) -> None:
+        super().__init__(period)
+        self.samples: list[tuple[float, dict[str, int]]] = []
+
+    def sample(self) -> None:
+        self.samples.append((time.monotonic(), cpu_times()))
 
     def shares(self) -> dict[str, float]:
         """Each kind of core time as a share of all, over the whole run, and the busiest second's."""
