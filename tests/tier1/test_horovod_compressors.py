@@ -8,7 +8,13 @@ import pickle
 import numpy as np
 import pytest
 
-from ddl.base.horovod_compressors import Compressor, HalfCasts, HalfCompressor, NoneCompressor, half_compressors
+from ddl.base.horovod_compressors import (
+    Compressor,
+    HalfCasts,
+    HalfCompressor,
+    NoneCompressor,
+    half_compressors,
+)
 from ddl.engine.compression import Compression as WireCompression
 from ddl.engine.compression import as_compressor
 
