@@ -119,7 +119,10 @@ def _plugin(entry: importlib.metadata.EntryPoint, what: str) -> Callable[[list[s
     except ImportError as exc:
         extra = ",".join(entry.extras) or "the adapter's"
         owner = entry.dist.name if entry.dist is not None else DISTRIBUTION
-        print(f"ddl {what} needs the {extra} extra ({exc}); pip install '{owner}[{extra}]'", file=sys.stderr)
+        words = tuple(what.split())
+        # The tooling package is installed from a checkout's folder, not by its name.
+        how = install_hint(words) if owner == TOOLING_PACKAGE and words in TOOLING else f"pip install '{owner}[{extra}]'"
+        print(f"ddl {what} needs the {extra} extra ({exc}); {how}", file=sys.stderr)
         return lambda _argv: 2
     return found
 

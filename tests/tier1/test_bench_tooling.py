@@ -77,3 +77,16 @@ def test_from_this_checkout_ddl_bench_allreduce_reaches_the_tooling_package(caps
 def test_ddl_bench_allreduce_np_needs_a_whole_number(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["bench", "allreduce", "-np", "two"]) == 2
     assert "ddl bench allreduce: -np needs a whole number of ranks, e.g. -np 2" in capsys.readouterr().err
+
+
+def test_a_tooling_benchmark_whose_framework_is_missing_says_to_install_the_folder_with_its_extra(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    entry = cli.registered()[("bench", "torch")]
+
+    def missing(self: object) -> None:
+        raise ImportError("No module named 'torch'")
+
+    monkeypatch.setattr(type(entry), "load", missing)
+    assert cli.main(["bench", "torch", "--ranks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "ddl bench torch needs the torch extra (No module named 'torch'); pip install './tools/bench[torch]'" in err
