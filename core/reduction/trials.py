@@ -7,8 +7,9 @@ each size class (four per octave of bytes, as :func:`ddl.reduction.cost.choose` 
 them) the model's pick and its runner-up each run :data:`TRIAL_RUNS` times in turn, every
 rank keeps its fastest time of each, and at the end of the cycle in which the last trial
 ran the ranks agree on them (one allreduce of those times, MAX: the slowest rank's best)
-and settle the class on the faster one. Every :data:`RECHECK_RUNS` runs the class is tried
-again, so a trial spoiled by noise is corrected later.
+and settle the class on the faster one. After :data:`RECHECK_RUNS` runs the class is tried
+again, then after twice as many each time (up to :data:`RECHECK_MAX`), so a trial spoiled
+by noise is corrected later.
 
 Ranks never disagree: which contender runs is a function of how often the class ran,
 which is the same on every rank (buckets run in lockstep), and the settled choice is a
@@ -25,8 +26,10 @@ from collections.abc import Sequence
 #: Runs of each contender per trial; its fastest counts (the first run of a size also
 #: pays for compiling its schedule and for shared-memory windows).
 TRIAL_RUNS = 3
-#: Runs of a settled size class before it is tried again.
-RECHECK_RUNS = 2000
+#: Runs of a settled size class before it is tried again: the first time soon (a job's
+#: first steps are noisy too: compiling, warming caches), then twice as long each time.
+RECHECK_RUNS = 250
+RECHECK_MAX = 4000
 #: The runner-up replaces the model's pick only when at least this much faster (noise).
 MARGIN = 0.9
 #: A runner-up priced above this many times the pick is never tried (it cannot win).
@@ -42,6 +45,7 @@ class ClassTrial:
 
     contenders: tuple[str, str]
     runs: int = 0
+    recheck: int = RECHECK_RUNS
     best: list[float] = dataclasses.field(default_factory=lambda: [math.inf, math.inf])
     choice: str | None = None
 
@@ -70,9 +74,10 @@ class Trials:
         n = trial.runs
         trial.runs = n + 1
         if trial.choice is not None:
-            if n < RECHECK_RUNS or trial.contenders[0] == trial.contenders[1]:
+            if n < trial.recheck or trial.contenders[0] == trial.contenders[1]:
                 return trial.choice
             trial.runs, trial.best, trial.choice, n = 1, [math.inf, math.inf], None, 0  # try again from here
+            trial.recheck = min(2 * trial.recheck, RECHECK_MAX)
         if n + 1 == 2 * TRIAL_RUNS:
             self.awaiting.append(key)
         if n < 2 * TRIAL_RUNS:

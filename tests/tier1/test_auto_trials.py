@@ -67,6 +67,9 @@ def test_a_settled_class_is_tried_again_after_recheck_runs() -> None:
     assert set(settled) == {"mpi"}
     assert _picks(t, 2 * trials.TRIAL_RUNS) == ["shm"] * trials.TRIAL_RUNS + ["mpi"] * trials.TRIAL_RUNS
     assert t.awaiting == [KEY]
+    t.settle([0.5, 1.0])  # back to the model's pick; the next trial waits twice as long
+    assert set(_picks(t, 2 * trials.RECHECK_RUNS)) == {"shm"}
+    assert _picks(t, trials.TRIAL_RUNS) == ["shm"] * trials.TRIAL_RUNS and t.awaiting == []
 
 
 def test_settle_refuses_a_vector_of_the_wrong_length() -> None:
