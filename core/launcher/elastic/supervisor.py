@@ -40,12 +40,12 @@ from ddl.launcher.elastic.server import (
     Event,
     EventServer,
     Gone,
-    advertised_address,
     kill_now,
     kill_process,
     start_process,
 )
 from ddl.launcher.hosts import HostSlots, format_host_list
+from ddl.launcher.tcp_listener import reachable_address
 from ddl.runtime.elastic.protocol import (
     AgentHello,
     AgentWarm,
@@ -233,7 +233,7 @@ class Supervisor:
             self.log(f"discovery: host(s) {', '.join(sorted(before - after))} no longer listed")
         if first:
             # Asked once, before any agent exists (a name lookup: nothing is waiting yet).
-            self.address = advertised_address([h.name for h in self.membership.listed if h.name != LOCALHOST])
+            self.address = reachable_address([h.name for h in self.membership.listed if h.name != LOCALHOST])
         self._ensure_agents()
 
     def _ensure_agents(self) -> None:
