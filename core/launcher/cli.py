@@ -42,9 +42,9 @@ from ddl.launcher.machines import merge_same_machines
 from ddl.launcher.mpi import MpiNotFoundError, detect_mpi
 from ddl.launcher.preflight import ProgramNotFound, check_command
 from ddl.launcher.tcp_listener import reachable_address
-from ddl.launcher.watch.job import WatchedJob
 from ddl.launcher.watch.output import OutputRouter
 from ddl.launcher.watch.server import WatchServer
+from ddl.launcher.watch.watched_job import WatchedJob
 
 USAGE_ERROR = 2
 NOT_FOUND = 127

@@ -3,7 +3,7 @@
 A reader thread per connection (:class:`~ddl.launcher.tcp_listener.TcpListener`) turns lines
 into messages (:mod:`~ddl.launcher.watch.protocol`); a connection whose first message is not a :class:`~ddl.launcher.watch.protocol.KeeperHello` with
 the job's token is dropped (a stray client, or a keeper of another job). The loop that
-decides (:mod:`~ddl.launcher.watch.job`) reads :attr:`WatchServer.events` alone.
+decides (:mod:`~ddl.launcher.watch.watched_job`) reads :attr:`WatchServer.events` alone.
 """
 
 from __future__ import annotations
