@@ -295,6 +295,7 @@ class Engine:
             stopping = self._stop
         try:
             ran, all_stop = self._negotiate(batch, stopping)
+            self._settle_trials()
             self.cycles += 1
             if all_stop and not batch and not ran:
                 self._finished = True
@@ -538,6 +539,7 @@ class Engine:
                                          (start, time.perf_counter()))
                 else:
                     fusion.execute(self.ctx, [req], self.fusion_threshold, self.timeline)  # type: ignore[list-item]
+                    self._settle_trials()
                 if self.watch.watching:
                     self.watch.done((name,))
                 return out
@@ -552,11 +554,22 @@ class Engine:
                 self._in_flight.add(req.name)
                 self._pending.append(req)
             self._act(ex.verdict(d, 1), [req], False, inline, start)
+            self._settle_trials()
             return req.handle
         except BaseException as exc:  # the failure report names this collective
             self._fail(exc, [req] if req is not None else [])
         finally:
             self._last_cycle = time.perf_counter()
+
+    def _settle_trials(self) -> None:
+        """End of a cycle (either path): where a bucket ran the last trial of a size class,
+        every rank did the same in this very cycle, so all agree on the trials' times here
+        (:mod:`ddl.reduction.trials`) and settle alike."""
+        trials = self.ctx.trials
+        if trials is not None and trials.awaiting:
+            times = np.array(trials.agreement(), np.float64)
+            self.ctx.comm.allreduce_native(times, ReduceOp.MAX)
+            trials.settle(times.tolist())
 
     def _name_digest(self, name: str) -> int:
         d = self._name_digests.get(name)
