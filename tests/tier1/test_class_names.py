@@ -61,10 +61,6 @@ SAME_CONCEPT = {
     "server.py": "ddlrun's end of its folder's connections (keepers; elastic agents), on one TcpListener",
     "sync_batch_norm.py": "synchronized batch normalization, per framework",
     "wrapping.py": "what an optimizer wrapper passes through, per framework",
-    # Not the same thing: shared-memory segments (core/wire) and a sharded optimizer's
-    # reduce-scatter over owner segments (core/reduction). Kept until issue 43's work in those
-    # folders lands; the proposed rename is core/wire/segments.py -> core/wire/shm_segments.py.
-    "segments.py": "PENDING RENAME: two different things (see the comment above)",
 }
 
 
