@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             resolved = ""
             if name == "ddl:auto":
                 inline = nbytes <= INLINE_BYTES and 1 < p < COMPACT_FROM  # from 17 ranks: no payloads
-                resolved = "inline" if inline else ddl.context().resolve_algorithm("auto", x.size, 4)
+                resolved = "inline" if inline else _auto_choice(ddl.context(), nbytes)
             rows.append({"bytes": nbytes, "contender": name, "time_s": t, "algbw_GBps": algbw,
                          "busbw_GBps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": ok,
                          "auto_picked": resolved})
@@ -131,6 +131,15 @@ def main(argv: list[str] | None = None) -> int:
         report(rows, fused_rows, p, notes, Path(args.out), inplace_rows)
     ddl.shutdown()
     return 0 if all(r["correct"] for r in rows + inplace_rows) else 1
+
+
+def _auto_choice(ctx: Any, nbytes: int) -> str:
+    """What auto ran at ``nbytes`` float32: init's pick, or what its trials settled on instead."""
+    from ddl.reduction import cost
+
+    picked: str = ctx.resolve_algorithm("auto", nbytes // 4, 4)
+    settled = ctx.trials.overridden.get((cost.size_class(nbytes), 4)) if ctx.trials is not None else None
+    return f"{settled} (trials; init {picked})" if settled else picked
 
 
 def ddl_allreduce(algorithm: str) -> Callable[[np.ndarray], np.ndarray]:
