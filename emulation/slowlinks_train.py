@@ -245,6 +245,7 @@ def main() -> int:
 
     curve: list[tuple[int, float, float]] = [(0, 0.0, evaluate())]
     step_times: list[float] = []
+    backward_s: list[float] = []
     engine = running.engine()
     dt.barrier()
     counters0 = link_bytes()
@@ -259,10 +260,12 @@ def main() -> int:
         t0 = time.perf_counter()
         opt.zero_grad()
         loss_fn(model(x), y).backward()
+        t1 = time.perf_counter()
         opt.step()
         if scheduler is not None:
             scheduler.step()
         spent = time.perf_counter() - t0
+        backward_s.append(t1 - t0)  # forward and backward, with the hooks' work started in it
         if step + 1 == steady[1]:
             steady_counters[1] = link_bytes()
             steady_cycles = engine.cycles - steady_cycles
@@ -286,6 +289,7 @@ def main() -> int:
                                     "steady_link_bytes": steady_moved,
                                     "compute_ms": compute_ms, "compute_after_ms": compute_after_ms, **probed,
                                     "hook_ms": hook_ms, "steady_cycles": steady_cycles,
+                                    "steady_backward_s": statistics.fmean(backward_s[steady[0]:steady[1]]),
                                     "mean_step_s": statistics.fmean(step_times)})
     if rank == 0:
         stats = opt.compression_stats() if args.mode == "powersgd" else None

@@ -364,13 +364,16 @@ def mode_lines(modes: Sequence[str], shapes: Sequence[tuple[int, ...]], itemsize
                        cast_rate=cast_rate, first_cap=first_cap, cap=cap, fusion_threshold=fusion_threshold)
              for m in parsed]
     base = plans[0]
-    lines = [f"modes (average step; bytes a host's port carries per step, without headers; hooks' products at "
-             f"{flop_rate / 1e9:.3g} GFLOP/s, their passes at {memory_rate / 1e9:.3g} GB/s; first mode = 1x):",
-             f"{'mode':<26} {'step ms':>9} {'comm ms':>9} {'hook ms':>8} {'MB/step':>9} {'bytes':>8} {'speed':>7}"]
+    casts = f"{(cast_rate or memory_rate) / 1e9:.3g}"
+    lines = [f"modes (average step; bytes a host's port carries per step, the engine's cycles' records included, "
+             f"without headers; hooks' products at {flop_rate / 1e9:.3g} GFLOP/s, their passes at "
+             f"{memory_rate / 1e9:.3g} GB/s, casts at {casts} GB/s; first mode = 1x):",
+             f"{'mode':<26} {'step ms':>9} {'comm ms':>9} {'hook ms':>8} {'MB/step':>9} {'cycles':>7} {'bytes':>8} "
+             f"{'speed':>7}"]
     for p in plans:
         ratio = p.link_bytes / base.link_bytes if base.link_bytes else float("nan")
         lines.append(f"{p.label:<26} {p.step_s * 1e3:9.1f} {p.comm_s * 1e3:9.1f} {p.hook_compute_s * 1e3:8.1f} "
-                     f"{p.link_bytes / 1e6:9.3f} {ratio:8.4f} {base.step_s / p.step_s:6.1f}x")
+                     f"{p.link_bytes / 1e6:9.3f} {p.cycles:7.2f} {ratio:8.4f} {base.step_s / p.step_s:6.1f}x")
     more, decisions = _decision_lines(parsed, shapes, itemsize, topology, model, flop_rate=flop_rate,
                                       memory_rate=memory_rate, first_cap=first_cap, cap=cap)
     rows = [dataclasses.asdict(p) for p in plans]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -86,3 +88,15 @@ def test_product_rate_times_the_three_products_at_the_weights_shapes() -> None:
     with pytest.raises(ValueError, match="no weight"):
         plan_rates.product_rate(PowerSGD(rank=4), [(10,), (3, 3)])
     assert plan_rates.pass_rate(1000, repeats=2) > 0 and plan_rates.cast_rate(1000, repeats=2) > 0
+
+
+def test_plan_command_takes_the_cast_rate_and_prints_the_cycles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "plan.json"
+    argv = ["--topology", "1x4", "--link", "100mbit:200us", "--model", "2048x64,2048,2048x2048,2048,10x2048,10",
+            "--step-ms", "60", "--modes", "sync,fp16", "--cast-rate", "1e9", "--json", str(out)]
+    assert plan.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "casts at 1 GB/s" in text and "cycles" in text
+    sync, half = json.loads(out.read_text())["modes"]
+    assert sync["hook_compute_s"] == 0 and half["hook_compute_s"] == pytest.approx(2 * (PARAMS + 12) * 6 / 1e9)
+    assert half["cycles"] >= 2 and half["negotiation_bytes"] == pytest.approx(half["cycles"] * 3 * codec.RECORD_BYTES)
