@@ -127,9 +127,12 @@ def summarise(args: argparse.Namespace, out: Path, calibration: Path) -> dict[st
         memory = min(p["memory_rate"] for p in r["per_rank"])
         casts = [p["cast_rate"] for p in r["per_rank"] if p.get("cast_rate")]
         cast = min(casts) if casts else None
+        cycles_s = [p["cycle_s"] for p in r["per_rank"] if p.get("cycle_s") is not None]
+        cycle = max(cycles_s) if cycles_s else None
         shapes = [tuple(s) for s in r["shapes"]]
         predicted = predict_mode(mode, shapes, topology=f"1x{r['ranks']}", calibration_file=str(calibration),
-                                 step_ms=compute_ms, flop_rate=rate, memory_rate=memory, cast_rate=cast)
+                                 step_ms=compute_ms, flop_rate=rate, memory_rate=memory, cast_rate=cast,
+                                 cycle_s=cycle)
         hooks = [p["hook_ms"] for p in r["per_rank"] if p.get("hook_ms") is not None]
         measured_step = statistics.fmean(r["step_times"][first:last])
         rows.append({
@@ -144,7 +147,7 @@ def summarise(args: argparse.Namespace, out: Path, calibration: Path) -> dict[st
             "hook_ms": max(hooks) if hooks else None,
             "cycles_per_step": (r["per_rank"][0]["steady_cycles"] / (last - first)
                                 if r["per_rank"][0].get("steady_cycles") is not None else None),
-            "flop_rate": rate, "memory_rate": memory, "cast_rate": cast, "load_average": r["load_average"], "replica_spread": r["replica_spread"], "curve": r["curve"],
+            "flop_rate": rate, "memory_rate": memory, "cast_rate": cast, "cycle_s": cycle, "load_average": r["load_average"], "replica_spread": r["replica_spread"], "curve": r["curve"],
             "compression_stats": r.get("compression_stats"),
         })
     base = next((row for row in rows if row["mode"] == "sync"), None)
@@ -183,7 +186,8 @@ def table(summary: dict[str, Any]) -> list[str]:
         lines.append(f"{r['mode']:<24} {r['compute_ms']:8.1f} {_num(after, 7)} {r.get('predicted_hook_s', 0) * 1e3:9.1f} "
                      f"{_num(hook, 9)} {r.get('predicted_comm_s', 0) * 1e3:9.1f} {rest:7.1f} {_num(cycles, 6)} {_num(r.get('predicted_cycles'), 5)} "
                      f"{r['predicted_bytes_per_step'] / 1e6:8.3f} {r['bytes_per_step'] / 1e6:8.3f} "
-                     f"{r['flop_rate'] / 1e9:5.1f} {r['memory_rate'] / 1e9:9.1f} {_num(r.get('cast_rate'), 9, 1e-9)}")
+                     f"{r['flop_rate'] / 1e9:5.1f} {r['memory_rate'] / 1e9:9.1f} {_num(r.get('cast_rate'), 9, 1e-9)} "
+                     f"{_num(r.get('cycle_s'), 8, 1e3)}")
     lines.append(f"load average now {summary['load_average_now'][0]:.1f} {summary['load_average_now'][1]:.1f} "
                  f"{summary['load_average_now'][2]:.1f} on {os.cpu_count()} cores")
     return lines

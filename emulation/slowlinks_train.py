@@ -10,9 +10,13 @@ Rank 0 evaluates the held-out accuracy every ``--eval-every`` steps (periodic mo
 their outer steps) on its own weights, on a clock that stops while it evaluates. Each
 rank reads its own link's byte counters (it runs inside its emulated host's network
 namespace) at the start and the end of training. Before training every rank times the
-step without communication (``compute_ms``: the slowest rank's, step by step), a
-PowerSGD-shaped matrix product (``flop_rate``) and an element-wise pass
-(``memory_rate``), for ``ddl plan``. Rank 0 writes everything to ``--out``.
+step without communication with the mode's own optimizer (``compute_ms``: the slowest
+rank's, step by step; again after training), and, for ``ddl plan``, the rates of the
+hooks' own operations at the model's shapes (:mod:`ddl.tools.plan_rates`: PowerSGD's
+three products through torch's matmul, the error-feedback passes, the fp16 casts) and an
+engine round's cost besides its allreduce (``cycle_s``); for the table's attribution, the
+hook's whole work per step with the link taken out (``hook_ms``), the engine's cycles and
+forward+backward's time per steady step. Rank 0 writes everything to ``--out``.
 """
 
 from __future__ import annotations
@@ -118,6 +122,20 @@ def rates(args: argparse.Namespace, shapes: list[tuple[int, ...]]) -> dict[str, 
             "memory_rate": plan_rates.pass_rate(elements), "cast_rate": plan_rates.cast_rate(elements)}
 
 
+def cycle_seconds() -> float:
+    """One engine round with nothing to reduce but its negotiation: a one-element allreduce
+    through the engine (it rides in the cycle's records), timed back to back after a barrier."""
+    one = np.ones(1, np.float32)
+    ddl.allreduce(one, name="slowlinks.cycle")
+    dt.barrier()
+    times = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        ddl.allreduce(one, name="slowlinks.cycle")
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
 class _Local:
     """A submitter whose allreduce is this rank's own values: a hook's work without the link."""
 
@@ -218,6 +236,7 @@ def main() -> int:
     probed = rates(args, shapes)
     dt.barrier()
     hook_ms = hook_work_ms(args, shapes)
+    cycle_s = cycle_seconds()
     if hook_ms is not None and args.mode in ("localsgd", "diloco"):
         hook_ms /= args.period  # one round's work a period: per step
 
@@ -288,7 +307,7 @@ def main() -> int:
     everyone = dt.allgather_object({"rank": rank, "host": os.uname().nodename, "link_bytes": moved,
                                     "steady_link_bytes": steady_moved,
                                     "compute_ms": compute_ms, "compute_after_ms": compute_after_ms, **probed,
-                                    "hook_ms": hook_ms, "steady_cycles": steady_cycles,
+                                    "hook_ms": hook_ms, "steady_cycles": steady_cycles, "cycle_s": cycle_s,
                                     "steady_backward_s": statistics.fmean(backward_s[steady[0]:steady[1]]),
                                     "mean_step_s": statistics.fmean(step_times)})
     if rank == 0:

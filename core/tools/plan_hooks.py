@@ -194,6 +194,18 @@ def cycle_port_bytes(topology: Topology) -> float:
     return float((p - local) * codec.RECORD_BYTES)
 
 
+def cycle_seconds(topology: Topology, model: cost.CostModel) -> float:
+    """What one engine cycle adds before the allreduce it runs, where nobody measured it:
+    its records through the host's port (:func:`cycle_port_bytes`) at the outer link's
+    rate, and one latency. The calibration prices schedules alone, not the negotiation; a
+    measured figure (``emulation.slowlinks`` times a one-element allreduce through the
+    engine) also holds the thread hand-offs of a loaded machine."""
+    if topology.size == 1:
+        return 0.0
+    link = model.link(len(topology.dims) - 1 if topology.cross_size > 1 else 0)
+    return link.alpha + cycle_port_bytes(topology) * link.beta
+
+
 def _cycles_in(busy: Sequence[tuple[float, float]], period: float) -> float:
     """Cycles in one ``period`` of a repeating timeline whose engine works in the ``busy``
     (start, end) spans (one cycle each, in time order): those plus the idle ones in the gaps
@@ -213,19 +225,22 @@ def _round_time(topology: Topology, t: Traffic, model: cost.CostModel) -> float:
 def plan_mode(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topology: Topology,
               model: cost.CostModel, *, step: float, backward_fraction: float = 2 / 3,
               flop_rate: float = DEFAULT_FLOP_RATE, memory_rate: float = DEFAULT_MEMORY_RATE,
-              cast_rate: float | None = None, first_cap: int = FIRST_BUCKET_BYTES, cap: int = BUCKET_BYTES,
-              fusion_threshold: int = DEFAULT_FUSION_BYTES) -> ModePlan:
+              cast_rate: float | None = None, cycle_s: float | None = None, first_cap: int = FIRST_BUCKET_BYTES,
+              cap: int = BUCKET_BYTES, fusion_threshold: int = DEFAULT_FUSION_BYTES) -> ModePlan:
     """The average step of ``mode`` for gradients of ``shapes`` (``step``: the step's compute, seconds).
 
     ``flop_rate``: PowerSGD's products; ``memory_rate``: element-wise passes; ``cast_rate``
     (default ``memory_rate``): a compressor's casts, in bytes read and written per second
-    (:mod:`ddl.tools.plan_rates` measures all three).
+    (:mod:`ddl.tools.plan_rates` measures all three). ``cycle_s``: what each engine round
+    costs besides its allreduce (default :func:`cycle_seconds`); a hook's rounds run one
+    after another, so PowerSGD pays it twice a bucket.
 
     Example:
         >>> plan_mode(parse_mode("diloco:20"), [(10, 10)], 4, topo, model, step=0.05).step_s  # doctest: +SKIP
     """
     numels = [math.prod(s) for s in shapes]
     share = _port_share(topology)
+    per_cycle = cycle_seconds(topology, model) if cycle_s is None else cycle_s
     if isinstance(mode.hook, AutoCompression):
         chosen = {d.compress for _, _, d in auto_decisions(mode.hook, shapes, itemsize, topology, model,
                                                             first_cap=first_cap, cap=cap)}
@@ -234,8 +249,8 @@ def plan_mode(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topo
             # One hook for every bucket: priced as that mode is.
             alone = dataclasses.replace(mode, hook=inner if chosen == {True} else Compression.none)
             return plan_mode(alone, shapes, itemsize, topology, model, step=step, backward_fraction=backward_fraction,
-                             flop_rate=flop_rate, memory_rate=memory_rate, cast_rate=cast_rate, first_cap=first_cap,
-                             cap=cap, fusion_threshold=fusion_threshold)
+                             flop_rate=flop_rate, memory_rate=memory_rate, cast_rate=cast_rate, cycle_s=cycle_s,
+                             first_cap=first_cap, cap=cap, fusion_threshold=fusion_threshold)
     if mode.kind == "step" and isinstance(mode.hook, Compressor):
         wire = traffic(mode.hook, [(1,)], itemsize).rounds[0].itemsize
         planned = plan_step(numels, wire, topology, model, step=step, backward_fraction=backward_fraction,
@@ -246,13 +261,15 @@ def plan_mode(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topo
         # cycle, in line with the reductions: each adds to the step's end.
         casts = sum(hook_seconds(mode.hook, traffic(mode.hook, [(r.count,)], itemsize), r.count, itemsize,
                                  memory_rate=cast_rate or memory_rate) for r in planned.reductions)
-        took = max(step, planned.end + casts)
+        # Each reduction's cycle negotiates first: in line too.
+        took = max(step, planned.end + casts + per_cycle * len(planned.reductions))
         cycles = _cycles_in([(r.start, r.end) for r in planned.reductions], took)
         talk = cycles * cycle_port_bytes(topology)
         return ModePlan(mode.label, took, comm, casts, share * sent + talk, float(sent), cycles, talk)
     if mode.kind == "step":
         return _hooked_step(mode, shapes, itemsize, topology, model, step=step, backward_fraction=backward_fraction,
-                            flop_rate=flop_rate, memory_rate=memory_rate, first_cap=first_cap, cap=cap)
+                            flop_rate=flop_rate, memory_rate=memory_rate, cycle_s=per_cycle, first_cap=first_cap,
+                            cap=cap)
     # Local SGD / DiLoCo: one round of pseudo-gradients per period, in HookedBuckets' buckets.
     buckets = plan_buckets([n * itemsize for n in numels], [itemsize] * len(numels), first_cap=BUCKET_BYTES,
                            cap=BUCKET_BYTES, order=list(range(len(numels))))
@@ -263,7 +280,7 @@ def plan_mode(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topo
     assert not isinstance(mode.hook, AutoCompression)  # parse_mode refuses it here
     for members in buckets:
         t = traffic(mode.hook, [tuple(shapes[i]) for i in members], itemsize)
-        comm += _round_time(topology, t, model)
+        comm += _round_time(topology, t, model) + per_cycle * len(t.rounds)
         count = sum(numels[i] for i in members)
         hook_s += (hook_seconds(mode.hook, t, count, itemsize, flop_rate=flop_rate, memory_rate=cast_rate or memory_rate)
                    + passes * count / memory_rate)
@@ -280,7 +297,7 @@ def plan_mode(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topo
 
 def _hooked_step(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, topology: Topology,
                  model: cost.CostModel, *, step: float, backward_fraction: float, flop_rate: float,
-                 memory_rate: float, first_cap: int, cap: int) -> ModePlan:
+                 memory_rate: float, cycle_s: float, first_cap: int, cap: int) -> ModePlan:
     """A stateful hook on ``ddl.torch``'s buckets: each bucket's rounds once it has landed."""
     numels = [math.prod(s) for s in shapes]
     buckets = gradient_buckets(numels, [itemsize] * len(numels), first_cap=first_cap, cap=cap)
@@ -301,7 +318,7 @@ def _hooked_step(mode: Mode, shapes: Sequence[tuple[int, ...]], itemsize: int, t
         clock = at + work
         for r in t.rounds:
             start = max(engine_free, clock)
-            took = price("auto", topology, max(1, r.count), r.itemsize, model)
+            took = cycle_s + price("auto", topology, max(1, r.count), r.itemsize, model)
             engine_free = start + took
             busy.append((start, engine_free))
             comm += took
@@ -354,20 +371,24 @@ def _decision_lines(modes: Sequence[Mode], shapes: Sequence[tuple[int, ...]], it
 def mode_lines(modes: Sequence[str], shapes: Sequence[tuple[int, ...]], itemsize: int, topology: Topology,
                model: cost.CostModel, *, step: float, backward_fraction: float, flop_rate: float,
                memory_rate: float, first_cap: int, cap: int,
-               fusion_threshold: int, cast_rate: float | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+               fusion_threshold: int, cast_rate: float | None = None,
+               cycle_s: float | None = None) -> tuple[list[str], list[dict[str, Any]]]:
     """The printed table of ``--modes`` and its JSON rows."""
     parsed = [parse_mode(m) for m in modes]
     parsed = [dataclasses.replace(m, hook=dataclasses.replace(m.hook, flop_rate=flop_rate, memory_rate=memory_rate))
               if isinstance(m.hook, AutoCompression) else m for m in parsed]
     plans = [plan_mode(m, shapes, itemsize, topology, model, step=step,
                        backward_fraction=backward_fraction, flop_rate=flop_rate, memory_rate=memory_rate,
-                       cast_rate=cast_rate, first_cap=first_cap, cap=cap, fusion_threshold=fusion_threshold)
+                       cast_rate=cast_rate, cycle_s=cycle_s, first_cap=first_cap, cap=cap,
+                       fusion_threshold=fusion_threshold)
              for m in parsed]
     base = plans[0]
     casts = f"{(cast_rate or memory_rate) / 1e9:.3g}"
+    per_cycle = cycle_seconds(topology, model) if cycle_s is None else cycle_s
     lines = [f"modes (average step; bytes a host's port carries per step, the engine's cycles' records included, "
              f"without headers; hooks' products at {flop_rate / 1e9:.3g} GFLOP/s, their passes at "
-             f"{memory_rate / 1e9:.3g} GB/s, casts at {casts} GB/s; first mode = 1x):",
+             f"{memory_rate / 1e9:.3g} GB/s, casts at {casts} GB/s; {per_cycle * 1e3:.3g} ms an engine round "
+             "besides its allreduce; first mode = 1x):",
              f"{'mode':<26} {'step ms':>9} {'comm ms':>9} {'hook ms':>8} {'MB/step':>9} {'cycles':>7} {'bytes':>8} "
              f"{'speed':>7}"]
     for p in plans:
@@ -385,7 +406,7 @@ def mode_lines(modes: Sequence[str], shapes: Sequence[tuple[int, ...]], itemsize
 
 def predict_mode(mode: str, shapes: Sequence[tuple[int, ...]], *, topology: str, calibration_file: str,
                  step_ms: float, flop_rate: float = DEFAULT_FLOP_RATE, memory_rate: float = DEFAULT_MEMORY_RATE,
-                 cast_rate: float | None = None, itemsize: int = 4) -> dict[str, Any]:
+                 cast_rate: float | None = None, cycle_s: float | None = None, itemsize: int = 4) -> dict[str, Any]:
     """One mode priced with a calibration file ``init`` wrote (what ``emulation.slowlinks`` compares with).
 
     Raises:
@@ -400,5 +421,5 @@ def predict_mode(mode: str, shapes: Sequence[tuple[int, ...]], *, topology: str,
     if not model.native_points:
         model = cost.extend_native(model, topo)
     plan = plan_mode(parse_mode(mode), shapes, itemsize, topo, model, step=step_ms / 1e3, flop_rate=flop_rate,
-                     memory_rate=memory_rate, cast_rate=cast_rate)
+                     memory_rate=memory_rate, cast_rate=cast_rate, cycle_s=cycle_s)
     return dataclasses.asdict(plan)

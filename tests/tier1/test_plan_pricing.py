@@ -18,6 +18,7 @@ from ddl.tools.plan_hooks import (
     IDLE_MAX,
     IDLE_MIN,
     cycle_port_bytes,
+    cycle_seconds,
     idle_cycles,
     parse_mode,
     plan_mode,
@@ -100,3 +101,17 @@ def test_plan_command_takes_the_cast_rate_and_prints_the_cycles(tmp_path: Path, 
     sync, half = json.loads(out.read_text())["modes"]
     assert sync["hook_compute_s"] == 0 and half["hook_compute_s"] == pytest.approx(2 * (PARAMS + 12) * 6 / 1e9)
     assert half["cycles"] >= 2 and half["negotiation_bytes"] == pytest.approx(half["cycles"] * 3 * codec.RECORD_BYTES)
+
+
+def test_each_engine_round_pays_its_negotiation_before_its_allreduce() -> None:
+    # PowerSGD's two rounds a bucket run one after the other, each in its own engine cycle,
+    # whose records (3 x 4136 B here) cross the 100 Mbit/s link before the allreduce starts.
+    per = cycle_seconds(TOPOLOGY, MODEL)
+    assert per == pytest.approx(200e-6 + 3 * codec.RECORD_BYTES * 8 / 100e6)
+    none = plan_mode(parse_mode("powersgd:4"), MLP, 4, TOPOLOGY, MODEL, step=STEP, cycle_s=0.0)
+    slow = plan_mode(parse_mode("powersgd:4"), MLP, 4, TOPOLOGY, MODEL, step=STEP, cycle_s=0.01)
+    # The last bucket's two rounds are on the step's path; the first bucket's travel during backward.
+    assert slow.step_s == pytest.approx(none.step_s + 2 * 0.01)
+    assert slow.comm_s == pytest.approx(none.comm_s + 4 * 0.01)
+    assert plan_mode(parse_mode("powersgd:4"), MLP, 4, TOPOLOGY, MODEL, step=STEP).step_s == \
+        pytest.approx(none.step_s + 2 * per)
