@@ -56,6 +56,11 @@ class Config:
         "cost model behind auto: measured at init (unset or 'on'), 'off' for fixed constants, or a file "
         "to reuse (written when missing or stale)", flag="--calibration", agreed=True,
         agree_as=lambda v: "off" if v == "off" else "on", metavar="FILE|on|off")
+    auto_trials: str = setting(
+        "DDL_AUTO_TRIALS", "on", one_of("on", "off"),
+        "re-check auto's algorithm per message size from timed runs during training (the model's pick and its "
+        "runner-up, three runs each, agreed by every rank); 'off': keep the choice priced at init (off too "
+        "where DDL_CALIBRATION=off)", flag="--auto-trials", agreed=True, metavar="on|off")
     stall_timeout: float = setting(
         "DDL_STALL_TIMEOUT", 60.0, positive(60.0),
         "seconds a tensor may be missing on some ranks before the job aborts (a warning at half of it)",

@@ -60,10 +60,14 @@ class Compressor:
         divided by ``divisor`` first where given (in its own precision, before the cast).
 
         Large tensors are cast one by one by the installed kernels (:mod:`ddl.base.kernels`:
-        torch's under ``ddl.torch``, a memory pass); many small ones in one numpy call.
+        torch's under ``ddl.torch``, a memory pass); many small ones, and tensors copied
+        without a cast, in one numpy call.
         """
-        if divisor is None and sum(a.size for a in arrays) < _KERNEL_ELEMENTS * len(arrays):
-            np.concatenate(arrays, axis=None, out=out, casting="unsafe")  # one C loop over every tensor
+        if divisor is None and (arrays[0].dtype == out.dtype and all(a.dtype == out.dtype for a in arrays)
+                                or sum(a.size for a in arrays) < _KERNEL_ELEMENTS * len(arrays)):
+            # A plain copy (no cast), or many small tensors: one C loop over every tensor
+            # instead of a Python call per tensor (256 tensors cost ~0.25 ms of calls).
+            np.concatenate(arrays, axis=None, out=out, casting="unsafe")
             return
         offset = 0
         for a in arrays:

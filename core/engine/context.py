@@ -23,6 +23,7 @@ from ddl.reduction.calibration import Calibration
 from ddl.reduction.executor import run_schedule
 from ddl.reduction.schedule import Schedule
 from ddl.reduction.segments import segment_schedule, sole_owner
+from ddl.reduction.trials import Key, Trials
 from ddl.wire.comm import Comm
 
 
@@ -53,6 +54,9 @@ class Context:
         #: messages; set by ``ddl.init`` and the process sets (empty: unknown).
         self.hostnames: tuple[str, ...] = ()
         self.world_ranks: tuple[int, ...] = ()
+        #: auto's choices re-checked from timed runs (:mod:`ddl.reduction.trials`); None: off
+        #: (set by ``ddl.init`` for the world's context).
+        self.trials: Trials | None = None
         algorithms.check_for(config.algorithm, topology)
 
     def describe_rank(self, q: int) -> str:
@@ -68,6 +72,17 @@ class Context:
         if name == "auto":
             name = cost.choose(self.topology, count, itemsize, self.model)
         return name
+
+    def algorithm_for_run(self, algorithm: str | None, count: int, itemsize: int) -> tuple[str, Key | None]:
+        """:meth:`resolve_algorithm` for a bucket about to run, through auto's trials where
+        they are on: the algorithm, and the trial key to report its time to (None: none)."""
+        name = algorithms.check_name(algorithm or self.config.algorithm)
+        if name != "auto":
+            return name, None
+        if self.trials is None or self.topology.size == 1 or count == 0:
+            return cost.choose(self.topology, count, itemsize, self.model), None
+        key = (cost.size_class(count * itemsize), itemsize)
+        return self.trials.pick(key, cost.ranked_class(self.topology, key[0], itemsize, self.model)), key
 
     def allreduce_flat(
         self, buf: np.ndarray, op: ReduceOp, algorithm: str,

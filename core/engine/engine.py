@@ -40,15 +40,9 @@ from typing import NoReturn
 import numpy as np
 
 from ddl.base.dtypes import accumulator
-from ddl.base.errors import (
-    DDLError,
-    HorovodInternalError,
-    MismatchError,
-    RankLeftError,
-    RemoteError,
-)
+from ddl.base.errors import DDLError
 from ddl.base.ops import ReduceOp, ufunc
-from ddl.engine import codec, fusion, join, naming, negotiation, small_lane
+from ddl.engine import codec, failures, fusion, join, negotiation, small_lane
 from ddl.engine.codec import Exchange, Verdict
 from ddl.engine.compression import as_compressor
 from ddl.engine.context import Context
@@ -295,6 +289,7 @@ class Engine:
             stopping = self._stop
         try:
             ran, all_stop = self._negotiate(batch, stopping)
+            self._settle_trials()
             self.cycles += 1
             if all_stop and not batch and not ran:
                 self._finished = True
@@ -326,12 +321,10 @@ class Engine:
         the job, because the other ranks wait in a collective this rank left."""
         if exc is self._interrupted:
             raise exc  # the world is ending anyway (see interrupt): no abort
-        if self.ctx.config.elastic_world and _from_mpi(exc):
+        if self.ctx.config.elastic_world and failures.from_mpi(exc):
             # In an elastic world a collective that MPI fails is a peer lost (Horovod's rule):
             # this rank leaves for the next world (elastic.run), nothing is aborted.
-            error = HorovodInternalError(f"a collective failed in elastic world {self.ctx.config.elastic_world} "
-                                         f"({type(exc).__name__}: {exc}); elastic.run restores the last commit "
-                                         "and the next world resumes from it")
+            error = failures.peer_lost(self.ctx.config.elastic_world, exc)
             self.interrupt(error)
             raise error
         self._failure = exc
@@ -339,10 +332,7 @@ class Engine:
             for req in self._pending:
                 req.handle.set_error(DDLError(f"ddl engine failed: {exc!r}"))
             self._pending.clear()
-        names = ", ".join(repr(r.name) for r in batch[:5]) or "(none pending)"
-        sys.stderr.write(f"ddl: rank {self.ctx.topology.rank}: the engine failed during a collective "
-                         f"({names}): {type(exc).__name__}: {exc}; the other ranks cannot finish it, "
-                         "so the job is aborted\n")
+        sys.stderr.write(failures.engine_failed(self.ctx.topology.rank, batch, exc))
         sys.stderr.flush()
         self._abort_job(1)
 
@@ -396,20 +386,9 @@ class Engine:
         """Some rank is leaving (in shutdown, nothing pending) while this one holds ``batch``:
         none of it can ever run, so every request fails now, naming who left."""
         self._take(batch)
-        ctx, me = self.ctx, self.ctx.topology.rank
-        leavers = [q for q, _ in left]
-        who = "; ".join(_leaving(ctx.describe_rank(q), why) for q, why in left[:4])
-        if len(left) > 4:
-            who += f" (and {len(left) - 4} more ranks)"
-        if len(left) == 1 and self.exchange.compact:
-            who += " (the lowest-numbered rank that left; others may have too)"
-        names = ", ".join(f"{r.kind} {naming.described(r.name)}" for r in batch[:3])
-        if len(batch) > 3:
-            names += f" and {len(batch) - 3} more"
-        text = (f"{who}, while rank {me} waits for it in {names}: it will never take part, so "
-                f"{'this call fails' if len(batch) == 1 else 'these calls fail'} here at once")
-        for req in batch:
-            req.handle.set_error(RankLeftError(text, ranks=leavers))
+        for req in batch:  # an error each: one raised from several handles would pile up tracebacks
+            req.handle.set_error(failures.rank_left(batch, left, self.ctx.describe_rank, self.ctx.topology.rank,
+                                                    self.exchange.compact))
 
     def _common_prefix(self, batch: list[Request], m: int) -> list[Request]:
         """Ranks caught at different points of the same submission order (a backward pass
@@ -538,6 +517,7 @@ class Engine:
                                          (start, time.perf_counter()))
                 else:
                     fusion.execute(self.ctx, [req], self.fusion_threshold, self.timeline)  # type: ignore[list-item]
+                    self._settle_trials()
                 if self.watch.watching:
                     self.watch.done((name,))
                 return out
@@ -552,11 +532,22 @@ class Engine:
                 self._in_flight.add(req.name)
                 self._pending.append(req)
             self._act(ex.verdict(d, 1), [req], False, inline, start)
+            self._settle_trials()
             return req.handle
         except BaseException as exc:  # the failure report names this collective
             self._fail(exc, [req] if req is not None else [])
         finally:
             self._last_cycle = time.perf_counter()
+
+    def _settle_trials(self) -> None:
+        """End of a cycle (either path): where a bucket ran the last trial of a size class,
+        every rank did the same in this very cycle, so all agree on the trials' times here
+        (:mod:`ddl.reduction.trials`) and settle alike."""
+        trials = self.ctx.trials
+        if trials is not None and trials.awaiting:
+            times = np.array(trials.agreement(), np.float64)
+            self.ctx.comm.allreduce_native(times, ReduceOp.MAX)
+            trials.settle(times.tolist())
 
     def _name_digest(self, name: str) -> int:
         d = self._name_digests.get(name)
@@ -602,7 +593,7 @@ class Engine:
         failed = [(mine[name], why) for name, why in result.failed.items() if name in mine]
         self._take([r for r in ready if r.name in mine] + [r for r, _ in failed])  # not the stand-ins
         for req, (failing, message) in failed:
-            req.handle.set_error(_failure_for(req, failing, message, self.ctx.topology.rank))
+            req.handle.set_error(failures.not_run_together(req, failing, message, self.ctx.topology.rank))
         if joined and self.ctx.config.join_average == "contributors":
             # Ranks that joined contribute zeros; Average divides by those that did not
             # (DDL_JOIN_AVERAGE=contributors; Horovod's rule, the default, divides by all).
@@ -649,30 +640,9 @@ class Engine:
         self.watch.done(r.name for r in done)
 
 
-def _leaving(rank: str, why: int) -> str:
-    if why == codec.STOP_FAILED:
-        return f"{rank} left after an uncaught exception (its traceback is in its output)"
-    return f"{rank} left: its program is ending (its last line, sys.exit or ddl.shutdown)"
-
-
-def _from_mpi(exc: BaseException) -> bool:
-    """Whether the MPI library raised ``exc`` (mpi4py's ``MPI.Exception``), not ddl or the program."""
-    return type(exc).__module__.startswith("mpi4py")
-
-
 def _stand_in(desc: Descriptor) -> Request:
     """A joined rank's zero request for an allreduce the working ranks agreed on."""
     pre, post = join.scales_of(desc)
     return Request("allreduce", desc.name, desc, Handle(desc.name), array=join.stand_in(desc), op=join.op_of(desc),
                    algorithm=desc.algorithm, compression=as_compressor(desc.compression), inplace=True,
                    prescale=pre, postscale=post)
-
-
-def _failure_for(req: Request, failing: tuple[int, ...], message: str, rank: int) -> BaseException:
-    """This rank's error for a request the ranks could not run together."""
-    if rank in failing and req.error is not None:
-        return req.error  # the rank whose arguments were refused raises its own error
-    if failing:
-        return RemoteError(f"collective {req.name!r}: {message}")
-    return MismatchError(f"tensor {req.name!r}: {message}")
-

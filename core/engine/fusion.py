@@ -226,11 +226,13 @@ def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) 
         comp.compress([r.array for r in bucket if r.array is not None], fused,
                       divisor=divisor if prescale else None)
     dtypes.scale(fused, first.prescale)
-    algorithm = ctx.resolve_algorithm(first.algorithm, total, wire.itemsize)
+    algorithm, trial = ctx.algorithm_for_run(first.algorithm, total, wire.itemsize)
     fused_at = time.perf_counter()
     phases: list[tuple[str, float, float]] = []
     ctx.allreduce_flat(fused, op, algorithm, on_phase=phases.append if timeline is not None else None,
                        divisor=divisor)
+    if trial is not None:
+        ctx.trials.observe(trial, algorithm, time.perf_counter() - fused_at)  # type: ignore[union-attr]
     dtypes.scale(fused, first.postscale)
     _deliver(bucket, fused, dtype, comp, single=single)
     if timeline is not None:

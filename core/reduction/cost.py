@@ -322,8 +322,17 @@ def size_class(nbytes: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _choose_class(topology: Topology, klass: int, itemsize: int, model: CostModel) -> str:
+    return ranked_class(topology, klass, itemsize, model)[0][0]
+
+
+@functools.lru_cache(maxsize=4096)
+def ranked_class(topology: Topology, klass: int, itemsize: int, model: CostModel) -> tuple[tuple[str, float], ...]:
+    """Every usable algorithm for messages of size class ``klass``, cheapest first, with its
+    predicted seconds (:func:`choose`'s pick first; what ``auto``'s trials try next)."""
     count = max(1, int(2 ** (klass / 4)) // itemsize)
     unmeasured = 0 < model.native_measured < count * itemsize  # MPI only where it was measured
     costs = {name: predict(name, topology, count, itemsize, model) for name in ("mpi", *SCHEDULED)
              if not (name == "mpi" and unmeasured)}
-    return min(costs, key=lambda n: (costs[n], n != "mpi"))
+    order = sorted(costs, key=lambda n: (costs[n], n != "mpi"))  # stable: ties keep the listed order
+    usable = tuple((name, costs[name]) for name in order if math.isfinite(costs[name]))
+    return usable or tuple((name, costs[name]) for name in order)

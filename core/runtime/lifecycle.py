@@ -30,6 +30,7 @@ from ddl.engine.context import Context
 from ddl.engine.engine import Engine
 from ddl.engine.timeline import Timeline
 from ddl.reduction.calibration import calibrate
+from ddl.reduction.trials import Trials
 from ddl.runtime import rank_watch, running
 from ddl.runtime.abort_hooks import AbortHooks
 from ddl.runtime.process_sets import close_all, init_sets
@@ -161,6 +162,8 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
             comm.free()
             raise
         ctx.model, ctx.calibration = calib.model, calib
+        if config.auto_trials == "on" and config.calibration != "off":
+            ctx.trials = Trials()
         engine.start_cycles()
         running.set_running(ctx, engine, Collectives(engine))
         if comm.size > 1 and config.abort_on_exception:

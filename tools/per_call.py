@@ -1,0 +1,174 @@
+"""What one ddl call costs beyond its bytes, taken apart: ``python -m tools.per_call [-np 2]``.
+
+Two rows of issue 43, each beside what it is made of, in interleaved rounds under
+``ddlrun -np N`` (the slowest rank's time per call; ``min`` over rounds is the machine's
+best, ``median`` its typical):
+
+- **one small call** (``ddl.allreduce_`` of 4 KiB, and of 8 B, in place) against MPI's own
+  ``Allreduce(IN_PLACE)``, and against the bare exchange ddl's call is built on: the
+  engine's prepared ``Allgather`` of one negotiation record (header and the 4 KiB
+  payload), started and waited from Python with the payload copied in and the two
+  payloads added (``record + add``), and without them (``record``). ddl's call minus
+  ``record + add`` is the Python of the lean path (the lane lookup, the baton, the
+  digest, the verdict). From 17 ranks on a cycle is a MIN-allreduce of the compact
+  negotiation words instead, and the payload its own allreduce after it: the
+  ``negotiation words (MIN) + MPI 4 KiB`` row is those two collectives bare.
+- **256 asynchronous 16 KiB tensors** each waited, against one 4 MiB ``allreduce``, with
+  the per-tensor part measured on its own: the submission (``allreduce_async`` x 256, CPU
+  time of the calling thread, so other processes' load does not count) and the pack of
+  the 256 into one buffer (``np.concatenate``) against the one copy the single call makes.
+
+Prints a table and writes ``per-call.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+
+def _timed(comm: Any, fn: Callable[[], Any], reps: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    from mpi4py import MPI
+
+    fn()
+    comm.Barrier()
+    t0 = clock()
+    for _ in range(reps):
+        fn()
+    return float(comm.allreduce((clock() - t0) / reps, op=MPI.MAX))
+
+
+def worker(rounds: int, out: Path) -> None:
+    import numpy as np
+    from mpi4py import MPI
+
+    import ddl
+    from ddl.engine import codec
+    from ddl.runtime import lifecycle
+
+    ddl.init()
+    comm = MPI.COMM_WORLD
+    eng = lifecycle.engine()
+    small = np.zeros(1024, np.float32)
+    staged = np.zeros(1024, np.float32)
+    send = np.zeros(codec.RECORD_BYTES, np.uint8)
+    recv = np.zeros(comm.Get_size() * codec.RECORD_BYTES, np.uint8)
+    record = comm.Allgather_init(send, recv)
+    at = codec.HEADER_WORDS * 8
+    parts = [recv[q * codec.RECORD_BYTES + at: q * codec.RECORD_BYTES + at + 4096].view(np.float32)
+             for q in range(comm.Get_size())]
+
+    def bare() -> None:
+        record.Start()
+        record.Wait()
+
+    def bare_add() -> None:
+        staged[...] = small
+        record.Start()
+        record.Wait()
+        out_ = np.add(parts[0], parts[1], out=small)
+        for p in parts[2:]:
+            np.add(out_, p, out=out_)
+
+    n, each = 256, 16 << 10
+    xs = [np.ones(each // 4, np.float32) for _ in range(n)]
+    one = np.ones(n * each // 4, np.float32)
+    fused = np.empty(n * each // 4, np.float32)
+
+    def many() -> None:
+        hs = [ddl.allreduce_async(x, op=ddl.Sum, name=f"pc{i}") for i, x in enumerate(xs)]
+        for h in hs:
+            h.wait()
+
+    words = np.zeros(codec.COMPACT_WORDS, np.int64)
+    tiny = np.zeros(2, np.float32)
+
+    def two_collectives() -> None:  # what a small call is made of from 17 ranks on
+        comm.Allreduce(MPI.IN_PLACE, words, op=MPI.MIN)
+        comm.Allreduce(MPI.IN_PLACE, small, op=MPI.SUM)
+
+    cases: dict[str, tuple[Callable[[], Any], int]] = {
+        "ddl 4 KiB": (lambda: ddl.allreduce_(small, op=ddl.Sum), 400),
+        "MPI 4 KiB": (lambda: comm.Allreduce(MPI.IN_PLACE, small, op=MPI.SUM), 400),
+        "ddl 8 B": (lambda: ddl.allreduce_(tiny, op=ddl.Sum), 400),
+        "MPI 8 B": (lambda: comm.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM), 400),
+        "record + add": (bare_add, 400),
+        "record": (bare, 400),
+        "negotiation words (MIN) + MPI 4 KiB": (two_collectives, 400),
+        "256 x 16 KiB async": (many, 4),
+        "one 4 MiB": (lambda: ddl.allreduce(one, op=ddl.Sum), 4),
+        "pack 256 (concatenate)": (lambda: np.concatenate(xs, out=fused), 8),
+        "copy 4 MiB (np.array)": (lambda: np.array(one), 8),
+    }
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    submit_cpu: list[float] = []
+    for r in range(rounds):
+        order = list(cases) if r % 2 == 0 else list(reversed(cases))
+        for k in order:
+            fn, reps = cases[k]
+            times[k].append(_timed(comm, fn, reps))
+        comm.Barrier()
+        c0 = time.thread_time()
+        hs = [ddl.allreduce_async(x, op=ddl.Sum, name=f"pc{i}") for i, x in enumerate(xs)]
+        c1 = time.thread_time()
+        for h in hs:
+            h.wait()
+        submit_cpu.append(float(comm.allreduce(c1 - c0, op=MPI.MAX)))
+    record.Free()
+    if comm.Get_rank() == 0:
+        rows = {k: {"min_s": min(v), "median_s": statistics.median(v)} for k, v in times.items()}
+        rows["submit 256 (CPU)"] = {"min_s": min(submit_cpu), "median_s": statistics.median(submit_cpu)}
+        out.write_text(json.dumps({"ranks": comm.Get_size(), "rows": rows, "cycles": eng.cycles}))
+    ddl.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.per_call", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-np", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=Path("bench-results"))
+    parser.add_argument("--worker", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args.rounds, args.worker)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    got = args.out / "per-call.json"
+    load = os.getloadavg()[0]
+    ddlrun = str(Path(sys.executable).with_name("ddlrun"))
+    subprocess.run([ddlrun, "-np", str(args.np), sys.executable, "-m", "tools.per_call", "--rounds",
+                    str(args.rounds), "--worker", str(got)], check=True, stdout=subprocess.DEVNULL)
+    data = json.loads(got.read_text())
+    rows = data["rows"]
+    print(f"per-call cost, {args.np} ranks, {args.rounds} interleaved rounds, load {load:.1f}-{os.getloadavg()[0]:.1f}")
+    print("| case | min us | median us |")
+    print("| --- | ---: | ---: |")
+    for k, v in rows.items():
+        print(f"| {k} | {v['min_s'] * 1e6:.1f} | {v['median_s'] * 1e6:.1f} |")
+
+    def ratio(a: str, b: str, stat: str) -> float:
+        return float(rows[a][stat] / rows[b][stat])
+
+    print(f"MPI/ddl at 4 KiB: {ratio('MPI 4 KiB', 'ddl 4 KiB', 'min_s'):.2f} (min), "
+          f"{ratio('MPI 4 KiB', 'ddl 4 KiB', 'median_s'):.2f} (median); the lean path's Python: "
+          f"{(rows['ddl 4 KiB']['min_s'] - rows['record + add']['min_s']) * 1e6:.1f} us (min)")
+    print(f"256 async / one: {ratio('256 x 16 KiB async', 'one 4 MiB', 'min_s'):.2f} (min), "
+          f"{ratio('256 x 16 KiB async', 'one 4 MiB', 'median_s'):.2f} (median); submission "
+          f"{rows['submit 256 (CPU)']['min_s'] / 256 * 1e6:.2f} us CPU a tensor, pack "
+          f"{(rows['pack 256 (concatenate)']['min_s'] - rows['copy 4 MiB (np.array)']['min_s']) * 1e6:.0f} us "
+          "more than one copy")
+    data["load"] = load
+    got.write_text(json.dumps(data, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
