@@ -66,7 +66,7 @@ def covering_tests() -> dict[str, list[str]]:
 
 def protocol_page() -> str:
     """The elastic protocol and state machines as markdown."""
-    from ddl.launcher.elastic import agent_machine, discovery, host, job, world
+    from ddl.launcher.elastic import agent_machine, discovery, host, job_machine, world
     from ddl.runtime.elastic import protocol
 
     lines = [
@@ -97,7 +97,7 @@ def protocol_page() -> str:
         ("A host, as ddlrun sees it", host, "`ddl.launcher.elastic.host`: the agent's start, connection, import "
                                             "and heartbeats."),
         ("A world", world, "`ddl.launcher.elastic.world`: its ranks' reports and ends."),
-        ("The job between worlds", job, "`ddl.launcher.elastic.job`: when to start a world, what a closed one means."),
+        ("The job between worlds", job_machine, "`ddl.launcher.elastic.job_machine`: when to start a world, what a closed one means."),
         ("A host's agent", agent_machine, "`ddl.launcher.elastic.agent_machine`: what the agent does with what "
                                           "ddlrun, the stubs and the ranks say."),
         ("Host discovery", discovery, "`ddl.launcher.elastic.discovery`: what each run of the discovery script "

@@ -2,7 +2,7 @@
 
     python -m tools.fail_fast [--cases exit-3,sigkill] [--aborts 20] [--out DIR]
 
-For each case (tools/fail_fast_worker.py: torch, rank 1 fails at step 3) and launcher
+For each case (tests/tier2/workers/worker_failfast.py, its torch steps by default: rank 1 fails at step 3) and launcher
 (``ddlrun -np 2``, the pip MPICH's ``mpiexec -n 2``) it prints the seconds the job took
 in all and from the failure (the worker's ``T0`` mark) to its end, the exit status, the
 first error line, and the files left in ``/dev/shm`` and the temp dir. As root the whole
@@ -26,9 +26,10 @@ import tempfile
 import time
 from pathlib import Path
 
-WORKERS = {"torch": Path(__file__).with_name("fail_fast_worker.py"),
-           "numpy": Path(__file__).parents[1] / "tests" / "tier2" / "workers" / "worker_failfast.py"}
-WORKER = WORKERS["torch"]
+#: The tier-2 tests' fail-fast worker: one table of cases; ``numpy`` or ``torch`` steps (``--worker``).
+WORKER = Path(__file__).parents[1] / "tests" / "tier2" / "workers" / "worker_failfast.py"
+WORKERS = ("numpy", "torch")
+FRAMEWORK = "torch"
 CASES = ["before-init", "exit-3", "import-error", "sigkill", "skip-step", "stall"]
 #: Settings per case: the stall case with a short stall timeout, so it ends at it.
 CASE_ENV = {"stall": {"DDL_STALL_TIMEOUT": "4"}}
@@ -68,6 +69,11 @@ def shm_files() -> list[str]:
     return sorted(os.listdir("/dev/shm"))
 
 
+def worker(case: str) -> list[str]:
+    """The worker's argv for ``case``, with the steps ``--worker`` chose."""
+    return [str(WORKER), case, FRAMEWORK]
+
+
 def run_case(launcher: str, argv: list[str], case: str, scratch: Path) -> dict[str, object]:
     tmpdir = Path(tempfile.mkdtemp(prefix=f"{case}-", dir=scratch))
     env = {**os.environ, "TMPDIR": str(tmpdir), "MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", **CASE_ENV.get(case, {})}
@@ -75,7 +81,7 @@ def run_case(launcher: str, argv: list[str], case: str, scratch: Path) -> dict[s
     load = os.getloadavg()[0]
     start = time.monotonic()
     try:
-        done = subprocess.run([*argv, str(WORKER), case], capture_output=True, text=True, timeout=600, env=env)
+        done = subprocess.run([*argv, *worker(case)], capture_output=True, text=True, timeout=600, env=env)
         code, out, err = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as exc:
         code, out, err = 124, str(exc.stdout or ""), str(exc.stderr or "")
@@ -102,9 +108,9 @@ def run_abort(kind: str, scratch: Path) -> list[str]:
     env = {**os.environ, "TMPDIR": str(tmpdir), "STALL_SECONDS": "600", "DDL_STALL_TIMEOUT": "3"}
     before = set(shm_files())
     if kind.startswith("timeout-"):
-        argv = ["timeout", "-s", kind.split("-")[1], "8", *ddlrun, str(WORKER), "stall"]
+        argv = ["timeout", "-s", kind.split("-")[1], "8", *ddlrun, *worker("stall")]
     else:
-        argv = [*ddlrun, str(WORKER), kind]
+        argv = [*ddlrun, *worker(kind)]
     subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
     deadline = time.monotonic() + 10
     while set(shm_files()) - before and time.monotonic() < deadline:
@@ -134,13 +140,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--launchers", default="ddlrun,mpiexec",
                    help="of ddlrun (-np 2), ddlrun-H (-np 2 -H localhost:2), mpiexec (-n 2)")
     p.add_argument("--aborts", type=int, default=0, help="then run this many abnormally ended ddlrun jobs")
-    p.add_argument("--worker", choices=sorted(WORKERS), default="torch",
+    p.add_argument("--worker", choices=WORKERS, default="torch",
                    help="torch: a DistributedOptimizer on every rank (the default); numpy: ddl.allreduce alone, "
                         "whose processes start and end in a fraction of torch's time")
     p.add_argument("--out", default=".")
     args = p.parse_args(argv)
-    global WORKER
-    WORKER = WORKERS[args.worker]
+    global FRAMEWORK
+    FRAMEWORK = args.worker
     if os.geteuid() == 0 and not os.environ.get(_INSIDE) and shutil.which("unshare"):
         # A /dev/shm of our own: count only what these jobs leave, touch nothing of anyone else's.
         inner = ("mount -t tmpfs -o size=1g ddl-fail-fast /dev/shm && exec \"$@\"")

@@ -19,7 +19,7 @@ import torch
 from ddl.caffe.formats import schema
 from ddl.caffe.net.net import Net
 from ddl.onnx import ModelSpec
-from ddl.tools.conformance.hooks import Recipe
+from ddl.tools.conformance.adapter_hooks import Recipe
 
 NAME = "caffe"
 OPTIMIZERS = ("sgd", "adam")

@@ -17,7 +17,7 @@ import numpy as np
 
 import tensorflow as tf
 from ddl.onnx import ModelSpec
-from ddl.tools.conformance.hooks import Recipe
+from ddl.tools.conformance.adapter_hooks import Recipe
 
 from .keras.optimizer import DistributedOptimizer
 from .tape import broadcast_variables

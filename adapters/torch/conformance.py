@@ -11,7 +11,7 @@ import numpy as np
 
 import torch
 from ddl.onnx import ModelSpec
-from ddl.tools.conformance.hooks import Recipe
+from ddl.tools.conformance.adapter_hooks import Recipe
 from torch import nn
 
 from .broadcast import broadcast_parameters

@@ -226,12 +226,12 @@ class Collectives:
             self._refuse("grouped_allreduce", base, exc)
         # An empty group still takes part, so a rank that groups nothing where others
         # group something gets a MismatchError, not a stall.
-        lanes: dict[np.dtype, list[int]] = {} if arrays else {np.dtype(np.float64): []}
+        dtype_groups: dict[np.dtype, list[int]] = {} if arrays else {np.dtype(np.float64): []}
         for i, a in enumerate(arrays):
-            lanes.setdefault(a.dtype, []).append(i)
+            dtype_groups.setdefault(a.dtype, []).append(i)
         parts = []
-        for dtype, positions in lanes.items():
-            sub = base if len(lanes) == 1 else f"{base}<{dtype}>"
+        for dtype, positions in dtype_groups.items():
+            sub = base if len(dtype_groups) == 1 else f"{base}<{dtype}>"
             shapes = [arrays[i].shape for i in positions]
             if len(positions) == 1:
                 flat = np.array(arrays[positions[0]], copy=True).reshape(-1)
@@ -241,7 +241,7 @@ class Collectives:
             desc = Descriptor("grouped_allreduce", sub, fields, alg, comp.name)
             req = Request("allreduce", sub, desc, Handle(sub), array=flat, op=rop, algorithm=alg,
                           compression=comp, inplace=True, prescale=float(prescale), postscale=float(postscale))
-            ran = now and len(lanes) == 1 and eng.run_alone(req)
+            ran = now and len(dtype_groups) == 1 and eng.run_alone(req)
             parts.append((positions, shapes, [arrays[i].size for i in positions],
                           req.handle if ran else eng.submit(req, wake=wake)))
         return GroupHandle(base, parts, len(arrays))

@@ -20,18 +20,18 @@ class Timeline:
         self.path = Path(path)
         self.rank = rank
         self._events: list[dict[str, Any]] = []
-        self._lanes: dict[str, int] = {}
+        self._rows: dict[str, int] = {}             # a tensor's name -> its row (the trace's tid)
         self._lock = threading.Lock()
 
-    def _lane(self, name: str) -> int:
-        if name not in self._lanes:
-            self._lanes[name] = len(self._lanes) + 1
+    def _row(self, name: str) -> int:
+        if name not in self._rows:
+            self._rows[name] = len(self._rows) + 1
             self._events.append({"name": "thread_name", "ph": "M", "pid": self.rank,
-                                 "tid": self._lanes[name], "args": {"name": name}})
-        return self._lanes[name]
+                                 "tid": self._rows[name], "args": {"name": name}})
+        return self._rows[name]
 
-    def _x(self, lane: int, name: str, start: float, end: float, args: dict[str, Any] | None = None) -> None:
-        event: dict[str, Any] = {"name": name, "ph": "X", "pid": self.rank, "tid": lane,
+    def _x(self, row: int, name: str, start: float, end: float, args: dict[str, Any] | None = None) -> None:
+        event: dict[str, Any] = {"name": name, "ph": "X", "pid": self.rank, "tid": row,
                                  "ts": start * 1e6, "dur": max(0.0, end - start) * 1e6}
         if args:
             event["args"] = args
@@ -43,19 +43,19 @@ class Timeline:
     ) -> None:
         """One allreduced tensor: queued, fused, each algorithm phase, done."""
         with self._lock:
-            lane = self._lane(name)
-            self._x(lane, "queued", submitted, start)
-            self._x(lane, "fused", start, fused, info)
+            row = self._row(name)
+            self._x(row, "queued", submitted, start)
+            self._x(row, "fused", start, fused, info)
             for phase, a, b in phases:
-                self._x(lane, phase, a, b, {"algorithm": info.get("algorithm")})
-            self._events.append({"name": "done", "ph": "i", "s": "t", "pid": self.rank, "tid": lane, "ts": end * 1e6})
+                self._x(row, phase, a, b, {"algorithm": info.get("algorithm")})
+            self._events.append({"name": "done", "ph": "i", "s": "t", "pid": self.rank, "tid": row, "ts": end * 1e6})
 
     def span(self, name: str, kind: str, submitted: float, start: float, end: float, info: dict[str, Any]) -> None:
         """A collective other than allreduce: queued, then ``kind``."""
         with self._lock:
-            lane = self._lane(name)
-            self._x(lane, "queued", submitted, start)
-            self._x(lane, kind, start, end, info)
+            row = self._row(name)
+            self._x(row, "queued", submitted, start)
+            self._x(row, kind, start, end, info)
 
     def write(self) -> None:
         """Save the trace (``{"traceEvents": [...]}``)."""

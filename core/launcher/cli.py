@@ -41,9 +41,10 @@ from ddl.launcher.hosts import HostListError, HostSlots, parse_host_list, read_h
 from ddl.launcher.machines import merge_same_machines
 from ddl.launcher.mpi import MpiNotFoundError, detect_mpi
 from ddl.launcher.preflight import ProgramNotFound, check_command
-from ddl.launcher.watch.job import WatchedJob
+from ddl.launcher.tcp_listener import reachable_address
 from ddl.launcher.watch.output import OutputRouter
-from ddl.launcher.watch.server import WatchServer, reachable_address
+from ddl.launcher.watch.server import WatchServer
+from ddl.launcher.watch.watched_job import WatchedJob
 
 USAGE_ERROR = 2
 NOT_FOUND = 127
@@ -143,10 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         _error(str(exc))
         return exc.status
     except (LaunchError, HostListError) as exc:
-        if not command:
-            parser.print_usage(sys.stderr)
-        _error(str(exc))
-        return USAGE_ERROR
+        return _usage_error(parser, command, exc)
     for note in merged:
         print(f"ddlrun: note: {note}", file=sys.stderr)
     mpi = _detect_mpi()
@@ -203,10 +201,7 @@ def _elastic(parser: argparse.ArgumentParser, args: argparse.Namespace, command:
         validate_options(LaunchOptions(np=options.max_np, command=options.command, hosts=(), **settings_given))
         check_resolvable(given)
     except (LaunchError, HostListError, ValueError) as exc:
-        if not command:
-            parser.print_usage(sys.stderr)
-        _error(str(exc))
-        return USAGE_ERROR
+        return _usage_error(parser, command, exc)
     mpi = _detect_mpi()
     if isinstance(mpi, int):
         return mpi
@@ -223,10 +218,7 @@ def _nodes(parser: argparse.ArgumentParser, args: argparse.Namespace, command: l
         validate_options(LaunchOptions(np=place.np, command=tuple(command), verbose=args.verbose, **settings))
         wait = kubernetes.wait_timeout(args.wait_for_workers, on_platform=True)
     except LaunchError as exc:
-        if not command:
-            parser.print_usage(sys.stderr)
-        _error(str(exc))
-        return USAGE_ERROR
+        return _usage_error(parser, command, exc)
     mpi = _detect_mpi()
     if isinstance(mpi, int):
         return mpi
@@ -273,6 +265,14 @@ def _detect_mpi() -> MpiInfo | int:
     except LaunchError as exc:
         _error(str(exc))
         return USAGE_ERROR
+
+
+def _usage_error(parser: argparse.ArgumentParser, command: list[str], exc: Exception) -> int:
+    """Say what was wrong with the flags (after the usage line when no COMMAND was given); the exit status."""
+    if not command:
+        parser.print_usage(sys.stderr)
+    _error(str(exc))
+    return USAGE_ERROR
 
 
 def _error(message: str) -> None:

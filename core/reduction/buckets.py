@@ -163,10 +163,10 @@ def fuse(items: Sequence[FusionItem | None], threshold: int) -> list[list[int]]:
         if item is None or (item.solo and item.nbytes >= SOLO_BYTES):
             groups.append([i])
             continue
-        lane = open_.get(item.key)
-        if lane is not None and lane[1] + item.nbytes <= threshold:
-            lane[0].append(i)
-            open_[item.key] = (lane[0], lane[1] + item.nbytes)
+        group = open_.get(item.key)
+        if group is not None and group[1] + item.nbytes <= threshold:
+            group[0].append(i)
+            open_[item.key] = (group[0], group[1] + item.nbytes)
         else:
             members = [i]
             open_[item.key] = (members, item.nbytes)

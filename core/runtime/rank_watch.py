@@ -24,7 +24,7 @@ import signal
 import time
 import warnings
 
-from ddl.wire.segments import Segment, mapped_segments, remove_left
+from ddl.wire.shm_segments import Segment, mapped_segments, remove_left
 
 #: Seconds between looks at the process's mapped shared memory: while it starts MPI, after.
 _LOOK_EVERY = (0.25, 2.0)

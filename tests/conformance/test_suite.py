@@ -14,7 +14,7 @@ pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("sklearn")
 
-from ddl.tools.conformance.hooks import RECIPES, available  # noqa: E402
+from ddl.tools.conformance.adapter_hooks import RECIPES, available  # noqa: E402
 from ddl.tools.conformance.models import MODELS  # noqa: E402
 from ddl.tools.conformance.suite import run_suite  # noqa: E402
 

@@ -15,8 +15,8 @@ pytest.importorskip("h5py")
 from ddl.caffe.command import cli  # noqa: E402
 from ddl.caffe.formats import protofile, schema  # noqa: E402
 from ddl.caffe.layers.base import LayerError  # noqa: E402
+from ddl.caffe.net.layer_timing import LayerRunner, time_net  # noqa: E402
 from ddl.caffe.net.net import Net  # noqa: E402
-from ddl.caffe.net.timing import LayerRunner, time_net  # noqa: E402
 from ddl.caffe.solver.lr_policy import LrPolicyError  # noqa: E402
 from ddl.caffe.solver.solver import Solver  # noqa: E402
 

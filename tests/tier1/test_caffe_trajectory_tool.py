@@ -30,7 +30,7 @@ def test_caffe_and_ddl_logs_read_alike_and_only_an_outlier_is_marked() -> None:
 def test_the_bench_gives_caffe_the_cpus_real_openblas_core() -> None:
     from pathlib import Path
 
-    from tools.caffe.peer import Peer, best_core
+    from tools.caffe.real_caffe import Peer, best_core
 
     assert best_core({"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx2", "fma"}) == "SkylakeX"
     assert best_core({"avx2", "fma", "sse3"}) == "Haswell"

@@ -19,7 +19,7 @@ import pytest
 from ddl.launcher.elastic import agent_machine as am
 from ddl.launcher.elastic import discovery as dm
 from ddl.launcher.elastic import host as hm
-from ddl.launcher.elastic import job as jm
+from ddl.launcher.elastic import job_machine as jm
 from ddl.launcher.elastic import world as wm
 from ddl.launcher.elastic.membership import WorldPlan
 from ddl.launcher.elastic.timing import Timing

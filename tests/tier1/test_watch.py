@@ -25,7 +25,7 @@ from ddl.launcher.watch import protocol, verdict
 from ddl.launcher.watch.output import OutputRouter, hydra_banner
 from ddl.launcher.watch.protocol import Ended, KeeperHello, Noted, Output
 from ddl.launcher.watch.server import KeeperClosed, WatchServer
-from ddl.wire.segments import Segment, mapped_segments, parse_maps, remove_left
+from ddl.wire.shm_segments import Segment, mapped_segments, parse_maps, remove_left
 
 # -- the verdict ---------------------------------------------------------------------------
 

@@ -93,8 +93,8 @@ def test_engine_under_mpiexec(np_: int, tmp_path: Path) -> None:
     import json
 
     events = json.loads(trace.read_text())["traceEvents"]
-    lanes = {e["args"]["name"] for e in events if e["ph"] == "M"}
-    assert {"a", "big", "g0", "g255"} <= lanes
+    rows = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"a", "big", "g0", "g255"} <= rows
     by_name = {}
     for e in events:
         by_name.setdefault(e["name"], []).append(e)

@@ -28,11 +28,11 @@ pytestmark = pytest.mark.mpi
 def timeline_buckets(path: Path) -> dict[str, list[tuple[int, str, int]]]:
     """Tensor name -> (bytes, algorithm, tensors) of each allreduce the engine ran for it, in order."""
     events = json.loads(path.read_text())["traceEvents"]
-    lanes = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
+    rows = {e["tid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e["name"] == "thread_name"}
     out: dict[str, list[tuple[int, str, int]]] = {}
     for e in sorted((e for e in events if e.get("name") == "fused"), key=lambda e: e["ts"]):
         info = e["args"]
-        out.setdefault(lanes[e["tid"]], []).append((int(info["bytes"]), info["algorithm"], int(info["tensors"])))
+        out.setdefault(rows[e["tid"]], []).append((int(info["bytes"]), info["algorithm"], int(info["tensors"])))
     return out
 
 

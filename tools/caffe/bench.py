@@ -3,7 +3,7 @@
 Two tables: CIFAR-10 quick and the digits LeNet (``ddl-caffe time`` against a hand-written peer), and the zoo nets
 (AlexNet, GoogLeNet, SqueezeNet 1.1, ResNet-50, MobileNet v1 from ``tools.caffe.zoo_nets``, forward+backward of the
 train net) three ways: the solver's step (one autograd pass), ``ddl-caffe time`` (every layer's backward on its
-own, as Caffe times it), and the plain-PyTorch peer of ``bench_peer``.
+own, as Caffe times it), and the plain-PyTorch peer of ``torch_peer``.
 
 Caffe itself cannot be installed here, so its published times (issue 11: 186 ms CIFAR-10 quick,
 0.80 ms digits LeNet, with PyTorch's own kernels at 132 ms on CIFAR-10 quick on that machine) are
@@ -30,8 +30,8 @@ from ddl.caffe.command.cli import generate_inputs
 from ddl.caffe.command.memory import reuse_freed_memory
 from ddl.caffe.formats import schema
 from ddl.caffe.formats.protofile import read_net
+from ddl.caffe.net.layer_timing import LayerRunner, time_net
 from ddl.caffe.net.net import Net
-from ddl.caffe.net.timing import LayerRunner, time_net
 
 CAFFE_MS = {"cifar10_quick": 186.0, "digits_lenet": 0.80}
 TORCH_MS_THERE = 132.0          # PyTorch's kernels on CIFAR-10 quick, same machine as CAFFE_MS
@@ -97,7 +97,7 @@ def measure_zoo(name: str, batch: int, *, rounds: int, iters: int) -> dict[str, 
     """Median ms per forward+backward: the solver's step, ``time``'s per-layer run, and the plain-PyTorch peer."""
     from ddl.caffe.export.onnx_export import sample_inputs
     from tools.caffe import zoo_nets
-    from tools.caffe.bench_peer import peer
+    from tools.caffe.torch_peer import peer
     net = Net(read_net_text(zoo_nets.train_val(zoo_nets.NETS[name](batch))), schema.TRAIN, gen=torch.Generator().manual_seed(1), quiet=True)
     feeds = sample_inputs(net)
     for la in net.layers:
@@ -215,7 +215,7 @@ def against_caffe(a: argparse.Namespace) -> int:
     import subprocess
 
     from tools.caffe import bench_caffe
-    from tools.caffe.peer import Peer, PeerError, best_core, ddl_side
+    from tools.caffe.real_caffe import Peer, PeerError, best_core, ddl_side
     core = best_core() if a.caffe_core == "auto" else (a.caffe_core or None)
     peer = Peer(Path(a.peer), core=core)
     try:

@@ -38,7 +38,7 @@ from ddl.caffe.formats import schema
 from ddl.caffe.formats.protofile import parse_text, read_net, read_solver
 from tools.caffe import zoo_nets
 from tools.caffe.parity_nets import bvlc_fields
-from tools.caffe.peer import Peer
+from tools.caffe.real_caffe import Peer
 from tools.caffe.zoo_data import point_at_synthetic_data, set_input_batch
 
 # The nets of the speed targets: their files in a zoo folder (``--dir``), else the generated copy in zoo_nets.

@@ -46,7 +46,7 @@ from tools.caffe.parity_nets import (
     prototxt,
     randomize,
 )
-from tools.caffe.peer import Peer, PeerError
+from tools.caffe.real_caffe import Peer, PeerError
 
 PHASES = {schema.TRAIN: "TRAIN", schema.TEST: "TEST"}
 # How much further from float64 than Caffe ddl may be on a blob over the tolerance before it is called a difference:

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     if not a.peer:
         print("trajectory: give --peer DEST (a build-caffe.sh build) or set CAFFE_PEER", file=sys.stderr)
         return 2
-    from tools.caffe.peer import Peer, PeerError
+    from tools.caffe.real_caffe import Peer, PeerError
 
     peer = Peer(Path(a.peer))
     try:

@@ -26,8 +26,8 @@ from ddl.caffe.formats import schema
 from ddl.caffe.formats.errors import CaffeFormatError
 from ddl.caffe.formats.protofile import parse_text
 from ddl.caffe.layers.base import LayerError
+from ddl.caffe.net.layer_timing import LayerRunner
 from ddl.caffe.net.net import Net
-from ddl.caffe.net.timing import LayerRunner
 from ddl.caffe.solver.solver import Solver
 from tools.caffe import zoo_nets
 from tools.caffe.zoo_data import point_at_synthetic_data, set_input_batch, shrink_solver

@@ -194,7 +194,7 @@ def _test(a: argparse.Namespace) -> int:
 
 
 def _time(a: argparse.Namespace) -> int:
-    from ddl.caffe.net.timing import time_net
+    from ddl.caffe.net.layer_timing import time_net
     caffelog.setup(rank=0)
     net = _load(a, schema.TRAIN if a.phase == "TRAIN" else schema.TEST)
     generate_inputs(net, torch.Generator().manual_seed(7))

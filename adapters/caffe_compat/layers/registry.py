@@ -5,8 +5,9 @@ from __future__ import annotations
 from ddl.caffe.layers import (
     accuracy,
     activations,
+    axis_reduction,
     convolution,
-    database,
+    data_layer,
     detection,
     dropout,
     eltwise,
@@ -19,7 +20,6 @@ from ddl.caffe.layers import (
     pooling,
     python_layer,
     recurrent,
-    reduction,
     reshape,
     routing,
     selection,
@@ -28,8 +28,9 @@ from ddl.caffe.layers import (
 )
 from ddl.caffe.layers.base import Layer
 
-_MODULES = (accuracy, activations, convolution, database, detection, dropout, eltwise, hdf5, image_data, inputs,
-            linear, loss, normalization, pooling, python_layer, recurrent, reduction, reshape, routing, selection, softmax, upsample)
+_MODULES = (accuracy, activations, axis_reduction, convolution, data_layer, detection, dropout, eltwise, hdf5, image_data,
+            inputs, linear, loss, normalization, pooling, python_layer, recurrent, reshape, routing, selection, softmax,
+            upsample)
 
 LAYERS: dict[str, type[Layer]] = {
     cls.type: cls

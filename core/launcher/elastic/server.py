@@ -1,8 +1,8 @@
 """ddlrun's side of the elastic agents' connections: a TCP server whose messages become timed events, its pings, and processes.
 
-Every connection gets a reader thread that turns its lines into :class:`Event` s on one
-queue (a :class:`Gone` for a closed connection, or one that sent what this ddlrun cannot
-read), so the supervisor's loop is single threaded and decides in one place. Each event
+Every connection gets a reader thread (:class:`~ddl.launcher.tcp_listener.TcpListener`) that
+turns its lines into :class:`Event` s on one queue (a :class:`Gone` for a closed connection,
+or one that sent what this ddlrun cannot read), so the supervisor's loop is single threaded and decides in one place. Each event
 carries the time its bytes arrived, taken by the reader: a supervisor held up for a
 moment (a loaded host) then judges heartbeats by when they came, not by when it got to
 them. The pings that keep the agents from fencing themselves come from a thread of
@@ -20,9 +20,10 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from ddl.launcher.tcp_listener import TcpListener
 from ddl.runtime.elastic.protocol import Message, Ping, ProtocolError, Route, encode
 from ddl.runtime.elastic.wire import LineReader
 
@@ -45,16 +46,11 @@ class EventServer:
     """Accepts the agents' connections; :attr:`events` carries what they send."""
 
     def __init__(self) -> None:
-        self.listener = socket.create_server(("0.0.0.0", 0), backlog=256)
-        self.port = self.listener.getsockname()[1]
         #: What the readers post; the supervisor's other sources (discovery) post here too.
         self.events: queue.Queue[Any] = queue.Queue()
-        self._connections: dict[int, socket.socket] = {}
-        self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # the pinger and the loop send on the same sockets
-        self._ids = 0
-        self._closed = False
-        threading.Thread(target=self._accept, name="ddlrun-elastic-accept", daemon=True).start()
+        self._listener = TcpListener(self._read, name="ddlrun-elastic", backlog=256, nodelay=True)
+        self.port = self._listener.port
 
     def start_pinging(self, interval: float, *, while_: Callable[[], bool]) -> None:
         """Ping every connection each ``interval`` seconds from a thread of its own, while
@@ -63,29 +59,14 @@ class EventServer:
 
         def ping() -> None:
             seq = 0
-            while not self._closed:
+            while not self._listener.closed:
                 if while_():
                     seq += 1
-                    with self._lock:
-                        ids = list(self._connections)
-                    for cid in ids:
+                    for cid in self._listener.connection_ids():
                         self.send(cid, Ping(seq=seq))
                 time.sleep(interval)
 
         threading.Thread(target=ping, name="ddlrun-elastic-ping", daemon=True).start()
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                self._ids += 1
-                cid = self._ids
-                self._connections[cid] = conn
-            threading.Thread(target=self._read, args=(cid, conn), name=f"ddlrun-elastic-{cid}", daemon=True).start()
 
     def _read(self, cid: int, conn: socket.socket) -> None:
         reader = LineReader(Route.AGENT_TO_SUPERVISOR)
@@ -111,8 +92,7 @@ class EventServer:
         messages are small, so a full send buffer means the peer has not read for a long
         time; the connection is then dropped, and the agent counts as lost.
         """
-        with self._lock:
-            conn = self._connections.get(cid)
+        conn = self._listener.connection(cid)
         if conn is None:
             return False
         data = encode(message)
@@ -129,38 +109,10 @@ class EventServer:
             return False
 
     def drop(self, cid: int) -> None:
-        with self._lock:
-            conn = self._connections.pop(cid, None)
-        if conn is not None:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-            conn.close()
+        self._listener.drop(cid)
 
     def close(self) -> None:
-        self._closed = True
-        self.listener.close()
-        for cid in list(self._connections):
-            self.drop(cid)
-
-
-def advertised_address(hosts: Sequence[str]) -> str:
-    """The address of this machine that ``hosts`` route to (what agents connect to).
-
-    Found by asking the kernel which source address it would use toward the first host
-    that resolves (a UDP ``connect`` sends nothing); 127.0.0.1 for a job on this host only.
-    """
-    for host in hosts:
-        try:
-            target = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)[0][4]
-        except (OSError, UnicodeError):
-            continue
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-            try:
-                probe.connect(target)
-                return str(probe.getsockname()[0])
-            except OSError:
-                continue
-    return "127.0.0.1"
+        self._listener.close()
 
 
 def start_process(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

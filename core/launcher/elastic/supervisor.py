@@ -2,7 +2,7 @@
 
 What to do is decided by pure functions: :mod:`~ddl.launcher.elastic.host` (each host's
 agent: connection, import, heartbeats), :mod:`~ddl.launcher.elastic.world` (the running
-world: its ranks' reports and ends) and :mod:`~ddl.launcher.elastic.job` (when to start
+world: its ranks' reports and ends) and :mod:`~ddl.launcher.elastic.job_machine` (when to start
 the next world, what a closed one means) and :mod:`~ddl.launcher.elastic.discovery` (what
 a discovery run means). This loop reads one queue — the agents' messages
 (:mod:`~ddl.launcher.elastic.server`) and discovery's outcomes — starts processes, kills
@@ -32,7 +32,7 @@ from ddl.base.config import BY_FIELD
 from ddl.launcher.command import PYTHON_NAMES, Launch, LaunchOptions, MpiInfo, build_launch
 from ddl.launcher.elastic import discovery as discovery_machine
 from ddl.launcher.elastic import host as host_machine
-from ddl.launcher.elastic import job as job_machine
+from ddl.launcher.elastic import job_machine
 from ddl.launcher.elastic import world as world_machine
 from ddl.launcher.elastic.flags import ElasticOptions
 from ddl.launcher.elastic.membership import Membership, WorldPlan
@@ -40,12 +40,12 @@ from ddl.launcher.elastic.server import (
     Event,
     EventServer,
     Gone,
-    advertised_address,
     kill_now,
     kill_process,
     start_process,
 )
 from ddl.launcher.hosts import HostSlots, format_host_list
+from ddl.launcher.tcp_listener import reachable_address
 from ddl.runtime.elastic.protocol import (
     AgentHello,
     AgentWarm,
@@ -233,7 +233,7 @@ class Supervisor:
             self.log(f"discovery: host(s) {', '.join(sorted(before - after))} no longer listed")
         if first:
             # Asked once, before any agent exists (a name lookup: nothing is waiting yet).
-            self.address = advertised_address([h.name for h in self.membership.listed if h.name != LOCALHOST])
+            self.address = reachable_address([h.name for h in self.membership.listed if h.name != LOCALHOST])
         self._ensure_agents()
 
     def _ensure_agents(self) -> None:

@@ -11,5 +11,5 @@ the launcher underneath (hydra, Slurm through hydra, Open MPI) would have done.
 Modules: :mod:`~ddl.launcher.watch.protocol` (the messages), :mod:`~ddl.launcher.watch.keeper`
 (the per-rank process), :mod:`~ddl.launcher.watch.verdict` (the decisions),
 :mod:`~ddl.launcher.watch.server` (ddlrun's listener), :mod:`~ddl.launcher.watch.output`
-(rank-tagged, line-whole output and ``--log-dir``), :mod:`~ddl.launcher.watch.job` (ddlrun's loop).
+(rank-tagged, line-whole output and ``--log-dir``), :mod:`~ddl.launcher.watch.watched_job` (ddlrun's loop).
 """

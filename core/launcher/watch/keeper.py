@@ -39,7 +39,7 @@ from ddl.base.notes import Note
 from ddl.launcher.watch import protocol
 from ddl.launcher.watch.lifeline import die_with_parent
 from ddl.launcher.watch.protocol import Ended, KeeperHello, Message, Noted, Output
-from ddl.wire.segments import Segment, mapped_segments, remove_left
+from ddl.wire.shm_segments import Segment, mapped_segments, remove_left
 
 #: Seconds a rank has to end after a SIGTERM before it is killed.
 GRACE = 3.0

@@ -1,21 +1,20 @@
 """ddlrun's end of the keepers' connections: a TCP listener whose messages become one queue of events.
 
-A reader thread per connection turns lines into messages (:mod:`~ddl.launcher.watch.protocol`);
-a connection whose first message is not a :class:`~ddl.launcher.watch.protocol.KeeperHello` with
+A reader thread per connection (:class:`~ddl.launcher.tcp_listener.TcpListener`) turns lines
+into messages (:mod:`~ddl.launcher.watch.protocol`); a connection whose first message is not a :class:`~ddl.launcher.watch.protocol.KeeperHello` with
 the job's token is dropped (a stray client, or a keeper of another job). The loop that
-decides (:mod:`~ddl.launcher.watch.job`) reads :attr:`WatchServer.events` alone.
+decides (:mod:`~ddl.launcher.watch.watched_job`) reads :attr:`WatchServer.events` alone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import queue
 import secrets
 import socket
-import threading
 import time
 
+from ddl.launcher.tcp_listener import TcpListener
 from ddl.launcher.watch import protocol
 from ddl.launcher.watch.protocol import KeeperHello, Message
 
@@ -39,30 +38,13 @@ class WatchServer:
 
     def __init__(self) -> None:
         self.token = secrets.token_hex(8)
-        self.listener = socket.create_server(("0.0.0.0", 0), backlog=1024)
-        self.port = int(self.listener.getsockname()[1])
         self.events: queue.Queue[KeeperEvent] = queue.Queue()
-        self._connections: dict[int, socket.socket] = {}
-        self._lock = threading.Lock()
-        self._ids = 0
-        self._closed = False
-        threading.Thread(target=self._accept, name="ddlrun-watch-accept", daemon=True).start()
+        self._listener = TcpListener(self._read, name="ddlrun-watch", backlog=1024)
+        self.port = self._listener.port
 
     def address(self, host: str) -> str:
         """``DDL_MONITOR``'s value for keepers that reach this machine at ``host``."""
         return f"{host}:{self.port}/{self.token}"
-
-    def _accept(self) -> None:
-        while not self._closed:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            with self._lock:
-                self._ids += 1
-                cid = self._ids
-                self._connections[cid] = conn
-            threading.Thread(target=self._read, args=(cid, conn), name=f"ddlrun-watch-{cid}", daemon=True).start()
 
     def _read(self, cid: int, conn: socket.socket) -> None:
         buffered = b""
@@ -91,37 +73,7 @@ class WatchServer:
         self.drop(cid)
 
     def drop(self, cid: int) -> None:
-        with self._lock:
-            conn = self._connections.pop(cid, None)
-        if conn is not None:
-            with contextlib.suppress(OSError):
-                conn.shutdown(socket.SHUT_RDWR)
-            conn.close()
+        self._listener.drop(cid)
 
     def close(self) -> None:
-        self._closed = True
-        with contextlib.suppress(OSError):
-            self.listener.close()
-        for cid in list(self._connections):
-            self.drop(cid)
-
-
-def reachable_address(hosts: list[str]) -> str:
-    """This machine's address that the ranks' hosts reach it at (their keepers connect to it).
-
-    The kernel's own choice of source address toward the first host that resolves (a UDP
-    ``connect`` sends nothing); ``127.0.0.1`` for a job on this machine alone.
-    """
-    for host in hosts:
-        try:
-            found = socket.getaddrinfo(host, 9, socket.AF_INET, socket.SOCK_DGRAM)
-        except (OSError, UnicodeError):
-            continue
-        for *_, target in found:
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-                try:
-                    probe.connect(target)
-                    return str(probe.getsockname()[0])
-                except OSError:
-                    continue
-    return "127.0.0.1"
+        self._listener.close()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .hooks import (
+from .adapter_hooks import (
     ADAPTERS,
     RECIPES,
     REFERENCE,

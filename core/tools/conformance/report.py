@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .hooks import ADAPTERS, REFERENCE
+from .adapter_hooks import ADAPTERS, REFERENCE
 from .metrics import max_rel_diff
 
 RTOL_RANKS = 1e-5  # N ranks vs one rank on the global batch

@@ -20,8 +20,8 @@ import numpy as np
 import ddl
 from ddl.onnx import ModelSpec, read_model, write_weights
 
+from .adapter_hooks import ADAPTERS, RECIPES, AdapterHooks, load, weights_digest
 from .data import digits_batches, shard, test_inputs
-from .hooks import ADAPTERS, RECIPES, AdapterHooks, load, weights_digest
 from .metrics import rel_diff
 from .models import MODELS
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch_argv
 
-from .hooks import ADAPTERS, RECIPES, available
+from .adapter_hooks import ADAPTERS, RECIPES, available
 from .models import MODELS
 from .report import Row, build_rows, format_table
 

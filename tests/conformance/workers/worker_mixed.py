@@ -13,8 +13,8 @@ import ddl.tensorflow as dtf
 import ddl.tensorflow.keras as dk
 import ddl.torch as dt
 from ddl.onnx import read_model
+from ddl.tools.conformance.adapter_hooks import RECIPES
 from ddl.tools.conformance.data import digits_batches, shard
-from ddl.tools.conformance.hooks import RECIPES
 from ddl.tools.conformance.metrics import max_rel_diff
 from ddl.tools.conformance.models import MODELS
 
