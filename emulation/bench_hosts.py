@@ -29,16 +29,17 @@ FIXED = ("mpi", "ring", "multiring", "halving_doubling")
 
 def worker(args: argparse.Namespace) -> int:
     """One rank of the measuring job (run under ddlrun by :func:`main`)."""
+    from ddl_bench import peers
     from mpi4py import MPI
 
     import ddl
-    from ddl.tools.bench import peers
 
     ddl.init()
     comm = MPI.COMM_WORLD.Dup()
     rank, p = comm.Get_rank(), comm.Get_size()
+    from ddl_bench.allreduce import ddl_allreduce
+
     from ddl.reduction.algorithms import SCHEDULED
-    from ddl.tools.bench.allreduce import ddl_allreduce
 
     shm = ("shm",) if SCHEDULED["shm"].unavailable(ddl.topology()) is None else ()
     fns: dict[str, Callable[[np.ndarray], np.ndarray]] = {a: ddl_allreduce(a) for a in (*FIXED, *shm, "auto")}

@@ -270,8 +270,9 @@ def distributed(cluster: Cluster, solver: Path, calibration: Path, pace: float, 
 
 def link_rate(gradient_bytes: int, hosts: int, compute_s: float, like: str) -> float:
     """Bytes/s per port that make compute : link time ``like``'s (the link time of one allreduce of the gradients)."""
+    from ddl_bench.rehearsal import REFERENCES, link_bound
+
     from ddl.tools import plan
-    from ddl.tools.bench.rehearsal import REFERENCES, link_bound
 
     ref = REFERENCES[like]
     ratio = ref.step_ms / 1e3 / link_bound(gradient_bytes, ref.hosts, plan.parse_bandwidth(ref.link))

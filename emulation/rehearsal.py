@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                  latency=args.queue) as cluster:
         argv_job = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(args.hosts * args.ranks_per_host),
                     "-H", cluster.host_list(), "--calibration", str(calibration),
-                    sys.executable, "-m", "ddl.tools.bench.rehearsal", "--link", args.link, "--out", str(out),
+                    sys.executable, "-m", "ddl_bench.rehearsal", "--link", args.link, "--out", str(out),
                     "--tag", stem, *bench_args]
         before, drops0, resent0 = cluster.counters(), qdisc_drops(cluster), retransmissions(cluster)
         t0 = time.monotonic()

@@ -52,7 +52,7 @@ if [ "$installed_files" != "$files" ] || [ -n "$missing" ]; then
     | sed -u 's/^/  pip: /' >&2 || true
   unbeat
   .venv/bin/python -c "import ddl, mpi4py" || { say "ddl did not install into .venv (see pip's errors above)"; exit 1; }
-  # The benchmarks are tooling outside the ddl wheel (tools/bench): `ddl bench torch|tensorflow`.
+  # The benchmarks are tooling outside the ddl wheel (tools/bench): `ddl bench allreduce|startup|rehearsal|torch|tensorflow`.
   PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps -e tools/bench \
     --config-settings editable_mode=strict 2>&1 | grep -v '^WARNING: Location' || true
   .venv/bin/python -c "import ddl_bench" || { say "ddl-bench (tools/bench) did not install into .venv"; exit 1; }

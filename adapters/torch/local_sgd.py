@@ -27,7 +27,7 @@ import torch
 from ddl.base.ops import ReduceOp
 from ddl.engine.hooked import HookedBuckets, Pending
 from ddl.engine.naming import manifest_name
-from ddl.engine.periodic import check_schedule
+from ddl.engine.periodic import RoundSchedule
 from ddl.runtime import api
 from ddl.runtime.process_sets import global_process_set
 
@@ -52,7 +52,7 @@ class _Periodic(PassesThrough):
         if isinstance(inner, DistributedOptimizer):
             raise TypeError(f"{type(self).__name__} wraps a plain optimizer (each rank steps alone between rounds), "
                             "not a DistributedOptimizer (sharded or not): pass the optimizer it wraps")
-        check_schedule(type(self).__name__, period, overlap)
+        self._schedule = RoundSchedule.checked(type(self).__name__, period, overlap)
         if not params:
             raise ValueError(f"{type(self).__name__}: no parameters to average")
         for p in params:
@@ -109,22 +109,26 @@ class _Periodic(PassesThrough):
         self._unsent += 1
         if self._pending is not None:
             self._pending.done()  # moves a PowerSGD round on
-        if (self._pending is not None or self._landed is not None) and self.steps >= self._merge_at:
+        if self._schedule.merge_due(self.steps, self._in_flight(), self._merge_at):
             self._merge()
-        if self.steps % self.period == 0:
+        if self._schedule.round_due(self.steps):
             self._start_round()
-            if self.overlap == 0:
+            if self._schedule.waits:
                 self._merge()
         return loss
 
     def synchronize(self) -> None:
         """Every rank to the same weights now: finish the round in flight and average the
         steps taken since (an outer step over them, if any). A collective call."""
-        if self._pending is not None or self._landed is not None:
+        if self._in_flight():
             self._merge()
-        if self._unsent and self._anchor is not None:
+        if self._schedule.last_round_due(self._unsent, self._anchor is not None):
             self._start_round()
             self._merge()
+
+    def _in_flight(self) -> bool:
+        """A round started and not applied yet (travelling, or landed and waiting for its step)."""
+        return self._pending is not None or self._landed is not None
 
     def _start_round(self) -> None:
         assert self._anchor is not None
@@ -138,7 +142,7 @@ class _Periodic(PassesThrough):
             self._boundary = [p.detach().clone() for p in self._params]
         self._average_buffers()
         self._pending = self._rounds.start(api.collectives(self._process_set))
-        self._merge_at = self.steps + self.overlap
+        self._merge_at = self._schedule.merge_at(self.steps)
         self._unsent = 0
 
     def in_sync(self) -> bool:

@@ -28,7 +28,7 @@ def relaunch_argv(np: int, python_args: Sequence[str], *, hosts: str | None = No
         ValueError: a setting ``ddlrun`` has no flag for.
 
     Example:
-        >>> relaunch_argv(2, ["-m", "ddl.tools.bench.allreduce"], settings={"calibration": "off"})[3:7]
+        >>> relaunch_argv(2, ["-m", "ddl_bench.allreduce"], settings={"calibration": "off"})[3:7]
         ['-np', '2', '--calibration', 'off']
     """
     argv = [sys.executable, "-m", "ddl.launcher.cli", "-np", str(np)]

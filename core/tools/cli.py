@@ -3,10 +3,10 @@
 Each subcommand is a module with ``main(argv) -> int``, imported only when used. The
 core's own are in :data:`COMMANDS`; another package adds its own as an entry point in
 the ``ddl.commands`` group, named by its words (``"bench torch"``), with the extra it
-needs (``ddl_bench.torch_training:main [torch]``). The framework benchmarks are tooling,
-outside the ddl-runtime wheel (the ddl-bench package in the repository's tools/bench):
-:data:`TOOLING` names them, so that asking for one that is not installed says how to get it.
-``ddl bench allreduce -np N`` re-launches itself under ``ddlrun -np N``.
+needs (``ddl_bench.torch_training:main [torch]``). Every benchmark is tooling, outside the
+ddl-runtime wheel (the ddl-bench package in the repository's tools/bench: ``ddl bench
+allreduce|startup|rehearsal|torch|tensorflow``): :data:`TOOLING` names them, so that asking
+for one that is not installed says how to get it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ SUMMARIES: dict[tuple[str, ...], str] = {
     ("bench", "allreduce"): "allreduce bandwidth of every algorithm against MPI's own, as a table and JSON",
     ("bench", "rehearsal"): "a training step's gradient stream on N ranks over emulated links, against ddl plan",
     ("bench", "startup"): "how long ddlrun takes to start N ranks and ddl.init to return",
+    ("bench", "torch"): "training steps of ddl.torch against DDP with gloo, and efficiency against one process",
+    ("bench", "tensorflow"): "training steps of ddl.tensorflow against MultiWorkerMirroredStrategy",
     ("plan",): "predicted allreduce, bucket schedule, step time, scaling and memory for any cluster",
     ("checkpoint",): "look inside a ddl checkpoint, or write it as one plain file",
     ("conformance",): "train the reference ONNX models in every installed framework and compare them",
@@ -31,12 +33,6 @@ SUMMARIES: dict[tuple[str, ...], str] = {
 }
 #: words -> (module with a ``main(argv) -> int``, usage line).
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
-    ("bench", "allreduce"): ("ddl.tools.bench.allreduce",
-                             "ddl bench allreduce [-np N] [--max-bytes B] [--fused N] [--out DIR] ..."),
-    ("bench", "rehearsal"): ("ddl.tools.bench.rehearsal",
-                             "ddl bench rehearsal [-np N] --model resnet50 "
-                             "--link 1gbit ..."),
-    ("bench", "startup"): ("ddl.tools.bench.startup", "ddl bench startup [-np N] [--rounds R] [--out DIR]"),
     ("plan",): ("ddl.tools.plan",
                 "ddl plan --topology 4x64 --link 20GB/s:5us --link 100gbit:3us --model resnet50 --step-ms 200"),
     ("checkpoint",): ("ddl.tools.checkpoint",
@@ -45,8 +41,9 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("doctor",): ("ddl.tools.doctor", "ddl doctor [-np N] [-H HOST:SLOTS,... | --hostfile F]"),
 }
 GROUP = "ddl.commands"
-#: Subcommands of the ddl-bench tooling package (tools/bench), by words -> the extra they need.
-TOOLING: dict[tuple[str, ...], str] = {("bench", "torch"): "torch", ("bench", "tensorflow"): "tensorflow"}
+#: Subcommands of the ddl-bench tooling package (tools/bench), by words -> the extra they need ("": none).
+TOOLING: dict[tuple[str, ...], str] = {("bench", "allreduce"): "", ("bench", "rehearsal"): "", ("bench", "startup"): "",
+                                       ("bench", "torch"): "torch", ("bench", "tensorflow"): "tensorflow"}
 TOOLING_PACKAGE = "ddl-bench"
 
 
@@ -71,17 +68,15 @@ def main(argv: list[str] | None = None) -> int:
         if tuple(args[: len(words)]) != words:
             continue
         rest = args[len(words):]
-        if words == ("bench", "allreduce"):
-            return _bench_allreduce(rest)
         if words in COMMANDS:
             found: Callable[[list[str]], int] = importlib.import_module(COMMANDS[words][0]).main
             return found(rest)
         return _plugin(plugins[words], " ".join(words))(rest)
-    for words, extra in TOOLING.items():
+    for words in TOOLING:
         if tuple(args[: len(words)]) == words:
             print(f"ddl {' '.join(words)} is a benchmark of the {TOOLING_PACKAGE} tooling package, which is not "
-                  f"installed here (it is not part of {DISTRIBUTION}). From a ddl checkout: pip install "
-                  f"'./tools/bench[{extra}]' (scripts/setup-env.sh installs it), then run it again", file=sys.stderr)
+                  f"installed here (it is not part of {DISTRIBUTION}). From a ddl checkout: {install_hint(words)} "
+                  "(scripts/setup-env.sh installs it), then run it again", file=sys.stderr)
             return 2
     if not args:
         print(overview(plugins), file=sys.stderr)
@@ -99,8 +94,11 @@ def overview(plugins: dict[tuple[str, ...], importlib.metadata.EntryPoint]) -> s
     """``ddl --help``: a line per command, with what it does."""
     rows = [(" ".join(words), SUMMARIES.get(words, "")) for words in COMMANDS]
     for words, ep in sorted(plugins.items()):
-        rows.append((" ".join(words), f"the {ep.value.split(':')[0]} adapter's command (needs its extra: "
-                                      f"{', '.join(ep.extras) or 'none'})"))
+        owner = ep.dist.name if ep.dist is not None else ep.value.split(":")[0]
+        needs = f"; needs its extra: {', '.join(ep.extras)}" if ep.extras else ""
+        rows.append((" ".join(words), f"{SUMMARIES.get(words, 'a command')} ({owner}{needs})"))
+    for words in sorted(set(TOOLING) - set(plugins)):
+        rows.append((" ".join(words), f"{SUMMARIES[words]} (not installed: {install_hint(words)})"))
     width = max(len(name) for name, _ in rows)
     lines = ["usage: ddl COMMAND [ARGS ...]   (ddl COMMAND --help: its options)", "", "commands:"]
     lines += [f"  {name:<{width}}  {text}" for name, text in rows]
@@ -109,35 +107,24 @@ def overview(plugins: dict[tuple[str, ...], importlib.metadata.EntryPoint]) -> s
     return "\n".join(lines)
 
 
+def install_hint(words: tuple[str, ...]) -> str:
+    """The pip command that brings the tooling subcommand ``words``, with the extra it needs."""
+    extra = TOOLING[words]
+    return f"pip install './tools/bench[{extra}]'" if extra else "pip install ./tools/bench"
+
+
 def _plugin(entry: importlib.metadata.EntryPoint, what: str) -> Callable[[list[str]], int]:
     try:
         found: Callable[[list[str]], int] = entry.load()
     except ImportError as exc:
         extra = ",".join(entry.extras) or "the adapter's"
         owner = entry.dist.name if entry.dist is not None else DISTRIBUTION
-        print(f"ddl {what} needs the {extra} extra ({exc}); pip install '{owner}[{extra}]'", file=sys.stderr)
+        words = tuple(what.split())
+        # The tooling package is installed from a checkout's folder, not by its name.
+        how = install_hint(words) if owner == TOOLING_PACKAGE and words in TOOLING else f"pip install '{owner}[{extra}]'"
+        print(f"ddl {what} needs the {extra} extra ({exc}); {how}", file=sys.stderr)
         return lambda _argv: 2
     return found
-
-
-def _bench_allreduce(rest: list[str]) -> int:
-    np_ = None
-    if "-np" in rest:
-        i = rest.index("-np")
-        try:
-            np_ = int(rest[i + 1])
-        except (IndexError, ValueError):
-            print("ddl bench: -np needs a whole number of ranks, e.g. -np 2", file=sys.stderr)
-            return 2
-        del rest[i : i + 2]
-    if np_ is not None:
-        from ddl.launcher.cli import main as ddlrun
-        from ddl.launcher.relaunch import relaunch_argv
-
-        return ddlrun(relaunch_argv(np_, ["-m", "ddl.tools.bench.allreduce", *rest])[3:])
-    from ddl.tools.bench.allreduce import main as bench
-
-    return bench(rest)
 
 
 if __name__ == "__main__":

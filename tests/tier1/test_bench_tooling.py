@@ -1,5 +1,5 @@
-"""The framework benchmarks are tooling (tools/bench, the ddl-bench package), not part of the ddl wheel,
-and ``ddl bench torch|tensorflow`` still reach them, or say how to get them."""
+"""Every benchmark is tooling (tools/bench, the ddl-bench package), not part of the ddl wheel, and
+``ddl bench allreduce|startup|rehearsal|torch|tensorflow`` still reach them, or say how to get them."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ from ddl.tools import cli
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_no_benchmark_module_is_in_the_packages_the_wheel_ships() -> None:
+def test_the_wheel_holds_no_benchmark_module() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = project["tool"]["setuptools"]["packages"]
     folders = project["tool"]["setuptools"]["package-dir"]
-    assert not any("bench" in name for name in project["tool"]["setuptools"]["packages"] if name != "ddl.tools.bench")
+    assert [name for name in packages if "bench" in name] == []
     found = []
-    for package, folder in folders.items():
-        if package.startswith("ddl.tools"):
-            continue  # the core's own tooling layer (ddl plan, ddl bench allreduce: DESIGN.md section 2)
-        for path in (ROOT / folder).glob("*.py"):
+    for package in packages:  # what the wheel ships: each listed package's own .py files
+        for path in (ROOT / folders[package]).glob("*.py"):
             text = path.read_text()
-            if path.stem.startswith("bench") or path.stem in ("resnet", "peers") or "DistributedDataParallel(" in text \
-                    or "MultiWorkerMirroredStrategy(" in text:
+            if path.stem.startswith("bench") or path.stem in ("resnet", "peers", "allreduce", "startup", "rehearsal") \
+                    or "DistributedDataParallel(" in text or "MultiWorkerMirroredStrategy(" in text \
+                    or 'prog="ddl bench' in text:
                 found.append(str(path.relative_to(ROOT)))
     assert found == []
     entry_points = project["project"].get("entry-points", {})
@@ -38,7 +38,8 @@ def test_the_tooling_package_registers_the_commands_and_the_peer() -> None:
     for words, target in commands.items():
         module = target.split(":")[0].replace(".", "/")
         assert (ROOT / "tools" / "bench" / f"{module}.py").is_file(), target
-        assert target.endswith(f"[{cli.TOOLING[tuple(words.split())]}]")
+        extra = cli.TOOLING[tuple(words.split())]
+        assert target.endswith(f"[{extra}]") if extra else "[" not in target, target  # core-only: no extra
     assert "torch-gloo" in tooling["project"]["entry-points"]["ddl.peers"]
 
 
@@ -49,7 +50,10 @@ def test_a_benchmark_that_is_not_installed_says_which_package_and_extra_bring_it
     assert cli.main([*words, "--ranks", "1"]) == 2
     err = capsys.readouterr().err
     assert f"ddl {' '.join(words)} is a benchmark of the ddl-bench tooling package" in err
-    assert f"pip install './tools/bench[{cli.TOOLING[words]}]'" in err
+    extra = cli.TOOLING[words]
+    assert (f"pip install './tools/bench[{extra}]'" if extra else "pip install ./tools/bench (") in err
+    help_text = cli.overview({})
+    assert f"  {' '.join(words)} " in help_text and "not installed: pip install" in help_text
 
 
 def test_from_this_checkout_ddl_bench_torch_reaches_the_tooling_package(capsys: pytest.CaptureFixture[str]) -> None:
@@ -59,3 +63,30 @@ def test_from_this_checkout_ddl_bench_torch_reaches_the_tooling_package(capsys: 
         cli.main(["bench", "torch", "--help"])
     assert done.value.code == 0
     assert "usage: ddl bench torch" in capsys.readouterr().out
+
+
+def test_from_this_checkout_ddl_bench_allreduce_reaches_the_tooling_package(capsys: pytest.CaptureFixture[str]) -> None:
+    for words in (("bench", "allreduce"), ("bench", "startup"), ("bench", "rehearsal")):
+        assert words in cli.registered(), "scripts/setup-env.sh installs tools/bench"
+        with pytest.raises(SystemExit) as done:
+            cli.main([*words, "--help"])
+        assert done.value.code == 0
+        assert f"usage: ddl {' '.join(words)}" in capsys.readouterr().out
+
+
+def test_ddl_bench_allreduce_np_needs_a_whole_number(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["bench", "allreduce", "-np", "two"]) == 2
+    assert "ddl bench allreduce: -np needs a whole number of ranks, e.g. -np 2" in capsys.readouterr().err
+
+
+def test_a_tooling_benchmark_whose_framework_is_missing_says_to_install_the_folder_with_its_extra(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    entry = cli.registered()[("bench", "torch")]
+
+    def missing(self: object) -> None:
+        raise ImportError("No module named 'torch'")
+
+    monkeypatch.setattr(type(entry), "load", missing)
+    assert cli.main(["bench", "torch", "--ranks", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "ddl bench torch needs the torch extra (No module named 'torch'); pip install './tools/bench[torch]'" in err

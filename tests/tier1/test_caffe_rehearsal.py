@@ -53,7 +53,8 @@ def test_iteration_times_come_from_the_display_lines_of_blocks_alone_and_togethe
 
 
 def test_the_link_keeps_ddls_compute_to_link_ratio() -> None:
-    from ddl.tools.bench.rehearsal import REFERENCES, link_bound
+    from ddl_bench.rehearsal import REFERENCES, link_bound
+
     from ddl.tools.plan import parse_bandwidth
 
     ref = REFERENCES["ddl-p100"]

@@ -6,10 +6,10 @@ import random
 
 import numpy as np
 import pytest
+from ddl_bench import rehearsal
 
 from ddl.reduction import cost
 from ddl.tools import plan
-from ddl.tools.bench import rehearsal
 from ddl.tools.plan_models import resnet50_sizes
 
 

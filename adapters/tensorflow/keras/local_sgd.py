@@ -27,7 +27,7 @@ from ddl.checkpoint.replicas import mean
 from ddl.engine.hooked import HookedBuckets, Pending
 from ddl.engine.hooks import as_hook
 from ddl.engine.naming import manifest_name
-from ddl.engine.periodic import check_schedule
+from ddl.engine.periodic import RoundSchedule
 from ddl.runtime import api
 
 from ..bridge import host_call
@@ -53,10 +53,11 @@ class _Periodic(PassesThrough, keras.optimizers.Optimizer):  # type: ignore[misc
             raise TypeError(f"{type(self).__name__} wraps a plain Keras optimizer (each rank steps alone), or a "
                             f"LossScaleOptimizer around one; not {type(inner_optimizer).__name__}: pass the optimizer "
                             "it wraps")
-        check_schedule(type(self).__name__, period, overlap)
+        schedule = RoundSchedule.checked(type(self).__name__, period, overlap)
         super().__init__(learning_rate=0.0, name=name or f"{self._kind}_{inner_optimizer.name}")
         self.inner_optimizer = inner_optimizer
         self.period, self.overlap = period, overlap
+        self._schedule = schedule  # decided on the counter variables, in the graph (ddl.engine.periodic)
         self._hook = as_hook(compression)
         self._process_set = None if process_set is None or process_set.process_set_id == 0 else process_set
         self._rounds: HookedBuckets | None = None
@@ -117,10 +118,10 @@ class _Periodic(PassesThrough, keras.optimizers.Optimizer):  # type: ignore[misc
         """Count an inner step (taken or skipped) and do the outer step it makes due."""
         self._steps.assign_add(1)
         self._unsent.assign_add(1)
-        if self.overlap:
-            due = tf.logical_and(tf.equal(self._in_flight, 1), self._steps >= self._merge_at)
+        if not self._schedule.waits:
+            due = self._schedule.merge_due(self._steps, tf.equal(self._in_flight, 1), self._merge_at)
             tf.cond(due, lambda: self._merge(tvs), lambda: tf.constant(False))
-        tf.cond(tf.equal(self._steps % self.period, 0), lambda: self._round(tvs), lambda: tf.constant(False))
+        tf.cond(self._schedule.round_due(self._steps), lambda: self._round(tvs), lambda: tf.constant(False))
         return tf.constant(True)
 
     def _before_loss_scale_check(self, grads: list[Any], trainable_variables: Any, scaler: Any) -> list[Any]:
@@ -153,7 +154,7 @@ class _Periodic(PassesThrough, keras.optimizers.Optimizer):  # type: ignore[misc
         tvs = list(self._trainable_variables)
         if int(self._in_flight.numpy()):
             self._merge(tvs)
-        if int(self._unsent.numpy()) and int(self._anchored.numpy()):
+        if self._schedule.last_round_due(int(self._unsent.numpy()), bool(self._anchored.numpy())):
             self._round(tvs, wait=True)
 
     def _take_anchor(self, tvs: list[Any]) -> tf.Tensor:
@@ -167,7 +168,7 @@ class _Periodic(PassesThrough, keras.optimizers.Optimizer):  # type: ignore[misc
         """Start averaging anchor - weights; without overlap, apply it at once."""
         deltas = [tf.convert_to_tensor(a) - tf.convert_to_tensor(v) for a, v in zip(self._anchors, tvs, strict=True)]
         self._unsent.assign(0)
-        if not self.overlap or wait:
+        if self._schedule.waits or wait:
             averaged = host_call(self._reduce_now, deltas, [d.dtype for d in deltas], [d.shape for d in deltas],
                                  what=f"{self._kind} round")
             self._outer_update(averaged, tvs)
@@ -178,7 +179,7 @@ class _Periodic(PassesThrough, keras.optimizers.Optimizer):  # type: ignore[misc
             b.assign(v)
         host_call(self._start, deltas, [tf.int32], [()], what=f"{self._kind} round start")
         self._in_flight.assign(1)
-        self._merge_at.assign(self._steps + self.overlap)
+        self._merge_at.assign(self._schedule.merge_at(self._steps))
         return tf.constant(True)
 
     def _merge(self, tvs: list[Any]) -> tf.Tensor:

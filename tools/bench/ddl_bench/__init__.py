@@ -1,2 +1,3 @@
-"""ddl's benchmarks against its peers, outside the product: ``ddl bench torch`` and ``ddl bench tensorflow``
-(training steps), ``ddl bench torch --memory``, and the torch-gloo peer of ``ddl bench allreduce``."""
+"""ddl's benchmarks, outside the product: ``ddl bench allreduce``, ``startup`` and ``rehearsal``
+(the core's, against MPI's own), ``ddl bench torch`` and ``ddl bench tensorflow`` (training steps),
+``ddl bench torch --memory``, and the torch-gloo peer of ``ddl bench allreduce``."""

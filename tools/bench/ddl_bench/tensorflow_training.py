@@ -137,7 +137,7 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def _worker(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
-    from ddl.tools.bench.peers import free_port
+    from ddl_bench.peers import free_port
 
     comm = MPI.COMM_WORLD.Dup()
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ddl.tools.bench.peers import free_port
+from ddl_bench.peers import free_port
 
 
 def gloo_allreduce(comm: Any) -> tuple[Callable[[np.ndarray], np.ndarray] | None, str]:

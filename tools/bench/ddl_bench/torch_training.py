@@ -197,7 +197,7 @@ def _worker(args: argparse.Namespace) -> int:
     from torch.nn.parallel import DistributedDataParallel
 
     import ddl.torch as dt
-    from ddl.tools.bench.peers import free_port
+    from ddl_bench.peers import free_port
 
     torch.set_num_threads(1)
     dt.init()

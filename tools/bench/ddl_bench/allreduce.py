@@ -4,7 +4,8 @@ Float32 sums over sizes 4 KiB ... 256 MiB (powers of 4). Per size and contender:
 median over repeats of the slowest rank's time, algbw = bytes / time and busbw =
 algbw * 2(p-1)/p (as nccl-tests report them), and a check of the result. Prints a
 table, writes JSON and a PNG plot (busbw against size). ``--fused N`` compares N
-tensors of size S submitted asynchronously with one tensor of N*S.
+tensors of size S submitted asynchronously with one tensor of N*S. ``-np N`` re-launches it
+on N ranks of this host under ``ddlrun``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,8 +24,8 @@ import numpy as np
 import ddl
 from ddl.engine.codec import COMPACT_FROM, INLINE_BYTES
 from ddl.reduction.algorithms import SCHEDULED
-from ddl.tools.bench import peers
 from ddl.tools.helptext import plain
+from ddl_bench import peers
 
 ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "shm", "auto"]
 
@@ -57,7 +59,11 @@ def timed(comm: Any, fn: Callable[[], Any], *, budget: float, max_reps: int) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if "-np" in args_list:
+        return _relaunch(args_list)
     parser = argparse.ArgumentParser(prog="ddl bench allreduce", description=plain(__doc__))
+    parser.add_argument("-np", dest="np", type=int, help="re-launch on N ranks of this host under ddlrun")
     parser.add_argument("--min-bytes", type=int, default=4 << 10)
     parser.add_argument("--max-bytes", type=int, default=256 << 20)
     parser.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=None, metavar="B,B,...",
@@ -72,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-gloo", "--no-peers", dest="no_peers", action="store_true",
                         help="skip the peers adapters register (torch-gloo)")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON and the PNG")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(args_list)
 
     from mpi4py import MPI
 
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             resolved = ""
             if name == "ddl:auto":
                 inline = nbytes <= INLINE_BYTES and 1 < p < COMPACT_FROM  # from 17 ranks: no payloads
-                resolved = "inline" if inline else ddl.context().resolve_algorithm("auto", x.size, 4)
+                resolved = "inline" if inline else _auto_choice(ddl.context(), nbytes)
             rows.append({"bytes": nbytes, "contender": name, "time_s": t, "algbw_GBps": algbw,
                          "busbw_GBps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": ok,
                          "auto_picked": resolved})
@@ -125,6 +131,15 @@ def main(argv: list[str] | None = None) -> int:
         report(rows, fused_rows, p, notes, Path(args.out), inplace_rows)
     ddl.shutdown()
     return 0 if all(r["correct"] for r in rows + inplace_rows) else 1
+
+
+def _auto_choice(ctx: Any, nbytes: int) -> str:
+    """What auto ran at ``nbytes`` float32: init's pick, or what its trials settled on instead."""
+    from ddl.reduction import cost
+
+    picked: str = ctx.resolve_algorithm("auto", nbytes // 4, 4)
+    settled = ctx.trials.overridden.get((cost.size_class(nbytes), 4)) if ctx.trials is not None else None
+    return f"{settled} (trials; init {picked})" if settled else picked
 
 
 def ddl_allreduce(algorithm: str) -> Callable[[np.ndarray], np.ndarray]:
@@ -245,6 +260,20 @@ def run_fused(comm: Any, n: int, nbytes: int) -> list[dict[str, Any]]:
              "cycle_protocol": "compact allreduce" if eng.exchange.compact else "gathered records",
              "peak_traced_bytes": peak, "result_bytes": out_bytes,
              "extra_bytes": extra, "largest_fused_bytes": min(n * nbytes, runtime.engine().fusion_threshold)}]
+
+
+def _relaunch(argv: list[str]) -> int:
+    """``-np N ARGS``: this benchmark with ``ARGS`` on N ranks, ddlrun running in this process."""
+    i = argv.index("-np")
+    try:
+        ranks = int(argv[i + 1])
+    except (IndexError, ValueError):
+        print("ddl bench allreduce: -np needs a whole number of ranks, e.g. -np 2", file=sys.stderr)
+        return 2
+    from ddl.launcher.cli import main as ddlrun
+    from ddl.launcher.relaunch import relaunch_argv
+
+    return ddlrun(relaunch_argv(ranks, ["-m", "ddl_bench.allreduce", *argv[:i], *argv[i + 2 :]])[3:])
 
 
 def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, notes: list[str], out: Path,

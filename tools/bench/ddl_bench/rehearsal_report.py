@@ -1,4 +1,4 @@
-"""The rehearsal's table, JSON and plot (:mod:`ddl.tools.bench.rehearsal` measures)."""
+"""The rehearsal's table, JSON and plot (:mod:`ddl_bench.rehearsal` measures)."""
 
 from __future__ import annotations
 

@@ -282,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         from ddl.launcher.relaunch import relaunch
 
         i = args_list.index("-np")
-        return relaunch(args.np, ["-m", "ddl.tools.bench.rehearsal", *args_list[:i], *args_list[i + 2 :]]).returncode
+        return relaunch(args.np, ["-m", "ddl_bench.rehearsal", *args_list[:i], *args_list[i + 2 :]]).returncode
     try:
         sizes, source = gradient_sizes(args.model)
     except ModelSpecError as exc:
@@ -372,7 +372,7 @@ def _worker(args: argparse.Namespace, sizes: list[int], source: str) -> int:
     if args.link and topology.cross_size > 1:
         record["link_bound_s"] = link_bound(record["wire_bytes"], topology.cross_size, plan.parse_bandwidth(args.link))
     if rank == 0:
-        from ddl.tools.bench import rehearsal_report
+        from ddl_bench import rehearsal_report
 
         out = Path(args.out)
         stem = args.tag or f"rehearsal-{'x'.join(map(str, topology.dims))}"

@@ -1,1 +1,0 @@
-"""Benchmarks that print tables and write JSON and plots (``ddl bench ...``)."""
