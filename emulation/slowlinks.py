@@ -7,7 +7,7 @@ ranks' own veth counters, in steady state: after PowerSGD's plain steps, whole p
 local SGD and DiLoCo; the busiest host's), the training wall time to ``--target``
 held-out accuracy, the final accuracy, and ``ddl plan``'s predicted step (priced with the
 calibration ``init`` measured on these links, the step's measured compute and the
-machine's measured matrix-product rate) beside the measured steady-state step. Writes
+rates of the hooks' own operations, timed at the model's shapes) beside the measured steady-state step. Writes
 ``slowlinks.json`` and ``slowlinks.png`` (accuracy against wall time) into ``--out``;
 ``--report`` redoes the table and plot from the saved runs.
 
@@ -122,11 +122,18 @@ def summarise(args: argparse.Namespace, out: Path, calibration: Path) -> dict[st
         steady_sent = [p["steady_link_bytes"][0] for p in r["per_rank"]]
         reached = next((t for step, t, acc in r["curve"] if acc >= args.target), None)
         compute_ms = max(p["compute_ms"] for p in r["per_rank"])
-        rate = statistics.median(p["flop_rate"] for p in r["per_rank"])
-        memory = statistics.median(p["memory_rate"] for p in r["per_rank"])
+        # The slowest rank's rates, as its compute: every round of a synchronous step waits for it.
+        rate = min(p["flop_rate"] for p in r["per_rank"])
+        memory = min(p["memory_rate"] for p in r["per_rank"])
+        casts = [p["cast_rate"] for p in r["per_rank"] if p.get("cast_rate")]
+        cast = min(casts) if casts else None
+        cycles_s = [p["cycle_s"] for p in r["per_rank"] if p.get("cycle_s") is not None]
+        cycle = max(cycles_s) if cycles_s else None
         shapes = [tuple(s) for s in r["shapes"]]
         predicted = predict_mode(mode, shapes, topology=f"1x{r['ranks']}", calibration_file=str(calibration),
-                                 step_ms=compute_ms, flop_rate=rate, memory_rate=memory)
+                                 step_ms=compute_ms, flop_rate=rate, memory_rate=memory, cast_rate=cast,
+                                 cycle_s=cycle)
+        hooks = [p["hook_ms"] for p in r["per_rank"] if p.get("hook_ms") is not None]
         measured_step = statistics.fmean(r["step_times"][first:last])
         rows.append({
             "mode": mode, "bytes_per_step": max(steady_sent) / (last - first), "bytes_per_step_all": max(sent) / steps,
@@ -134,7 +141,13 @@ def summarise(args: argparse.Namespace, out: Path, calibration: Path) -> dict[st
             "final_accuracy": r["final_accuracy"], "train_seconds": r["train_seconds"],
             "measured_step_s": measured_step, "predicted_step_s": predicted["step_s"],
             "predicted_bytes_per_step": predicted["link_bytes"], "compute_ms": compute_ms,
-            "flop_rate": rate, "memory_rate": memory, "load_average": r["load_average"], "replica_spread": r["replica_spread"], "curve": r["curve"],
+            "compute_after_ms": max((p.get("compute_after_ms") or 0.0) for p in r["per_rank"]) or None,
+            "predicted_comm_s": predicted["comm_s"], "predicted_hook_s": predicted["hook_compute_s"],
+            "predicted_cycles": predicted.get("cycles"),
+            "hook_ms": max(hooks) if hooks else None,
+            "cycles_per_step": (r["per_rank"][0]["steady_cycles"] / (last - first)
+                                if r["per_rank"][0].get("steady_cycles") is not None else None),
+            "flop_rate": rate, "memory_rate": memory, "cast_rate": cast, "cycle_s": cycle, "load_average": r["load_average"], "replica_spread": r["replica_spread"], "curve": r["curve"],
             "compression_stats": r.get("compression_stats"),
         })
     base = next((row for row in rows if row["mode"] == "sync"), None)
@@ -160,9 +173,28 @@ def table(summary: dict[str, Any]) -> list[str]:
         lines.append(f"{r['mode']:<24} {r['bytes_per_step'] / 1e6:12.3f} {r.get('bytes_vs_sync', 1):8.4f} {to:>11} "
                      f"{speed:>7} {r['final_accuracy']:9.4f} {r['measured_step_s']:7.3f} {r['predicted_step_s']:7.3f} "
                      f"{r['plan_error']:+8.1%} {r['load_average'][0]:5.1f}")
+    lines.append("the plan's parts against measured ones, ms per step (compute: the step without communication, "
+                 "timed before and after training; hook: the hooks' own work timed with the link taken out, the "
+                 "slowest rank's; rest: the measured step less both)")
+    lines.append(f"{'mode':<24} {'compute':>8} {'after':>7} {'hook plan':>9} {'hook meas':>9} {'comm plan':>9} "
+                 f"{'rest':>7} {'cycles':>6} {'plan':>5} {'MB plan':>8} {'MB meas':>8} {'GF/s':>5} {'pass GB/s':>9} {'cast GB/s':>9}")
+    for r in summary["rows"]:
+        hook = r.get("hook_ms")
+        after = r.get("compute_after_ms")
+        rest = r["measured_step_s"] * 1e3 - (after or r["compute_ms"]) - (hook or 0.0)
+        cycles = r.get("cycles_per_step")
+        lines.append(f"{r['mode']:<24} {r['compute_ms']:8.1f} {_num(after, 7)} {r.get('predicted_hook_s', 0) * 1e3:9.1f} "
+                     f"{_num(hook, 9)} {r.get('predicted_comm_s', 0) * 1e3:9.1f} {rest:7.1f} {_num(cycles, 6)} {_num(r.get('predicted_cycles'), 5)} "
+                     f"{r['predicted_bytes_per_step'] / 1e6:8.3f} {r['bytes_per_step'] / 1e6:8.3f} "
+                     f"{r['flop_rate'] / 1e9:5.1f} {r['memory_rate'] / 1e9:9.1f} {_num(r.get('cast_rate'), 9, 1e-9)} "
+                     f"{_num(r.get('cycle_s'), 8, 1e3)}")
     lines.append(f"load average now {summary['load_average_now'][0]:.1f} {summary['load_average_now'][1]:.1f} "
                  f"{summary['load_average_now'][2]:.1f} on {os.cpu_count()} cores")
     return lines
+
+
+def _num(value: float | None, width: int, scale: float = 1.0) -> str:
+    return f"{value * scale:{width}.1f}" if value is not None else f"{'-':>{width}}"
 
 
 def plot(summary: dict[str, Any], path: Path) -> bool:

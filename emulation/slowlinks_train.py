@@ -10,9 +10,13 @@ Rank 0 evaluates the held-out accuracy every ``--eval-every`` steps (periodic mo
 their outer steps) on its own weights, on a clock that stops while it evaluates. Each
 rank reads its own link's byte counters (it runs inside its emulated host's network
 namespace) at the start and the end of training. Before training every rank times the
-step without communication (``compute_ms``: the slowest rank's, step by step), a
-PowerSGD-shaped matrix product (``flop_rate``) and an element-wise pass
-(``memory_rate``), for ``ddl plan``. Rank 0 writes everything to ``--out``.
+step without communication with the mode's own optimizer (``compute_ms``: the slowest
+rank's, step by step; again after training), and, for ``ddl plan``, the rates of the
+hooks' own operations at the model's shapes (:mod:`ddl.tools.plan_rates`: PowerSGD's
+three products through torch's matmul, the error-feedback passes, the fp16 casts) and an
+engine round's cost besides its allreduce (``cycle_s``); for the table's attribution, the
+hook's whole work per step with the link taken out (``hook_ms``), the engine's cycles and
+forward+backward's time per steady step. Rank 0 writes everything to ``--out``.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from torch import nn
 
 import ddl
 import ddl.torch as dt
+from ddl.runtime import running
 
 
 def parser() -> argparse.ArgumentParser:
@@ -107,27 +112,86 @@ def build_optimizer(args: argparse.Namespace, model: nn.Module) -> Any:
     return dt.DiLoCo(model, inner, outer, period=args.period, compression=hook_of(args.pseudo), overlap=args.overlap)
 
 
-def flop_rate() -> float:
-    """Multiply-adds per second of a PowerSGD-shaped product (2048x2048 by 2048x4), this core."""
-    a = np.random.default_rng(0).standard_normal((2048, 2048)).astype(np.float32)
-    b = np.ones((2048, 4), np.float32)
-    times = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        a @ b
-        times.append(time.perf_counter() - t0)
-    return 2 * 2048 * 2048 * 4 / statistics.median(times)
+def rates(args: argparse.Namespace, shapes: list[tuple[int, ...]]) -> dict[str, float]:
+    """The rates ``ddl plan`` prices the hooks' own work at, timed on this core at the model's
+    shapes through the kernels the hooks use (:mod:`ddl.tools.plan_rates`)."""
+    from ddl.tools import plan_rates
+
+    elements = plan_rates.model_elements(shapes)
+    return {"flop_rate": plan_rates.product_rate(ddl.PowerSGD(rank=args.rank), shapes, matmul=dt.kernels.matmul),
+            "memory_rate": plan_rates.pass_rate(elements), "cast_rate": plan_rates.cast_rate(elements)}
 
 
-def memory_rate() -> float:
-    """Bytes per second an element-wise pass over 16 MB arrays moves (read two, write one), this core."""
-    a, b = np.ones(4_194_304, np.float32), np.ones(4_194_304, np.float32)
+def cycle_seconds() -> float:
+    """One engine round with nothing to reduce but its negotiation: a one-element allreduce
+    through the engine (it rides in the cycle's records), timed back to back after a barrier."""
+    one = np.ones(1, np.float32)
+    ddl.allreduce(one, name="slowlinks.cycle")
+    dt.barrier()
     times = []
-    for _ in range(7):
+    for _ in range(15):
         t0 = time.perf_counter()
-        np.add(a, b, out=a)
+        ddl.allreduce(one, name="slowlinks.cycle")
         times.append(time.perf_counter() - t0)
-    return 3 * a.nbytes / statistics.median(times)
+    return statistics.median(times)
+
+
+class _Local:
+    """A submitter whose allreduce is this rank's own values: a hook's work without the link."""
+
+    def allreduce_async(self, x: Any, **_: Any) -> Any:
+        return x
+
+
+def hook_work_ms(args: argparse.Namespace, shapes: list[tuple[int, ...]]) -> float | None:
+    """This rank's own hook work per step, timed on ``ddl.torch``'s buckets of ``shapes`` with
+    the link taken out (PowerSGD's products, QR and passes; a compressor's two casts): what
+    the plan's hook column is checked against."""
+    from ddl.base import kernels
+    from ddl.engine.hooks import GradBucket
+    from ddl.reduction.buckets import (
+        BUCKET_BYTES,
+        FIRST_BUCKET_BYTES,
+        FLAGS_PER_TENSOR,
+        gradient_buckets,
+    )
+
+    numels = [math.prod(s) for s in shapes]
+    buckets = gradient_buckets(numels, [4] * len(numels), first_cap=FIRST_BUCKET_BYTES, cap=BUCKET_BYTES)
+    layouts = [tuple(shapes[i] for i in b.members) + ((FLAGS_PER_TENSOR * len(b.members),),) for b in buckets]
+    rng = np.random.default_rng(1)
+    grads = [(rng.standard_normal(sum(math.prod(s) for s in lay)) * 1e-3).astype(np.float32) for lay in layouts]
+    if args.mode == "powersgd":
+        hook = ddl.PowerSGD(rank=args.rank, start_iter=0)
+        state = hook.new_state()
+        bufs = [g.copy() for g in grads]
+
+        def run() -> None:
+            for k, (lay, g, b) in enumerate(zip(layouts, grads, bufs, strict=True)):
+                b[...] = g
+                hook(state, GradBucket(k, f"b{k}", b, lay, ddl.Average, _Local(), matmul=dt.kernels.matmul)).wait()
+        copy_s = _median(lambda: [np.copyto(b, g) for g, b in zip(grads, bufs, strict=True)])
+        return max(0.0, _median(run) - copy_s) * 1e3
+    wire = {"fp16": np.float16}.get(args.compression if args.mode == "sync" else args.pseudo)
+    if wire is None:
+        return None
+    halves = [np.empty(g.size, wire) for g in grads]
+
+    def casts() -> None:
+        for g, h in zip(grads, halves, strict=True):
+            kernels.divide_into(h, g, dt.size())
+            kernels.cast_into(g, h)
+    return _median(casts) * 1e3
+
+
+def _median(fn: Any, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def main() -> int:
@@ -148,21 +212,33 @@ def main() -> int:
 
     # The step without communication, on a copy, every rank at once as in training: a
     # synchronous step waits for the slowest rank, so each step's time is the slowest's.
+    # The step's own optimizer (DiLoCo's inner AdamW makes more passes than SGD), with lr 0.
     alone = copy.deepcopy(model)
-    alone_opt = torch.optim.SGD(alone.parameters(), lr=0.0)
-    mine = []
-    for step in range(14):
-        x, y = batch(step)
-        dt.barrier()
-        t0 = time.perf_counter()
-        alone_opt.zero_grad()
-        loss_fn(alone(x), y).backward()
-        alone_opt.step()
-        mine.append(time.perf_counter() - t0)
-    slowest = np.max(np.array(dt.allgather_object(mine[2:])), axis=0)
-    compute_ms = float(np.median(slowest)) * 1e3
-    rate, memory = flop_rate(), memory_rate()
-    del alone, alone_opt
+    alone_opt = (torch.optim.AdamW(alone.parameters(), lr=0.0, weight_decay=0.0) if args.mode == "diloco"
+                 else torch.optim.SGD(alone.parameters(), lr=0.0, momentum=0.9))
+
+    def compute_alone() -> float:
+        mine = []
+        for step in range(14):
+            x, y = batch(step)
+            dt.barrier()
+            t0 = time.perf_counter()
+            alone_opt.zero_grad()
+            loss_fn(alone(x), y).backward()
+            alone_opt.step()
+            mine.append(time.perf_counter() - t0)
+        slowest = np.max(np.array(dt.allgather_object(mine[2:])), axis=0)
+        return float(np.median(slowest)) * 1e3
+
+    compute_ms = compute_alone()
+    shapes = [tuple(p.shape) for p in model.parameters()]
+    dt.barrier()
+    probed = rates(args, shapes)
+    dt.barrier()
+    hook_ms = hook_work_ms(args, shapes)
+    cycle_s = cycle_seconds()
+    if hook_ms is not None and args.mode in ("localsgd", "diloco"):
+        hook_ms /= args.period  # one round's work a period: per step
 
     dt.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = build_optimizer(args, model)
@@ -188,23 +264,30 @@ def main() -> int:
 
     curve: list[tuple[int, float, float]] = [(0, 0.0, evaluate())]
     step_times: list[float] = []
+    backward_s: list[float] = []
+    engine = running.engine()
     dt.barrier()
     counters0 = link_bytes()
     clock = 0.0
     steady_counters = [counters0, counters0]
+    steady_cycles = 0
     for step in range(args.steps):
         x, y = batch(10_000 + step)
         if step == steady[0]:
             steady_counters[0] = link_bytes()
+            steady_cycles = engine.cycles
         t0 = time.perf_counter()
         opt.zero_grad()
         loss_fn(model(x), y).backward()
+        t1 = time.perf_counter()
         opt.step()
         if scheduler is not None:
             scheduler.step()
         spent = time.perf_counter() - t0
+        backward_s.append(t1 - t0)  # forward and backward, with the hooks' work started in it
         if step + 1 == steady[1]:
             steady_counters[1] = link_bytes()
+            steady_cycles = engine.cycles - steady_cycles
         step_times.append(spent)
         clock += spent
         if rank == 0 and ((step + 1) % eval_every == 0 or step + 1 == args.steps):
@@ -215,6 +298,7 @@ def main() -> int:
         opt.synchronize()  # every rank to the same weights (a round if steps were left over)
         clock += time.perf_counter() - t0
     counters1 = link_bytes()
+    compute_after_ms = compute_alone()  # the same probe after training: how far the machine's load moved it
     moved = (counters1[0] - counters0[0], counters1[1] - counters0[1])
     final = evaluate()
     weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -222,7 +306,9 @@ def main() -> int:
     steady_moved = [b - a for a, b in zip(steady_counters[0], steady_counters[1], strict=True)]
     everyone = dt.allgather_object({"rank": rank, "host": os.uname().nodename, "link_bytes": moved,
                                     "steady_link_bytes": steady_moved,
-                                    "compute_ms": compute_ms, "flop_rate": rate, "memory_rate": memory,
+                                    "compute_ms": compute_ms, "compute_after_ms": compute_after_ms, **probed,
+                                    "hook_ms": hook_ms, "steady_cycles": steady_cycles, "cycle_s": cycle_s,
+                                    "steady_backward_s": statistics.fmean(backward_s[steady[0]:steady[1]]),
                                     "mean_step_s": statistics.fmean(step_times)})
     if rank == 0:
         stats = opt.compression_stats() if args.mode == "powersgd" else None

@@ -431,6 +431,11 @@ class PowerSGD:
         return buf
 
     # -- what it sends ------------------------------------------------------------------
+    def products(self, shapes: Sequence[tuple[int, ...]], *, out_axis: int = 0) -> list[tuple[int, int, int]]:
+        """(n, m, r) of each weight of a bucket of ``shapes`` that is compressed: its matrix and
+        rank, the shapes of the three products M Q, Mᵀ P and P Qᵀ (what ``ddl plan`` times)."""
+        return [(p.rows, p.cols, p.rank) for p in _layout(self, shapes, out_axis) if p.rank]
+
     def traffic(self, shapes: Sequence[tuple[int, ...]], itemsize: int, *, out_axis: int = 0) -> Traffic:
         """The two allreduces of a bucket of ``shapes`` in steady state (one, plain, where nothing
         is compressed), the multiply-adds around them (M Q, Mᵀ P, P Qᵀ, the QR) and the
@@ -444,5 +449,9 @@ class PowerSGD:
         first = sum(p.rows * p.rank for p in compressed) + sum(p.size for p in parts if not p.rank)
         second = sum(p.cols * p.rank for p in compressed)
         flops = sum(6.0 * p.rows * p.cols * p.rank + 4.0 * p.rows * p.rank * p.rank for p in compressed)
-        passes = sum(9.0 * p.rows * p.cols for p in compressed) + sum(4.0 * p.size for p in parts if not p.rank)
+        # Passes besides the products (which read M twice and write P Qᵀ over the bucket):
+        # the error added (read two, write one) and the approximation taken off (the same);
+        # a half bucket's values cast to float32 and P Qᵀ cast back.
+        per = (6.0 if self.error_feedback else 0.0) + (3.0 if itemsize < 4 else 0.0)
+        passes = sum(per * p.rows * p.cols for p in compressed) + sum(4.0 * p.size for p in parts if not p.rank)
         return Traffic((Round(first, wire), Round(second, wire)), flops, passes * wire)

@@ -343,6 +343,12 @@ def parser() -> argparse.ArgumentParser:
                    help="multiply-adds per second a rank's core gives PowerSGD's products (--modes)")
     p.add_argument("--memory-rate", type=float, default=plan_hooks.DEFAULT_MEMORY_RATE, metavar="BYTES",
                    help="bytes per second a rank's element-wise passes move (hooks' errors, DiLoCo's deltas; --modes)")
+    p.add_argument("--cast-rate", type=float, default=None, metavar="BYTES",
+                   help="bytes per second a compressor's casts read and write (fp16, bf16; --modes; "
+                        "default: --memory-rate)")
+    p.add_argument("--cycle-ms", type=float, default=None, metavar="MS",
+                   help="what an engine round costs besides its allreduce (--modes; default: the negotiation's "
+                        "records at the link's rate and latency)")
     p.add_argument("--json", metavar="FILE", help="also write the plan as JSON")
     return p
 
@@ -420,7 +426,8 @@ def make_plan(args: argparse.Namespace) -> tuple[list[str], dict[str, Any]]:
                 args.modes.split(","), shapes, args.itemsize, topology, model, step=args.step_ms / 1e3,
                 backward_fraction=args.backward_fraction, flop_rate=args.flop_rate, memory_rate=args.memory_rate,
                 first_cap=int(args.first_bucket_mb * 2**20), cap=int(args.bucket_mb * 2**20),
-                fusion_threshold=args.fusion_threshold)
+                fusion_threshold=args.fusion_threshold, cast_rate=args.cast_rate,
+                cycle_s=None if args.cycle_ms is None else args.cycle_ms / 1e3)
         except plan_hooks.ModeError as exc:
             raise PlanError(str(exc)) from None
         lines += more
