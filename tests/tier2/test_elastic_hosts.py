@@ -402,7 +402,9 @@ def test_horovod_internal_error_raised_by_the_program_on_one_rank_resumes_withou
 
 def test_an_error_of_the_program_ends_the_job(cluster: Cluster) -> None:
     start = time.time()
-    run = elastic_job(cluster, ["h1", "h2"], "--min-np", "1", "--max-np", "2",
+    # -np 2: the first world waits for both hosts (with --min-np 1 alone, a host whose agent
+    # came up late joined in a world 2 before the error, a scale-up this test is not about).
+    run = elastic_job(cluster, ["h1", "h2"], "-np", "2", "--min-np", "1", "--max-np", "2",
                       react=lambda line, run, listing: None, worker=["--steps", "30", "--fail-step", "7"])
     assert run.rc == 1, run.text[-3000:]
     assert "ValueError: an error of the program at step 7" in run.text
