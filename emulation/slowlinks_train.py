@@ -37,6 +37,7 @@ from torch import nn
 
 import ddl
 import ddl.torch as dt
+from ddl.reduction.probes import median_time
 from ddl.runtime import running
 
 
@@ -185,13 +186,7 @@ def hook_work_ms(args: argparse.Namespace, shapes: list[tuple[int, ...]]) -> flo
 
 
 def _median(fn: Any, repeats: int = 5) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return median_time(fn, repeats, None, math.inf)
 
 
 def main() -> int:

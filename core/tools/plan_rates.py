@@ -18,8 +18,6 @@ Example:
 from __future__ import annotations
 
 import math
-import statistics
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,18 +25,14 @@ import numpy as np
 
 from ddl.base import kernels
 from ddl.engine.powersgd import PowerSGD
+from ddl.reduction.probes import median_time
 
 __all__ = ["cast_rate", "pass_rate", "product_flops", "product_rate"]
 
 
-def _median_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    fn()  # first touch: pages, kernels' set-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _median(fn: Callable[[], Any], repeats: int) -> float:
+    """Median seconds of ``fn`` after a first touch (pages, kernels' set-up), on this rank alone."""
+    return median_time(fn, repeats, None, math.inf)
 
 
 def product_flops(n: int, m: int, r: int) -> float:
@@ -67,7 +61,7 @@ def product_rate(hook: PowerSGD, shapes: Sequence[tuple[int, ...]], *, matmul: C
             matmul(a.T, p, out=q)
             matmul(p, q.T, out=approx)  # written over the bucket in the hook: a fresh n x m write
 
-    return sum(product_flops(n, m, r) for n, m, r in weights) / _median_seconds(run, repeats)
+    return sum(product_flops(n, m, r) for n, m, r in weights) / _median(run, repeats)
 
 
 def pass_rate(count: int, *, repeats: int = 5) -> float:
@@ -80,7 +74,7 @@ def pass_rate(count: int, *, repeats: int = 5) -> float:
         np.add(e, g, out=m)
         np.subtract(m, g, out=m)
 
-    return 6.0 * count * 4 / _median_seconds(run, repeats)
+    return 6.0 * count * 4 / _median(run, repeats)
 
 
 def cast_rate(count: int, wire: np.dtype | str = "float16", *, repeats: int = 5) -> float:
@@ -97,7 +91,7 @@ def cast_rate(count: int, wire: np.dtype | str = "float16", *, repeats: int = 5)
         kernels.cast_into(back, half)
 
     moved = 2.0 * count * (4 + half.itemsize)
-    return moved / _median_seconds(run, repeats)
+    return moved / _median(run, repeats)
 
 
 def model_elements(shapes: Sequence[tuple[int, ...]]) -> int:
