@@ -187,6 +187,21 @@ def test_a_rank_leaving_after_a_failed_collective_stops_the_others_at_once() -> 
     assert wm.step(state, wm.WorldRankProgress(1, Step.RESET, 10, at=5.1, reason=Reason.COLLECTIVE_FAILED), T) == (state, [])
 
 
+@covers("W4", "W22")
+def test_a_failed_collective_after_a_rank_raised_is_that_error_not_a_reset() -> None:
+    """Measured under load: rank 0 raised at step 7, its leave timed out, it aborted, and rank 1's
+    collective failed; rank 1's report reached ddlrun before rank 0's end. The world must end as the
+    program's error (no next world), not reset."""
+    state = synced(world())
+    state, _ = wm.step(state, wm.WorldRankProgress(0, Step.FAILED, 1, at=5.0, reason=Reason.EXCEPTION,
+                                                   detail="ValueError: at step 7"), T)
+    state, actions = wm.step(state, wm.WorldRankProgress(1, Step.RESET, 1, at=5.5, reason=Reason.COLLECTIVE_FAILED), T)
+    assert (state.ending, state.status) == (wm.Ending.ERROR, 1)
+    assert actions[-1] == wm.StopRanks(2, StopWhy.ERROR)
+    assert "rank 0 raised ValueError: at step 7" in actions[0].text  # type: ignore[union-attr]
+    assert "an error of the program, not a lost host; ending the job" in actions[0].text  # type: ignore[union-attr]
+
+
 @covers("W7", "W23", "W24")
 def test_a_rank_killed_by_a_signal_fails_its_host_after_the_settle_time_and_a_frozen_one_at_once() -> None:
     state, actions = wm.step(synced(world()), wm.WorldRankEnded(2, -9, EndCause.SIGNAL, at=4.0), T)

@@ -34,7 +34,8 @@ TRANSITIONS: dict[str, str] = {
     "W2": "a rank synced; when the last one has, the world is RUNNING (logged)",
     "W3": "rank 0's first commit is logged",
     "W4": "a rank left after a failed collective (reason collective_failed): the others are stopped (reset); "
-          "a rank that ended early before it is judged at once (W14, W21, W23): it broke the collective",
+          "a rank that ended early before it is judged at once (W14, W21, W23): it broke the collective; "
+          "after a rank raised (W22) it is that error of the program: the world ends (error, status 1)",
     "W5": "rank 0 leaves at a commit for the next world (reason hosts_updated): logged",
     "W6": "a rank's training function returned (done): recorded",
     "W7": "a rank was killed by a signal nobody in ddl sent: noted, judged after the settle time (MPI may crash "
@@ -254,6 +255,12 @@ def _progress(state: WorldState, event: WorldRankProgress) -> tuple[WorldState, 
             return state, []
         if state.early:
             return _judge(state, event.at)  # what broke the collective
+        if state.raised:  # a rank raised first and is leaving with it: that broke the collective
+            rank, detail = min(state.raised.items())
+            ended, actions = _end(dataclasses.replace(state, status=1), Ending.ERROR, event.at, StopWhy.ERROR)
+            return ended, [WorldNote(f"world {state.number}: rank {rank} raised {detail}, then rank {event.rank}'s "
+                                     "collective failed: an error of the program, not a lost host; ending the job"),
+                           *actions]
         # A collective failed there: the others wait for it in one and cannot reach a commit.
         ended, actions = _end(state, Ending.RESET, event.at, StopWhy.RESET)
         return ended, [WorldNote(f"world {state.number}: rank {event.rank} left after a failed collective "

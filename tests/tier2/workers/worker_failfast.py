@@ -50,6 +50,7 @@ def fail_at_step() -> bool:
         from mpi4py import MPI
 
         MPI.COMM_WORLD.Abort(4)
+        time.sleep(60)  # MPI_Abort may return before the launcher's kill lands; a program never steps on
     if CASE == "stall":
         time.sleep(float(os.environ.get("STALL_SECONDS", "120")))  # alive, but never submits
     return CASE == "skip-step"
