@@ -28,6 +28,7 @@ from typing import Any
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
 from ddl.tools.helptext import plain
+from ddl_bench.reports import publish
 
 CONTENDERS = ["keras", "ddl-fit", "ddl-tape", "mwms"]
 LAYERS = (784, 2048, 1024, 10)
@@ -59,11 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
             runs.append(json.loads(out.read_text()))
     report = summarize(runs)
-    print(format_table(report))
-    folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "tensorflow.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {folder / 'tensorflow.json'}")
+    folder = publish(report, format_table(report), args.out, "tensorflow.json")
     plot(report, folder / "tensorflow.png")
     return 0
 

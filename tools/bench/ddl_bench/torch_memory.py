@@ -30,6 +30,7 @@ from torch import nn
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
 from ddl.tools.helptext import plain
+from ddl_bench.reports import publish
 
 MODES = ("unsharded", "sharded")
 
@@ -70,11 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(json.loads(out.read_text()))
     report = summarize(runs)
     report["load_average"] = list(os.getloadavg())
-    print(format_table(report))
-    folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "memory.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {folder / 'memory.json'}")
+    publish(report, format_table(report), args.out, "memory.json")
     return 0
 
 

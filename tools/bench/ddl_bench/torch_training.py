@@ -35,6 +35,7 @@ from torch import nn
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
 from ddl.tools.helptext import plain
+from ddl_bench.reports import publish
 from ddl_bench.torch_resnet import resnet50
 
 CONTENDERS = ["none", "ddl.torch", "DDP-gloo"]
@@ -135,11 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     report = summarize(runs)
     report["optimizer"] = args.optimizer
     report["load_average"] = list(os.getloadavg())
-    print(format_table(report))
-    folder = Path(args.out)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "torch.json").write_text(json.dumps(report, indent=2))
-    print(f"wrote {folder / 'torch.json'}")
+    publish(report, format_table(report), args.out, "torch.json")
     return 0
 
 
