@@ -29,6 +29,10 @@ from ddl.reduction import algorithms
 from ddl.reduction.segments import check_bounds
 
 
+def is_adasum(op: Any) -> bool:
+    """Whether ``op`` asks for Adasum (the member, or its name in any case)."""
+    return op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum")
+
 class Collectives:
     """Every public collective, on one :class:`~ddl.engine.engine.Engine`."""
 
@@ -63,7 +67,7 @@ class Collectives:
             again = self.resubmit(x, op, name, inplace, wake)
             if again is not None:
                 return again
-        if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
+        if is_adasum(op):
             return self._adasum([x], name, "allreduce", single=True, inplace=inplace, wait=False)
         req = self._allreduce_request(x, op, name, algorithm, compression, inplace, prescale, postscale)
         if name and req.kind == "allreduce" and type(x) is np.ndarray and req.array is x \
@@ -96,10 +100,8 @@ class Collectives:
                   postscale: float = 1.0) -> np.ndarray:
         """See :func:`ddl.allreduce`."""
         if algorithm is None and compression is None and prescale == 1.0 and postscale == 1.0:
-            out = self._small_now(x, op, name, False)
-            if out is not None:
-                return out
-        if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
+            return self.plain_allreduce(x, op, name, False)
+        if is_adasum(op):
             return self._adasum([x], name, "allreduce", single=True).wait()  # type: ignore[no-any-return]
         return self._allreduce_now(self._allreduce_request(x, op, name, algorithm, compression, False,
                                                            prescale, postscale))
@@ -109,31 +111,33 @@ class Collectives:
                    postscale: float = 1.0) -> np.ndarray:
         """See :func:`ddl.allreduce_`."""
         if algorithm is None and compression is None and prescale == 1.0 and postscale == 1.0:
-            out = self._small_now(x, op, name, True)
-            if out is not None:
-                return out
-        if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
+            return self.plain_allreduce(x, op, name, True)
+        if is_adasum(op):
             return self._adasum([x], name, "allreduce", single=True, inplace=True).wait()  # type: ignore[no-any-return]
         return self._allreduce_now(self._allreduce_request(x, op, name, algorithm, compression, True,
                                                            prescale, postscale))
 
-    def _small_now(self, x: Any, op: Any, name: str | None, inplace: bool) -> np.ndarray | None:
-        """A small synchronous allreduce through its prepared lane (:mod:`ddl.engine.small_lane`);
-        None: no lane for it, or the engine is busy here (nothing done, no name taken)."""
-        if type(x) is not np.ndarray or (inplace and not x.flags.writeable):
-            return None
-        # Keyed by the op object's identity (hashing an enum member runs Python code);
-        # the lane keeps the object, so an id reused by another op cannot match it.
-        key = (x.dtype, x.shape, id(op), inplace)
-        lane = self._lanes.get(key)
-        if lane is None or lane is not False and lane.passed is not op:
-            lane = self._lanes[key] = self._new_lane(x, op, inplace)
-        if lane is False:
-            return None
-        got = self.engine.run_lane(lane, x, name)
-        if got is None or type(got) is np.ndarray:
-            return got
-        return got.wait()  # type: ignore[union-attr,no-any-return]
+    def plain_allreduce(self, x: Any, op: Any, name: str | None, inplace: bool) -> np.ndarray:
+        """A synchronous allreduce with no algorithm, compression or scaling asked for (the
+        public functions call it directly: a small call's keywords cost a tenth of it).
+        A small one goes through its prepared lane (:mod:`ddl.engine.small_lane`); the rest,
+        and any call while the engine is busy here, the usual way."""
+        if type(x) is np.ndarray and (not inplace or x.flags.writeable):
+            # Keyed by the op object's identity (hashing an enum member runs Python code);
+            # the lane keeps the object, so an id reused by another op cannot match it.
+            key = (x.dtype, x.shape, id(op), inplace)
+            lane = self._lanes.get(key)
+            if lane is None or lane is not False and lane.passed is not op:
+                lane = self._lanes[key] = self._new_lane(x, op, inplace)
+            if lane is not False:
+                got = self.engine.run_lane(lane, x, name)
+                if type(got) is np.ndarray:
+                    return got
+                if got is not None:
+                    return got.wait()  # type: ignore[no-any-return]
+        if is_adasum(op):
+            return self._adasum([x], name, "allreduce", single=True, inplace=inplace).wait()  # type: ignore[no-any-return]
+        return self._allreduce_now(self._allreduce_request(x, op, name, None, None, inplace))
 
     def _new_lane(self, x: np.ndarray, op: Any, inplace: bool) -> small_lane.Lane | Literal[False]:
         """This call signature's lane, or False where it cannot take one (the usual path then
@@ -142,7 +146,7 @@ class Collectives:
         if len(self._lanes) > 256:
             self._lanes.clear()
         if not small_lane.eligible(x, eng.exchange.compact, self.ctx.config.algorithm) \
-                or op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
+                or is_adasum(op):
             return False
         try:
             reduction_input(x, op, "allreduce", writable=inplace)
@@ -207,7 +211,7 @@ class Collectives:
         one submission, not one per tensor.
         """
         eng = self.engine
-        if op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum"):
+        if is_adasum(op):
             return self._adasum(list(xs), name, "grouped_allreduce", single=False, wait=False)
         base = name or eng.names.next()
         try:

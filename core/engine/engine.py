@@ -39,7 +39,7 @@ from typing import NoReturn
 
 import numpy as np
 
-from ddl.base.dtypes import accumulator
+from ddl.base.dtypes import accumulator, float_division
 from ddl.base.errors import DDLError
 from ddl.base.ops import ReduceOp, ufunc
 from ddl.engine import codec, failures, fusion, join, negotiation, small_lane
@@ -478,7 +478,9 @@ class Engine:
         arr = req.array
         assert arr is not None
         staged, parts = self._inline_views(arr)
-        return Lane(passed=req.op, op=req.op, combine=ufunc(req.op), average=req.op is ReduceOp.AVERAGE,
+        average = req.op is ReduceOp.AVERAGE
+        return Lane(passed=req.op, op=req.op, combine=ufunc(req.op), average=average,
+                    scale=float_division(arr.dtype, len(parts)) if average else None,
                     inplace=req.inplace, nbytes=arr.nbytes, body=0, staged=staged, parts=parts,
                     request=lambda _x, _name: req)
 
@@ -508,7 +510,7 @@ class Engine:
                 out = None
                 if lane is not None:
                     self.inline_cycles += 1
-                    out = fusion.reduce_with(lane.parts, lane.combine, lane.average, x if lane.inplace else None)
+                    out = fusion.reduce_with(lane.parts, lane.combine, lane.average, x if lane.inplace else None, lane.scale)
                     if self.timeline is not None and req is not None:
                         fusion.trace_inline(self.timeline, [req], inline, (start, time.perf_counter()))
                 elif inline:

@@ -133,14 +133,18 @@ def reduce_payloads(parts: list[np.ndarray], op: ReduceOp, into: np.ndarray | No
     return reduce_with(parts, ufunc(op), op is ReduceOp.AVERAGE, into)
 
 
-def reduce_with(parts: list[np.ndarray], combine: Callable[..., np.ndarray], average: bool, into: np.ndarray | None) -> np.ndarray:
-    """:func:`reduce_payloads` with the op's ufunc already looked up (the lean path's)."""
+def reduce_with(parts: list[np.ndarray], combine: Callable[..., np.ndarray], average: bool, into: np.ndarray | None,
+                scale: tuple[np.ufunc, np.generic] | None = None) -> np.ndarray:
+    """:func:`reduce_payloads` with the op's ufunc already looked up (the lean path's);
+    ``scale``: an Average's division already prepared (:func:`ddl.base.dtypes.float_division`)."""
     if into is None:  # an array even for 0-d parts (a ufunc would return a scalar)
         into = np.empty(parts[0].shape, np.result_type(parts[0].dtype, parts[1].dtype))
     out = combine(parts[0], parts[1], out=into)
     for part in parts[2:]:
         combine(out, part, out=out)
-    if average:
+    if scale is not None:
+        scale[0](out, scale[1], out)
+    elif average:
         dtypes.divide(out, len(parts))
     return out  # type: ignore[no-any-return]
 

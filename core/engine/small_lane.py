@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ddl.base.dtypes import accumulator
+from ddl.base.dtypes import accumulator, float_division
 from ddl.base.ops import ReduceOp, ufunc
 from ddl.engine.codec import INLINE_BYTES
 from ddl.engine.fusion import Request
@@ -38,6 +38,8 @@ class Lane:
     #: ``op``'s ufunc, and whether it is Average (the reduction's order is :func:`ddl.engine.fusion.reduce_with`'s).
     combine: Callable[..., np.ndarray]
     average: bool
+    #: An Average's division, prepared (:func:`ddl.base.dtypes.float_division`; None: not an Average of floats).
+    scale: tuple[np.ufunc, np.generic] | None
     inplace: bool
     nbytes: int
     #: :func:`ddl.engine.negotiation.body_digest` of the request's descriptor.
@@ -63,6 +65,9 @@ def build(request: Request, passed: Any, views: tuple[np.ndarray, list[np.ndarra
     if request.kind != "allreduce" or request.algorithm != "auto" or request.prescale != 1.0 \
             or request.postscale != 1.0 or request.compression.name != "none" or request.array is None:
         return None
-    return Lane(passed=passed, op=request.op, combine=ufunc(request.op), average=request.op is ReduceOp.AVERAGE, inplace=request.inplace, nbytes=request.array.nbytes,
+    average = request.op is ReduceOp.AVERAGE
+    return Lane(passed=passed, op=request.op, combine=ufunc(request.op), average=average,
+                scale=float_division(request.array.dtype, len(views[1])) if average else None,
+                inplace=request.inplace, nbytes=request.array.nbytes,
                 body=body_digest(desc.kind, desc.fields, desc.algorithm, desc.compression),
                 staged=views[0], parts=views[1], request=builder)

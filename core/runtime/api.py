@@ -82,6 +82,9 @@ def allreduce(x: Any, *, op: Any = ReduceOp.AVERAGE, name: str | None = None, al
     Example:
         >>> ddl.allreduce(np.arange(4.0), op=ddl.Sum)  # doctest: +SKIP
     """
+    if process_set is None and algorithm is None and compression is None and prescale_factor == 1.0 \
+            and postscale_factor == 1.0:
+        return lifecycle.collectives().plain_allreduce(x, op, name, False)
     return collectives(process_set).allreduce(x, op=op, name=name, algorithm=algorithm, compression=compression,
                                               prescale=prescale_factor, postscale=postscale_factor)
 
@@ -90,6 +93,9 @@ def allreduce_(x: np.ndarray, *, op: Any = ReduceOp.AVERAGE, name: str | None = 
                algorithm: str | None = None, compression: Any = None, prescale_factor: float = 1.0,
                postscale_factor: float = 1.0, process_set: ProcessSet | None = None) -> np.ndarray:
     """In-place :func:`allreduce`; returns ``x``."""
+    if process_set is None and algorithm is None and compression is None and prescale_factor == 1.0 \
+            and postscale_factor == 1.0:
+        return lifecycle.collectives().plain_allreduce(x, op, name, True)
     return collectives(process_set).allreduce_(x, op=op, name=name, algorithm=algorithm, compression=compression,
                                                prescale=prescale_factor, postscale=postscale_factor)
 

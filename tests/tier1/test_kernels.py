@@ -100,3 +100,27 @@ def test_ddl_torch_installs_its_kernels_and_the_engine_packs_with_them(monkeypat
     assert calls == ["divide", "divide", "add", "cast"]
     assert kernels.combiner(ReduceOp.MAX, wire.dtype) is np.maximum  # only sums go to the kernels
     assert kernels.combiner(ReduceOp.SUM, np.dtype(np.float32)) is np.add
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("divisor", [2, 3, 4, 6, 8, 32, 1024])
+def test_an_averages_prepared_division_gives_numpys_bits(dtype: type, divisor: int) -> None:
+    """``dtypes.divide`` multiplies by the reciprocal for a power of two: the same bits as
+    numpy's divide on normals, subnormals, the extremes, zeros, infinities and NaN."""
+    from ddl.base import dtypes
+
+    info = np.finfo(dtype)
+    rng = np.random.default_rng(divisor)
+    x = np.concatenate([rng.standard_normal(20000).astype(dtype),
+                        (rng.random(4000) * float(info.tiny) * 4).astype(dtype) * np.array(-1, dtype),
+                        np.array([info.max, -info.max, info.tiny, info.smallest_subnormal, 0.0, -0.0,
+                                  np.inf, -np.inf, np.nan], dtype)])
+    want = x.copy()
+    np.divide(want, divisor, out=want)
+    got = x.copy()
+    dtypes.divide(got, divisor)
+    assert got.tobytes() == want.tobytes()
+    ufunc, operand = dtypes.float_division(np.dtype(dtype), divisor)  # type: ignore[misc]
+    assert ufunc is (np.multiply if divisor & (divisor - 1) == 0 else np.divide)
+    assert operand.dtype == dtype
+    assert dtypes.float_division(np.dtype(np.int32), divisor) is None
