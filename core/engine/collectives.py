@@ -134,7 +134,7 @@ class Collectives:
                 if type(got) is np.ndarray:
                     return got
                 if got is not None:
-                    return got.wait()  # type: ignore[no-any-return]
+                    return got.wait()  # type: ignore[union-attr,no-any-return]
         if is_adasum(op):
             return self._adasum([x], name, "allreduce", single=True, inplace=inplace).wait()  # type: ignore[no-any-return]
         return self._allreduce_now(self._allreduce_request(x, op, name, None, None, inplace))
