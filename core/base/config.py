@@ -58,8 +58,8 @@ class Config:
         agree_as=lambda v: "off" if v == "off" else "on", metavar="FILE|on|off")
     auto_trials: str = setting(
         "DDL_AUTO_TRIALS", "on", one_of("on", "off"),
-        "re-check auto's algorithm per message size from timed runs during training (the model's pick and its "
-        "runner-up, three runs each, agreed by every rank); 'off': keep the choice priced at init (off too "
+        "re-check auto's algorithm per message size from timed runs during training (the model's pick and every "
+        "algorithm priced within 4x of it, three runs each, agreed by every rank); 'off': keep the choice priced at init (off too "
         "where DDL_CALIBRATION=off)", flag="--auto-trials", agreed=True, metavar="on|off")
     stall_timeout: float = setting(
         "DDL_STALL_TIMEOUT", 60.0, positive(60.0),

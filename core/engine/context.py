@@ -82,7 +82,7 @@ class Context:
         if self.trials is None or self.topology.size == 1 or count == 0:
             return cost.choose(self.topology, count, itemsize, self.model), None
         key = (cost.size_class(count * itemsize), itemsize)
-        return self.trials.pick(key, cost.ranked_class(self.topology, key[0], itemsize, self.model)), key
+        return self.trials.pick(key, lambda: cost.ranked_class(self.topology, key[0], itemsize, self.model)), key
 
     def allreduce_flat(
         self, buf: np.ndarray, op: ReduceOp, algorithm: str,

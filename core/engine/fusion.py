@@ -157,6 +157,9 @@ def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline:
     ``solo=False``: large in-place tensors are fused like the rest (a cycle with joined
     ranks, whose stand-ins are not in place, must bucket exactly as the others do).
     """
+    if len(ready) == 1 and ready[0].kind == "allreduce":  # one call alone: its own bucket, nothing to plan
+        _run_bucket(ctx, ready, timeline)
+        return
     for group in _groups(ready, fusion_threshold, solo):
         first = ready[group[0]]
         if first.kind != "allreduce":

@@ -4,10 +4,12 @@
 then (another job's burst, a cold page cache); a bad probe fixes a slow algorithm for a
 message size for the whole run. So the running job tries again, in its own buckets: for
 each size class (four per octave of bytes, as :func:`ddl.reduction.cost.choose` prices
-them) the model's pick and its runner-up each run :data:`TRIAL_RUNS` times in turn, every
-rank keeps its fastest time of each, and at the end of the cycle in which the last trial
-ran the ranks agree on them (one allreduce of those times, MAX: the slowest rank's best)
-and settle the class on the faster one. After :data:`RECHECK_RUNS` runs the class is tried
+them) the model's pick and every other usable algorithm priced within :data:`WORTH` times
+it each run :data:`TRIAL_RUNS` times in turn (not the runner-up alone: a probe that
+misprices one algorithm threefold leaves it anywhere in the model's order), every rank
+keeps its fastest time of each, and at the end of the cycle in which the last trial ran
+the ranks agree on them (one allreduce of those times, MAX: the slowest rank's best) and
+settle the class on the fastest. After :data:`RECHECK_RUNS` runs the class is tried
 again, then after twice as many each time (up to :data:`RECHECK_MAX`), so a trial spoiled
 by noise is corrected later.
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 #: Runs of each contender per trial; its fastest counts (the first run of a size also
 #: pays for compiling its schedule and for shared-memory windows).
@@ -30,9 +32,10 @@ TRIAL_RUNS = 3
 #: first steps are noisy too: compiling, warming caches), then twice as long each time.
 RECHECK_RUNS = 250
 RECHECK_MAX = 4000
-#: The runner-up replaces the model's pick only when at least this much faster (noise).
+#: Another contender replaces the model's pick only when at least this much faster (noise).
 MARGIN = 0.9
-#: A runner-up priced above this many times the pick is never tried (it cannot win).
+#: An algorithm priced above this many times the pick is never tried. A trial then costs
+#: at most 3 x (WORTH - 1) calls' time per other contender, once per recheck period.
 WORTH = 4.0
 
 Key = tuple[int, int]  # (size class, item size)
@@ -40,14 +43,17 @@ Key = tuple[int, int]  # (size class, item size)
 
 @dataclasses.dataclass
 class ClassTrial:
-    """One size class: its two contenders, runs since the trial opened, this rank's best
-    time of each, and the settled choice (None while trying)."""
+    """One size class: its contenders (the model's pick first), runs since the trial
+    opened, this rank's best time of each, and the settled choice (None while trying)."""
 
-    contenders: tuple[str, str]
+    contenders: tuple[str, ...]
     runs: int = 0
     recheck: int = RECHECK_RUNS
-    best: list[float] = dataclasses.field(default_factory=lambda: [math.inf, math.inf])
+    best: list[float] = dataclasses.field(default_factory=list)
     choice: str | None = None
+
+    def __post_init__(self) -> None:
+        self.best = [math.inf] * len(self.contenders)
 
 
 class Trials:
@@ -60,27 +66,29 @@ class Trials:
         #: Settled choices that differ from the model's pick, for reports and tests.
         self.overridden: dict[Key, str] = {}
 
-    def pick(self, key: Key, ranked: Sequence[tuple[str, float]]) -> str:
-        """The algorithm this run of class ``key`` uses; ``ranked``: the model's usable
-        algorithms, cheapest first, with their predicted seconds."""
+    def pick(self, key: Key, rank: Callable[[], Sequence[tuple[str, float]]]) -> str:
+        """The algorithm this run of class ``key`` uses; ``rank()``: the model's usable
+        algorithms, cheapest first, with their predicted seconds (asked only the first time
+        a class runs: pricing every algorithm on each large call cost microseconds)."""
         trial = self._classes.get(key)
         if trial is None:
-            pick = ranked[0][0]
-            if len(ranked) < 2 or not ranked[1][1] <= WORTH * ranked[0][1]:
-                trial = ClassTrial((pick, pick), choice=pick)  # nothing worth trying
-            else:
-                trial = ClassTrial((pick, ranked[1][0]))
+            ranked = rank()
+            pick, price = ranked[0]
+            others = tuple(name for name, cost in ranked[1:] if cost <= WORTH * price)
+            # Nothing worth trying: settled on the pick for good.
+            trial = ClassTrial((pick, *others), choice=None if others else pick)
             self._classes[key] = trial
         n = trial.runs
         trial.runs = n + 1
+        k = len(trial.contenders)
         if trial.choice is not None:
-            if n < trial.recheck or trial.contenders[0] == trial.contenders[1]:
+            if n < trial.recheck or k == 1:
                 return trial.choice
-            trial.runs, trial.best, trial.choice, n = 1, [math.inf, math.inf], None, 0  # try again from here
+            trial.runs, trial.best, trial.choice, n = 1, [math.inf] * k, None, 0  # try again from here
             trial.recheck = min(2 * trial.recheck, RECHECK_MAX)
-        if n + 1 == 2 * TRIAL_RUNS:
+        if n + 1 == k * TRIAL_RUNS:
             self.awaiting.append(key)
-        if n < 2 * TRIAL_RUNS:
+        if n < k * TRIAL_RUNS:
             return trial.contenders[n // TRIAL_RUNS]
         return trial.contenders[0]  # tried, not yet settled: the model's pick meanwhile
 
@@ -99,14 +107,20 @@ class Trials:
         return [t for key in self.awaiting for t in self._classes[key].best]
 
     def settle(self, agreed: Sequence[float]) -> None:
-        """Settle the awaiting classes from the MAX over ranks of :meth:`agreement`."""
-        if len(agreed) != 2 * len(self.awaiting):
-            raise ValueError(f"{len(agreed)} agreed times for {len(self.awaiting)} awaiting size classes")
-        for i, key in enumerate(self.awaiting):
+        """Settle the awaiting classes from the MAX over ranks of :meth:`agreement`: each on
+        its fastest contender where that beats the model's pick by :data:`MARGIN`."""
+        want = sum(len(self._classes[key].contenders) for key in self.awaiting)
+        if len(agreed) != want:
+            raise ValueError(f"{len(agreed)} agreed times for {len(self.awaiting)} awaiting size classes "
+                             f"({want} contenders)")
+        at = 0
+        for key in self.awaiting:
             trial = self._classes[key]
-            first, second = agreed[2 * i], agreed[2 * i + 1]
-            better = second < MARGIN * first
-            trial.choice = trial.contenders[1] if better else trial.contenders[0]
+            times = agreed[at : at + len(trial.contenders)]
+            at += len(times)
+            fastest = min(range(len(times)), key=times.__getitem__)
+            better = fastest > 0 and times[fastest] < MARGIN * times[0]
+            trial.choice = trial.contenders[fastest] if better else trial.contenders[0]
             trial.runs = 0
             if better:
                 self.overridden[key] = trial.choice
@@ -120,6 +134,6 @@ class Trials:
         for (klass, itemsize), t in sorted(self._classes.items()):
             state = t.choice or "trying"
             times = "/".join("-" if math.isinf(b) else f"{b * 1e6:.0f}us" for b in t.best)
-            rows.append(f"{2 ** (klass / 4):.0f} B x{itemsize}: {t.contenders[0]} vs {t.contenders[1]} "
+            rows.append(f"{2 ** (klass / 4):.0f} B x{itemsize}: {' vs '.join(t.contenders)} "
                         f"({times} here) -> {state}")
         return "; ".join(rows)

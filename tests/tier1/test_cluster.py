@@ -44,3 +44,29 @@ def test_stale_names_belong_to_this_prefix_only() -> None:
         assert m is not None and int(m.group(1), 16) == cl.os.getpid()
     for other in ("ddlx0001234s", "ddlh00123", "netns1", "ddlh0012340s-extra"):
         assert cl._NAME.match(other) is None
+
+
+def test_the_link_account_splits_a_call_into_its_phases_against_the_bound() -> None:
+    """``emulation.link_account``: phases of dim 0 and shared memory count as inside a host,
+    the rest as between hosts; shares are the link bound over the measured times."""
+    from emulation import link_account
+
+    mib16 = 16 << 20
+    data = {"rate": "1gbit", "hosts": 2, "ranks_per_host": 2, "load_average": 1.0, "one_host": {str(mib16): 0.003},
+            "rows": [{"bytes": mib16, "algorithm": "shm", "total_s": 0.156, "bare_exchange_s": 0.140,
+                      "per_rank_bytes": 8 << 20,
+                      "phases_s": {"shm reduce-scatter": 0.007, "reduce-scatter dim 1": 0.070,
+                                   "allgather dim 1": 0.062, "shm allgather": 0.017}},
+                     {"bytes": mib16, "algorithm": "multiring", "total_s": 0.158, "bare_exchange_s": 0.140,
+                      "per_rank_bytes": 8 << 20,
+                      "phases_s": {"reduce-scatter dim 0": 0.009, "reduce-scatter dim 1": 0.071,
+                                   "allgather dim 1": 0.070, "allgather dim 0": 0.008}}]}
+    shm, ring = link_account.account(data)
+    bound = mib16 / 125e6  # 2(H-1)/H x N at 1 Gbit/s, H = 2
+    assert shm["bound_s"] == pytest.approx(bound)
+    assert shm["inside_s"] == pytest.approx(0.024) and shm["across_s"] == pytest.approx(0.132)
+    assert ring["inside_s"] == pytest.approx(0.017) and ring["across_s"] == pytest.approx(0.141)
+    assert shm["share"] == pytest.approx(bound / 0.156) and shm["bare_share"] == pytest.approx(bound / 0.140)
+    table = "\n".join(link_account.report(data, [shm, ring]))
+    assert "| 16 MiB | shm | 134.2 | 140.0 (96%) | 132.0 | 24.0 | 0.0 | 156.0 (86%) |" in table
+    assert "16 MiB 3.0 ms" in table
