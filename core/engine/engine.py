@@ -153,14 +153,14 @@ class Engine:
         return self._digest(descriptor)
 
     def _digest(self, descriptor: Descriptor) -> int:
-        # Training repeats the same descriptors every step: hash each one once.
+        if descriptor.name[0] == "#":  # unnamed: a new name every call, nothing to look up
+            return negotiation.digest(descriptor)
+        # Training repeats the same named descriptors every step: hash each one once.
         d = self._digests.get(descriptor)
         if d is None:
-            d = negotiation.digest(descriptor)
-            if descriptor.name[0] != "#":  # unnamed ones never repeat
-                if len(self._digests) > 65536:
-                    self._digests.clear()
-                self._digests[descriptor] = d
+            if len(self._digests) > 65536:
+                self._digests.clear()
+            d = self._digests[descriptor] = negotiation.digest(descriptor)
         return d
 
     def wait_for(self, handle: Handle, timeout: float | None) -> bool:
@@ -421,7 +421,7 @@ class Engine:
         try:
             req.submitted = time.perf_counter()
             req.handle.attach(self)
-            d = req.digest = self._digests.get(req.descriptor) or self._digest(req.descriptor)
+            d = req.digest = req.digest or self._digest(req.descriptor)
             arr = req.array
             inline = 0 if self.exchange.compact else fusion.inline_bytes([req])
             # Own-accumulator dtypes ride typed views cached per shape, as a lane does;

@@ -19,7 +19,7 @@ import numpy as np
 from ddl.base import kernels
 from ddl.base.config import DEFAULT_SHM_BYTES
 from ddl.base.ops import ReduceOp
-from ddl.reduction.schedule import AnyStep, GroupStep, Schedule, Step
+from ddl.reduction.schedule import AnyStep, GroupStep, Schedule
 from ddl.wire.comm import Comm
 from ddl.wire.shared_memory import SharedSlots
 
@@ -45,7 +45,7 @@ def run_schedule(
         raise ValueError(f"schedule is for {schedule.count} contiguous elements, buffer has shape {buf.shape}")
     seg = max(1, segment_elems)
     combine = kernels.combiner(op, buf.dtype)  # half sums by the installed kernels (ddl.base.kernels)
-    largest = max((s.recv_count for s in schedule.steps if isinstance(s, Step) and s.reduce), default=0)
+    largest = schedule.largest_reduce
     scratch = np.empty(min(seg, largest), dtype=buf.dtype)
     phase, phase_start = "", time.perf_counter()
     steps, at = schedule.steps, 0

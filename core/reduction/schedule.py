@@ -12,6 +12,7 @@ reduce-scatter or allgather that every member of one host's dim-0 ring runs at o
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 
 
@@ -81,6 +82,12 @@ class Schedule:
     rank: int
     count: int
     steps: tuple[AnyStep, ...]
+
+    @functools.cached_property
+    def largest_reduce(self) -> int:
+        """Elements of the largest message a reduce step receives (it sizes the scratch
+        buffer; asked on every run of a schedule that is compiled once)."""
+        return max((s.recv_count for s in self.steps if isinstance(s, Step) and s.reduce), default=0)
 
 
 NO_RANGE = (0, 0)
