@@ -19,7 +19,7 @@ import numpy as np
 from ddl.base import dtypes
 from ddl.base.ops import ReduceOp, as_op
 from ddl.base.topology import Topology
-from ddl.engine import join, small_lane
+from ddl.engine import join, prepared_calls
 from ddl.engine.compression import Compression, as_compressor
 from ddl.engine.engine import Engine
 from ddl.engine.fusion import Request
@@ -44,7 +44,7 @@ class Collectives:
         self._checked: dict[tuple[np.dtype, Any], tuple[ReduceOp, str]] = {}
         self._runnable: set[str] = set()  # algorithm names that passed the checks on this topology
         # (dtype, shape, op as passed, in place) -> the small synchronous call's lane, or False.
-        self._lanes: dict[tuple[Any, ...], small_lane.Lane | Literal[False]] = {}
+        self._lanes: dict[tuple[Any, ...], prepared_calls.Lane | prepared_calls.Prepared | Literal[False]] = {}
         # (name, dtype, shape, id(op), in place) -> (op, descriptor, digest, ReduceOp) of a
         # named async allreduce that passed the checks (the op object guards a reused id).
         self._signatures: dict[tuple[Any, ...], tuple[Any, Descriptor, int, ReduceOp]] = {}
@@ -120,17 +120,20 @@ class Collectives:
     def plain_allreduce(self, x: Any, op: Any, name: str | None, inplace: bool) -> np.ndarray:
         """A synchronous allreduce with no algorithm, compression or scaling asked for (the
         public functions call it directly: a small call's keywords cost a tenth of it).
-        A small one goes through its prepared lane (:mod:`ddl.engine.small_lane`); the rest,
-        and any call while the engine is busy here, the usual way."""
+        A signature seen before runs prepared (:mod:`ddl.engine.prepared_calls`): a small one
+        through its lane, a larger one from the checks it passed the first time; the rest,
+        and a small call while the engine is busy here, the usual way."""
         if type(x) is np.ndarray and (not inplace or x.flags.writeable):
             # Keyed by the op object's identity (hashing an enum member runs Python code);
-            # the lane keeps the object, so an id reused by another op cannot match it.
+            # the entry keeps the object, so an id reused by another op cannot match it.
             key = (x.dtype, x.shape, id(op), inplace)
             lane = self._lanes.get(key)
             if lane is None or lane is not False and lane.passed is not op:
                 lane = self._lanes[key] = self._new_lane(x, op, inplace)
+            if type(lane) is prepared_calls.Prepared:
+                return self._allreduce_now(lane.request(x, name or self.engine.names.next(), inplace))
             if lane is not False:
-                got = self.engine.run_lane(lane, x, name)
+                got = self.engine.run_lane(lane, x, name)  # type: ignore[arg-type]
                 if type(got) is np.ndarray:
                     return got
                 if got is not None:
@@ -139,14 +142,14 @@ class Collectives:
             return self._adasum([x], name, "allreduce", single=True, inplace=inplace).wait()  # type: ignore[no-any-return]
         return self._allreduce_now(self._allreduce_request(x, op, name, None, None, inplace))
 
-    def _new_lane(self, x: np.ndarray, op: Any, inplace: bool) -> small_lane.Lane | Literal[False]:
-        """This call signature's lane, or False where it cannot take one (the usual path then
-        runs it, and refuses what its checks refuse)."""
+    def _new_lane(self, x: np.ndarray, op: Any,
+                  inplace: bool) -> prepared_calls.Lane | prepared_calls.Prepared | Literal[False]:
+        """This call signature's lane (small), its prepared checks (larger), or False where
+        it can take neither (the usual path then runs it, and refuses what its checks refuse)."""
         eng = self.engine
         if len(self._lanes) > 256:
             self._lanes.clear()
-        if not small_lane.eligible(x, eng.exchange.compact, self.ctx.config.algorithm) \
-                or is_adasum(op):
+        if is_adasum(op):
             return False
         try:
             reduction_input(x, op, "allreduce", writable=inplace)
@@ -156,7 +159,10 @@ class Collectives:
         def request(arr: np.ndarray, name: str) -> Request:
             return self._allreduce_request(arr, op, name, None, None, inplace)
 
-        return eng.prepare_lane(request(x, "lane"), op, request) or False
+        first = request(x, "prepared")
+        if prepared_calls.eligible(x, eng.exchange.compact, self.ctx.config.algorithm):
+            return eng.prepare_lane(first, op, request) or False
+        return prepared_calls.prepare(first, op) or False
 
     def _allreduce_now(self, req: Request) -> np.ndarray:
         """A synchronous allreduce: the engine's lean path when it is free, else the queue."""

@@ -42,7 +42,7 @@ import numpy as np
 from ddl.base.dtypes import accumulator, float_division
 from ddl.base.errors import DDLError
 from ddl.base.ops import ReduceOp, ufunc
-from ddl.engine import codec, failures, fusion, join, negotiation, small_lane
+from ddl.engine import codec, failures, fusion, join, negotiation, prepared_calls
 from ddl.engine.codec import Exchange, Verdict
 from ddl.engine.compression import as_compressor
 from ddl.engine.context import Context
@@ -50,7 +50,7 @@ from ddl.engine.fusion import Request
 from ddl.engine.handle import Handle
 from ddl.engine.naming import ThreadNamer
 from ddl.engine.negotiation import Descriptor
-from ddl.engine.small_lane import Lane
+from ddl.engine.prepared_calls import Lane
 from ddl.engine.timeline import Timeline
 from ddl.engine.watchdog import StallWatch
 
@@ -436,7 +436,7 @@ class Engine:
         return True
 
     def run_lane(self, lane: Lane, x: np.ndarray, name: str | None) -> np.ndarray | Handle | None:
-        """:meth:`run_alone` for a prepared small call (:mod:`ddl.engine.small_lane`): the
+        """:meth:`run_alone` for a prepared small call (:mod:`ddl.engine.prepared_calls`): the
         same cycle and the same bits, with no request built unless the others hold
         something else. Returns the result, a handle to wait on (the call joined the
         queue after this cycle's verdict was carried out), or None (engine busy here or
@@ -457,10 +457,10 @@ class Engine:
     def prepare_lane(self, request: Request, passed: object,
                      builder: Callable[[np.ndarray, str], Request]) -> Lane | None:
         """A small call signature's :class:`Lane`, riding this engine's cycle records (None:
-        it cannot take one; see :func:`ddl.engine.small_lane.build`)."""
+        it cannot take one; see :func:`ddl.engine.prepared_calls.build`)."""
         if request.array is None:
             return None
-        return small_lane.build(request, passed, self._inline_views(request.array), builder)
+        return prepared_calls.build(request, passed, self._inline_views(request.array), builder)
 
     def _lean_baton(self) -> bool:
         """Take the baton for a lean cycle: only when free and with nothing pending, stopping

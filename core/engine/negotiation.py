@@ -42,7 +42,13 @@ def digest(descriptor: Descriptor) -> int:
     a new name every time, but its shape, dtype and op repeat.
     """
     kind, name, fields, algorithm, compression = descriptor
-    return (body_digest(kind, fields, algorithm, compression) ^ name_digest(name)) & MASK
+    return named_digest(body_digest(kind, fields, algorithm, compression), name)
+
+
+def named_digest(body: int, name: str) -> int:
+    """:func:`digest` of a descriptor whose :func:`body_digest` is ``body``, named ``name``
+    (a call signature prepared once hashes only its name per call)."""
+    return (body ^ name_digest(name)) & MASK
 
 
 def body_digest(kind: str, fields: tuple[Any, ...], algorithm: str, compression: str) -> int:

@@ -355,6 +355,55 @@ def test_a_lane_call_meets_a_rank_on_the_queued_path_and_a_mismatch_on_the_next(
         assert "'w'" in error and "(3,)" in error and "(4,)" in error
 
 
+def test_a_large_call_seen_before_builds_the_request_the_checked_path_builds() -> None:
+    """``prepared_calls.Prepared``: same descriptor, digest and request fields as
+    ``_allreduce_request`` for the same name, named or counted."""
+    from ddl.engine import negotiation, prepared_calls
+
+    def fn(c: Collectives) -> list[bool]:
+        x = np.ones(5000, np.float32)
+        checked = [c._allreduce_request(x, ddl.Average, name, None, None, True) for name in ("g", "#7")]
+        prepared = prepared_calls.prepare(checked[0], ddl.Average)
+        assert prepared is not None
+        out = []
+        for want in checked:
+            got = prepared.request(x, want.name, True)
+            out.append(got.descriptor == want.descriptor and got.digest == negotiation.digest(want.descriptor)
+                       and (got.op, got.algorithm, got.compression, got.inplace, got.array is x)
+                       == (want.op, want.algorithm, want.compression, want.inplace, True))
+        half = c._allreduce_request(x, ddl.Sum, "h", None, None, False, prescale=0.5)
+        out.append(prepared_calls.prepare(half, ddl.Sum) is None)  # scaled: the checked path only
+        return out
+
+    assert run_engines(2, fn) == [[True, True, True]] * 2
+
+
+def test_large_calls_seen_before_meet_the_queued_path_and_a_mismatch() -> None:
+    """Rank 0 repeats a large unnamed in-place allreduce (prepared from its first call on),
+    rank 1 waits on unnamed async handles: the same names, the right sums, in place; then
+    shapes that differ under one name are a MismatchError on every rank."""
+
+    def fn(c: Collectives) -> tuple[bool, str]:
+        r = c.topology.rank
+        ok = True
+        for step in range(4):
+            x = np.full(3000, float(r + step), np.float64)
+            if r == 0:
+                got = c.allreduce_(x, op=ddl.Sum)
+            else:
+                got = c.allreduce_async(x, op=ddl.Sum, inplace=True).wait()
+            ok = ok and bool(np.all(got == 2 * step + 1)) and got is x
+        try:
+            c.allreduce(np.ones(3000 + r), op=ddl.Sum, name="w")
+        except ddl.MismatchError as exc:
+            return ok, str(exc)
+        return ok, ""
+
+    for ok, error in run_engines(2, fn):
+        assert ok
+        assert "'w'" in error and "(3000,)" in error and "(3001,)" in error
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_scalars_take_the_lean_path(size: int) -> None:
     """A 0-d array or a numpy scalar (a loss): Sum and Average, as arrays of shape ()."""
