@@ -33,6 +33,7 @@ def is_adasum(op: Any) -> bool:
     """Whether ``op`` asks for Adasum (the member, or its name in any case)."""
     return op is ReduceOp.ADASUM or (isinstance(op, str) and op.lower() == "adasum")
 
+
 class Collectives:
     """Every public collective, on one :class:`~ddl.engine.engine.Engine`."""
 
@@ -43,7 +44,8 @@ class Collectives:
         # checks: later calls of a training step skip them. Per instance, like the engine.
         self._checked: dict[tuple[np.dtype, Any], tuple[ReduceOp, str]] = {}
         self._runnable: set[str] = set()  # algorithm names that passed the checks on this topology
-        # (dtype, shape, op as passed, in place) -> the small synchronous call's lane, or False.
+        # (dtype, shape, op as passed, in place) -> a plain synchronous call's prepared state
+        # (a small one's lane, a larger one's checks), or False (neither: the checked path).
         self._lanes: dict[tuple[Any, ...], prepared_calls.Lane | prepared_calls.Prepared | Literal[False]] = {}
         # (name, dtype, shape, id(op), in place) -> (op, descriptor, digest, ReduceOp) of a
         # named async allreduce that passed the checks (the op object guards a reused id).
@@ -130,10 +132,10 @@ class Collectives:
             lane = self._lanes.get(key)
             if lane is None or lane is not False and lane.passed is not op:
                 lane = self._lanes[key] = self._new_lane(x, op, inplace)
-            if type(lane) is prepared_calls.Prepared:
+            if isinstance(lane, prepared_calls.Prepared):
                 return self._allreduce_now(lane.request(x, name or self.engine.names.next(), inplace))
             if lane is not False:
-                got = self.engine.run_lane(lane, x, name)  # type: ignore[arg-type]
+                got = self.engine.run_lane(lane, x, name)
                 if type(got) is np.ndarray:
                     return got
                 if got is not None:

@@ -51,9 +51,7 @@ class ThreadNamer:
     def next_count_excluded(self) -> tuple[str, int]:
         """:meth:`next_count` for a caller that already excludes :meth:`catch_up` (the
         engine runs it only inside a cycle, under the baton the lean path holds): no lock."""
-        mine = getattr(self._local, "mine", None)  # _mine's common case, one frame less a call
-        if mine is None or mine[3].name != mine[0]:
-            mine = self._mine()
+        mine = self._mine()
         cell = mine[2]
         cell[0] += 1
         return mine[1], cell[0]

@@ -81,13 +81,18 @@ class Prepared:
 def prepare(request: Request, passed: Any) -> Prepared | None:
     """:class:`Prepared` from the request the checked path built for the first such call
     (None: it asks for more than a plain allreduce)."""
-    desc = request.descriptor
-    if request.kind != "allreduce" or request.prescale != 1.0 or request.postscale != 1.0 \
-            or request.compression is not Compression.none or request.array is None:
+    if not _plain(request):
         return None
+    desc = request.descriptor
     return Prepared(passed=passed, op=request.op, fields=desc.fields, algorithm=desc.algorithm,
                     compression=desc.compression, body=body_digest(desc.kind, desc.fields, desc.algorithm,
                                                                    desc.compression))
+
+
+def _plain(request: Request) -> bool:
+    """Whether the checked path built a plain allreduce: no compression, no scaling."""
+    return (request.kind == "allreduce" and request.prescale == 1.0 and request.postscale == 1.0
+            and request.compression.name == "none" and request.array is not None)
 
 
 def eligible(x: Any, compact: bool, default_algorithm: str) -> bool:
@@ -100,13 +105,13 @@ def build(request: Request, passed: Any, views: tuple[np.ndarray, list[np.ndarra
           builder: Callable[[np.ndarray, str], Request]) -> Lane | None:
     """A lane from the request the queued path built for the first such call (None: this
     signature cannot take one)."""
-    desc = request.descriptor
-    if request.kind != "allreduce" or request.algorithm != "auto" or request.prescale != 1.0 \
-            or request.postscale != 1.0 or request.compression.name != "none" or request.array is None:
+    arr = request.array
+    if not _plain(request) or request.algorithm != "auto" or arr is None:
         return None
+    desc = request.descriptor
     average = request.op is ReduceOp.AVERAGE
     return Lane(passed=passed, op=request.op, combine=ufunc(request.op), average=average,
-                scale=float_division(request.array.dtype, len(views[1])) if average else None,
-                inplace=request.inplace, nbytes=request.array.nbytes,
+                scale=float_division(arr.dtype, len(views[1])) if average else None,
+                inplace=request.inplace, nbytes=arr.nbytes,
                 body=body_digest(desc.kind, desc.fields, desc.algorithm, desc.compression),
                 staged=views[0], parts=views[1], request=builder)
