@@ -288,10 +288,16 @@ class Chaos:
         return any(t >= since and (f"lost host {host} " in text or f"host {host} lost" in text)
                    for t, text in self.j.events)
 
-    def heal(self, hosts: tuple[str, ...], since: float) -> None:
+    def heal(self, hosts: tuple[str, ...], since: float, *, down: tuple[str, ...] = ()) -> None:
         """List the failed hosts again after a spell off the list (a scheduler's replacement), and wait for
-        the job to grow back to every host. A host lost that the fault did not touch is a problem of the fault."""
-        failed = [h for h in self.cluster.hosts if self.lost_since(h, since)]
+        the job to grow back to every host. A host lost that the fault did not touch is a problem of the fault.
+
+        ``down``: hosts the fault took down, so ddlrun will say each is lost. The job may recover before
+        it does (a world that was ending anyway), so wait for those lines, from the detection window's
+        start, instead of reading the log once: a host healed too early is never listed again."""
+        for host in down:
+            self.j.wait(lambda host=host: self.lost_since(host, since - 0.5), 30.0)  # type: ignore[misc]
+        failed = [h for h in self.cluster.hosts if self.lost_since(h, since - 0.5 if h in down else since)]
         blamed = [h for h in failed if h not in hosts]
         if blamed and self.faults:
             self.faults[-1].problem = f"also lost: {','.join(blamed)}"
@@ -345,7 +351,7 @@ class Chaos:
         self.await_recovery(f)
         time.sleep(self.rng.uniform(1, 3))
         set_link(self.cluster, h, up=True)
-        self.heal((h,), f.at)
+        self.heal((h,), f.at, down=(h,))
 
     def kind_sigkill_host(self) -> str:
         (h,) = self.pick()
@@ -356,7 +362,7 @@ class Chaos:
 
     def kind_sigkill(self) -> None:
         h = self.kind_sigkill_host()
-        self.heal((h,), self.faults[-1].at)
+        self.heal((h,), self.faults[-1].at, down=(h,))
 
     def kind_sigstop_host(self) -> None:
         (h,) = self.pick()
@@ -366,7 +372,7 @@ class Chaos:
         time.sleep(self.rng.uniform(1, 4))
         self.signal_host(h, signal.SIGCONT)  # its agent wakes to a closed connection and ends its ranks
         time.sleep(1.0)
-        self.heal((h,), f.at)
+        self.heal((h,), f.at, down=(h,))
 
     def kind_flapping_link(self) -> None:
         (h,) = self.pick()
@@ -393,7 +399,7 @@ class Chaos:
         for h in hosts:
             kill_host(self.cluster, h)
         self.await_recovery(f)
-        self.heal(hosts, f.at)
+        self.heal(hosts, f.at, down=hosts)
 
     def kind_in_commit(self) -> None:
         (h,) = self.pick()
@@ -407,7 +413,7 @@ class Chaos:
         f = self.fault("fault inside a commit", (h,), ends_world=True, at=crashed[1])
         kill_host(self.cluster, h)  # what the crash left of the host (hydra's proxy)
         self.await_recovery(f)
-        self.heal((h,), f.at)
+        self.heal((h,), f.at, down=(h,))
 
     def _during_rejoin(self, kind: str, trigger: Callable[[str, float], bool], *, starting: bool) -> None:
         """A host is lost and listed again; when ``trigger(host, relisted)`` holds, another host dies."""
@@ -425,7 +431,7 @@ class Chaos:
         f = self.fault(kind, (y,), ends_world=True, world=world if starting else None)
         kill_host(self.cluster, y)
         self.await_recovery(f)
-        self.heal((x, y), f.at)
+        self.heal((x, y), f.at, down=(y,))
 
     def kind_in_sync(self) -> None:
         def starting(x: str, relisted: float) -> bool:
