@@ -21,6 +21,7 @@ from typing import Any
 
 from ddl.base.config import DEFAULT_SHM_BYTES
 from ddl.base.topology import Topology
+from ddl.reduction import pipelined
 from ddl.reduction.algorithms import SCHEDULED
 from ddl.reduction.executor import piece_elems, slot_bytes
 from ddl.reduction.schedule import GroupStep, Schedule
@@ -155,8 +156,13 @@ def default_model(topology: Topology) -> CostModel:
 
 
 def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, model: CostModel) -> float:
-    """Predicted seconds for the lockstep run of ``schedules`` (one dim-0 group's ranks)."""
-    total = 0.0
+    """Predicted seconds for the lockstep run of ``schedules`` (one dim-0 group's ranks).
+
+    A schedule the executor pipelines (:mod:`ddl.reduction.pipelined`) pays its in-host
+    steps beside the ring, all but the first and the last of its fractions."""
+    pipe = pipelined.plan(schedules[0], itemsize)
+    fractions = pipe.fractions if pipe is not None else 1
+    total = in_host = 0.0
     for k in range(max(len(s.steps) for s in schedules)):
         rows = []
         group_cost = 0.0
@@ -178,10 +184,15 @@ def schedule_time(schedules: list[Schedule], topology: Topology, itemsize: int, 
             nbytes = max(st.send_count, st.recv_count) * itemsize
             reduce_bytes = st.recv_count * itemsize if st.reduce else 0
             pieces = max(1, -(-nbytes // model.segment_bytes)) if model.segment_bytes > 0 else 1
-            fixed = pieces * (link.alpha + model.step_overhead)
+            fixed = (fractions if pipe is not None else pieces) * (link.alpha + model.step_overhead)
             step_cost = max(step_cost, fixed + nbytes * link.beta * share + reduce_bytes * model.gamma)
-        total += step_cost
-    return total
+        if pipe is not None and not rows:
+            in_host += step_cost
+        else:
+            total += step_cost
+    if pipe is None:
+        return total + in_host
+    return in_host / fractions + max(total, in_host * (fractions - 1) / fractions)
 
 
 def group_step_time(step: GroupStep, itemsize: int, model: CostModel) -> float:

@@ -19,6 +19,7 @@ import numpy as np
 from ddl.base import kernels
 from ddl.base.config import DEFAULT_SHM_BYTES
 from ddl.base.ops import ReduceOp
+from ddl.reduction import pipelined
 from ddl.reduction.schedule import AnyStep, GroupStep, Schedule
 from ddl.wire.comm import Comm
 from ddl.wire.shared_memory import SharedSlots
@@ -45,6 +46,10 @@ def run_schedule(
         raise ValueError(f"schedule is for {schedule.count} contiguous elements, buffer has shape {buf.shape}")
     seg = max(1, segment_elems)
     combine = kernels.combiner(op, buf.dtype)  # half sums by the installed kernels (ddl.base.kernels)
+    pipe = pipelined.plan(schedule, buf.itemsize)
+    if pipe is not None:
+        pipelined.run(comm, pipe, buf, combine, _group_ranges(comm, buf, combine, shm_bytes), on_phase)
+        return
     largest = schedule.largest_reduce
     scratch = np.empty(min(seg, largest), dtype=buf.dtype)
     phase, phase_start = "", time.perf_counter()
@@ -164,6 +169,24 @@ def run_group_allreduce(
         _gather_piece(shared, gather, buf, a, per)
 
 
+def _group_ranges(comm: Comm, buf: np.ndarray, combine: Callable[..., np.ndarray],
+                  shm_bytes: int) -> Callable[[GroupStep, list[tuple[int, int]]], None]:
+    """Runs a group step on the given offsets of every member's chunk, piece by piece
+    (:mod:`ddl.reduction.pipelined`'s in-host stages)."""
+    def run(step: GroupStep, ranges: list[tuple[int, int]]) -> None:
+        opened = _open(comm, step, buf, shm_bytes) if ranges else None
+        if opened is None:
+            return
+        shared, per = opened
+        for a, b in ranges:
+            for at in range(a, b, per):
+                if step.reduce:
+                    _reduce_piece(shared, step, buf, combine, at, per, min(per, b - at))
+                else:
+                    _gather_piece(shared, step, buf, at, per, min(per, b - at))
+    return run
+
+
 def _half(shared: SharedSlots) -> int:
     """Byte offset of the slot half this turn uses, and advance the turn."""
     base = (shared.capacity // 2 // ALIGN * ALIGN) * (shared.turn % 2)
@@ -172,22 +195,25 @@ def _half(shared: SharedSlots) -> int:
 
 
 def _reduce_piece(
-    shared: SharedSlots, step: GroupStep, buf: np.ndarray, combine: Callable[..., np.ndarray], a: int, per: int
+    shared: SharedSlots, step: GroupStep, buf: np.ndarray, combine: Callable[..., np.ndarray], a: int, per: int,
+    count: int | None = None,
 ) -> None:
     # Publish piece a of every chunk, then combine piece a of this member's chunk from
     # every member's copy, in member order: the same bits wherever it is read. Members
     # 0 and 1 take their own piece straight from ``buf`` (an input of the first combine,
     # which may write over it); later members need theirs after that, so publish it.
+    # ``per`` is the slot's stride per chunk, ``count`` (at most ``per``) this piece's length.
     dtype, item, n_members = buf.dtype, buf.itemsize, len(step.members)
     me, slots, base = shared.index, shared.slots, _half(shared)
+    count = per if count is None else count
     out = slots[me][base : base + n_members * per * item].view(dtype)
     for j, (lo, hi) in enumerate(step.chunks):
-        n = min(per, hi - lo - a)
+        n = min(count, hi - lo - a)
         if n > 0 and (j != me or me > 1):
             out[j * per : j * per + n] = buf[lo + a : lo + a + n]
     shared.barrier()
     my_lo, my_hi = step.chunks[me]
-    mine = min(per, my_hi - my_lo - a)
+    mine = min(count, my_hi - my_lo - a)
     if mine > 0:
         at = base + me * per * item
         target = buf[my_lo + a : my_lo + a + mine]
@@ -198,16 +224,18 @@ def _reduce_piece(
             combine(target, part, out=target)
 
 
-def _gather_piece(shared: SharedSlots, step: GroupStep, buf: np.ndarray, a: int, per: int) -> None:
+def _gather_piece(shared: SharedSlots, step: GroupStep, buf: np.ndarray, a: int, per: int,
+                  count: int | None = None) -> None:
     # Publish piece a of this member's chunk, then copy piece a of every other chunk.
     dtype, item = buf.dtype, buf.itemsize
     me, slots, base = shared.index, shared.slots, _half(shared)
+    count = per if count is None else count
     my_lo, my_hi = step.chunks[me]
-    mine = min(per, my_hi - my_lo - a)
+    mine = min(count, my_hi - my_lo - a)
     if mine > 0:
         slots[me][base : base + mine * item].view(dtype)[...] = buf[my_lo + a : my_lo + a + mine]
     shared.barrier()
     for j, (lo, hi) in enumerate(step.chunks):
-        n = min(per, hi - lo - a)
+        n = min(count, hi - lo - a)
         if j != me and n > 0:
             buf[lo + a : lo + a + n] = slots[j][base : base + n * item].view(dtype)

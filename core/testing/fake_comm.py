@@ -152,6 +152,13 @@ class FakeComm:
                 raise ValueError(f"rank {self._rank}: got {data.size} bytes from {source}, expected {target.size}")
             target[...] = data
 
+    def isendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> Callable[[], None]:
+        # The send is queued at once (as MPI's eager and buffered sends); the receive waits for the call.
+        self.sendrecv(send, dest, None, None)
+        return lambda: self.sendrecv(None, None, recv, source)
+
     def _receive(self, source: int) -> np.ndarray:
         q, waited = self._world.queues[(source, self._rank)], 0.0
         while True:

@@ -45,6 +45,12 @@ class Comm(Protocol):
     ) -> None:
         """Send ``send`` to ``dest`` while receiving into ``recv`` from ``source`` (None: absent)."""
 
+    def isendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> Callable[[], None]:
+        """:meth:`sendrecv` started, not waited for: calling the result waits. The buffers
+        must stay untouched until then; one such exchange per pair of ranks at a time."""
+
     def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
         """The library's own allreduce, in place: a dtype in :data:`NATIVE_REDUCE_DTYPES`,
         or a 2-byte float, which travels as itself (each addition done in float32 by numpy)."""
@@ -204,6 +210,20 @@ class MPIComm:
             rbuf = recv if recv.dtype == np.uint8 else as_bytes(recv)
         self._comm.Sendrecv(sbuf, dest, 0, rbuf, source, 0)
 
+    def isendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> Callable[[], None]:
+        requests = []
+        if recv is not None and source is not None:
+            requests.append(self._comm.Irecv(recv if recv.dtype == np.uint8 else as_bytes(recv), source, 0))
+        if send is not None and dest is not None:
+            requests.append(self._comm.Isend(send if send.dtype == np.uint8 else as_bytes(send), dest, 0))
+        waitall = self._MPI.Request.Waitall
+
+        def wait() -> None:
+            waitall(requests)
+        return wait
+
     def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
         if buf.dtype in NATIVE_REDUCE_DTYPES:
             self._comm.Allreduce(self._MPI.IN_PLACE, buf, op=self._ops[op])
@@ -347,6 +367,12 @@ class SelfComm:
             raise ValueError("a world of one process has no other rank")
         if recv is not None and send is not None and source == 0:
             as_bytes(recv)[...] = as_bytes(send)
+
+    def isendrecv(
+        self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
+    ) -> Callable[[], None]:
+        self.sendrecv(send, dest, recv, source)
+        return lambda: None
 
     def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
         return None
