@@ -87,9 +87,15 @@ class Context:
     def allreduce_flat(
         self, buf: np.ndarray, op: ReduceOp, algorithm: str,
         on_phase: Callable[[tuple[str, float, float]], None] | None = None, divisor: int = 0,
+        src: np.ndarray | None = None,
     ) -> None:
         """Allreduce the 1-D contiguous ``buf`` in place with a resolved algorithm
-        (``divisor``: what Average divides by, 0 for the world size)."""
+        (``divisor``: what Average divides by, 0 for the world size). ``src``: the input
+        where it is not ``buf`` (whose contents then do not matter): ``shm`` reads it in its
+        first step instead of a copy into ``buf`` first (a memory pass of the whole buffer)."""
+        if src is not None and (algorithm != "shm" or self.topology.size == 1 or not buf.size):
+            buf[...] = src
+            src = None
         if self.topology.size > 1 and buf.size:
             if algorithm == "mpi":
                 start = time.perf_counter()
@@ -100,7 +106,7 @@ class Context:
                 seg = max(1, self.config.segment_bytes // buf.itemsize)
                 schedule = _compiled(algorithm, self.topology, buf.size)
                 run_schedule(self.comm, schedule, buf, op, segment_elems=seg, shm_bytes=self.config.shm_bytes,
-                             on_phase=on_phase)
+                             on_phase=on_phase, src=src)
         if op is ReduceOp.AVERAGE and buf.size:
             dtypes.divide(buf, divisor or self.topology.size)
 

@@ -225,9 +225,15 @@ def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) 
     prescale = first.op is ReduceOp.AVERAGE and comp.compresses(dtype)
     op = ReduceOp.SUM if prescale else first.op
     single = len(bucket) == 1 and wire == dtype and not prescale
+    given = None  # the input, where the algorithm may read it instead of a copy in ``fused``
     if single:
         src = first.array
-        fused = src.reshape(-1) if first.inplace and src.flags.c_contiguous else np.array(src, order="C").reshape(-1)
+        if first.inplace and src.flags.c_contiguous:
+            fused = src.reshape(-1)
+        elif src.flags.c_contiguous and first.prescale == 1.0:
+            fused, given = np.empty(total, dtype=dtype), src.reshape(-1)
+        else:
+            fused = np.array(src, order="C").reshape(-1)
     else:
         fused = np.empty(total, dtype=wire)
         comp.compress([r.array for r in bucket if r.array is not None], fused,
@@ -237,7 +243,7 @@ def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) 
     fused_at = time.perf_counter()
     phases: list[tuple[str, float, float]] = []
     ctx.allreduce_flat(fused, op, algorithm, on_phase=phases.append if timeline is not None else None,
-                       divisor=divisor)
+                       divisor=divisor, src=given)
     if trial is not None:
         ctx.trials.observe(trial, algorithm, time.perf_counter() - fused_at)  # type: ignore[union-attr]
     dtypes.scale(fused, first.postscale)

@@ -33,11 +33,15 @@ MIN_SLOT_BYTES = 64 << 10
 def run_schedule(
     comm: Comm, schedule: Schedule, buf: np.ndarray, op: ReduceOp, *, segment_elems: int,
     shm_bytes: int = DEFAULT_SHM_BYTES, on_phase: Callable[[tuple[str, float, float]], None] | None = None,
+    src: np.ndarray | None = None,
 ) -> None:
     """Execute ``schedule`` in place on the 1-D contiguous ``buf``.
 
     ``shm_bytes`` caps each rank's shared slot for group steps. ``on_phase`` receives
-    ``(phase, start, end)`` for each run of steps of one phase.
+    ``(phase, start, end)`` for each run of steps of one phase. ``src`` (as ``buf``): the
+    input, where the result goes to another array. A schedule that starts with a group
+    reduce-scatter reads it there instead of a copy in ``buf`` first (every element of
+    ``buf`` is then written by the schedule); any other copies it into ``buf``.
 
     Raises:
         ValueError: ``buf`` does not match the schedule's element count.
@@ -46,14 +50,20 @@ def run_schedule(
         raise ValueError(f"schedule is for {schedule.count} contiguous elements, buffer has shape {buf.shape}")
     seg = max(1, segment_elems)
     combine = kernels.combiner(op, buf.dtype)  # half sums by the installed kernels (ddl.base.kernels)
+    steps = schedule.steps
+    if src is None:
+        src = buf
+    elif src is not buf and not (steps and isinstance(steps[0], GroupStep) and steps[0].reduce):
+        buf[...] = src
+        src = buf
     pipe = pipelined.plan(schedule, buf.itemsize)
     if pipe is not None:
-        pipelined.run(comm, pipe, buf, combine, _group_ranges(comm, buf, combine, shm_bytes), on_phase)
+        pipelined.run(comm, pipe, buf, combine, _group_ranges(comm, buf, combine, shm_bytes, src), on_phase)
         return
     largest = schedule.largest_reduce
     scratch = np.empty(min(seg, largest), dtype=buf.dtype)
     phase, phase_start = "", time.perf_counter()
-    steps, at = schedule.steps, 0
+    at = 0
     while at < len(steps):
         step = steps[at]
         at += 1
@@ -65,10 +75,10 @@ def run_schedule(
             phase, phase_start = label, now
         if isinstance(step, GroupStep):
             if paired is not None:
-                run_group_allreduce(comm, step, paired, buf, combine, shm_bytes=shm_bytes)
+                run_group_allreduce(comm, step, paired, buf, combine, shm_bytes=shm_bytes, src=src if at == 1 else buf)
                 at += 1
             else:
-                run_group_step(comm, step, buf, combine, shm_bytes=shm_bytes)
+                run_group_step(comm, step, buf, combine, shm_bytes=shm_bytes, src=src if at == 1 else buf)
             continue
         n_send, n_recv = step.send_count, step.recv_count
         pieces = max(-(-n_send // seg), -(-n_recv // seg))
@@ -131,7 +141,8 @@ def _open(comm: Comm, step: GroupStep, buf: np.ndarray, shm_bytes: int) -> tuple
 
 
 def run_group_step(
-    comm: Comm, step: GroupStep, buf: np.ndarray, combine: Callable[..., np.ndarray], *, shm_bytes: int
+    comm: Comm, step: GroupStep, buf: np.ndarray, combine: Callable[..., np.ndarray], *, shm_bytes: int,
+    src: np.ndarray | None = None,
 ) -> None:
     """Run one group step on ``buf`` through the group's shared slots, piece by piece.
 
@@ -148,14 +159,14 @@ def run_group_step(
     shared, per = opened
     for a in range(0, step.longest, per):
         if step.reduce:
-            _reduce_piece(shared, step, buf, combine, a, per)
+            _reduce_piece(shared, step, buf, combine, a, per, src=src)
         else:
             _gather_piece(shared, step, buf, a, per)
 
 
 def run_group_allreduce(
     comm: Comm, scatter: GroupStep, gather: GroupStep, buf: np.ndarray, combine: Callable[..., np.ndarray],
-    *, shm_bytes: int,
+    *, shm_bytes: int, src: np.ndarray | None = None,
 ) -> None:
     """A group reduce-scatter and the allgather of the same chunks, piece by piece: piece k
     is gathered right after it is reduced, while it is still in cache. The result is the
@@ -165,12 +176,12 @@ def run_group_allreduce(
         return
     shared, per = opened
     for a in range(0, scatter.longest, per):
-        _reduce_piece(shared, scatter, buf, combine, a, per)
+        _reduce_piece(shared, scatter, buf, combine, a, per, src=src)
         _gather_piece(shared, gather, buf, a, per)
 
 
 def _group_ranges(comm: Comm, buf: np.ndarray, combine: Callable[..., np.ndarray],
-                  shm_bytes: int) -> Callable[[GroupStep, list[tuple[int, int]]], None]:
+                  shm_bytes: int, src: np.ndarray) -> Callable[[GroupStep, list[tuple[int, int]]], None]:
     """Runs a group step on the given offsets of every member's chunk, piece by piece
     (:mod:`ddl.reduction.pipelined`'s in-host stages)."""
     def run(step: GroupStep, ranges: list[tuple[int, int]]) -> None:
@@ -181,7 +192,7 @@ def _group_ranges(comm: Comm, buf: np.ndarray, combine: Callable[..., np.ndarray
         for a, b in ranges:
             for at in range(a, b, per):
                 if step.reduce:
-                    _reduce_piece(shared, step, buf, combine, at, per, min(per, b - at))
+                    _reduce_piece(shared, step, buf, combine, at, per, min(per, b - at), src=src)
                 else:
                     _gather_piece(shared, step, buf, at, per, min(per, b - at))
     return run
@@ -196,13 +207,15 @@ def _half(shared: SharedSlots) -> int:
 
 def _reduce_piece(
     shared: SharedSlots, step: GroupStep, buf: np.ndarray, combine: Callable[..., np.ndarray], a: int, per: int,
-    count: int | None = None,
+    count: int | None = None, *, src: np.ndarray | None = None,
 ) -> None:
     # Publish piece a of every chunk, then combine piece a of this member's chunk from
     # every member's copy, in member order: the same bits wherever it is read. Members
     # 0 and 1 take their own piece straight from ``buf`` (an input of the first combine,
     # which may write over it); later members need theirs after that, so publish it.
-    # ``per`` is the slot's stride per chunk, ``count`` (at most ``per``) this piece's length.
+    # ``per`` is the slot's stride per chunk, ``count`` (at most ``per``) this piece's length;
+    # the inputs are read from ``src`` (default ``buf``), the result written to ``buf``.
+    src = buf if src is None else src
     dtype, item, n_members = buf.dtype, buf.itemsize, len(step.members)
     me, slots, base = shared.index, shared.slots, _half(shared)
     count = per if count is None else count
@@ -210,14 +223,15 @@ def _reduce_piece(
     for j, (lo, hi) in enumerate(step.chunks):
         n = min(count, hi - lo - a)
         if n > 0 and (j != me or me > 1):
-            out[j * per : j * per + n] = buf[lo + a : lo + a + n]
+            out[j * per : j * per + n] = src[lo + a : lo + a + n]
     shared.barrier()
     my_lo, my_hi = step.chunks[me]
     mine = min(count, my_hi - my_lo - a)
     if mine > 0:
         at = base + me * per * item
         target = buf[my_lo + a : my_lo + a + mine]
-        parts = [target if m == me and me < 2 else slots[m][at : at + mine * item].view(dtype)
+        own = src[my_lo + a : my_lo + a + mine]
+        parts = [own if m == me and me < 2 else slots[m][at : at + mine * item].view(dtype)
                  for m in range(n_members)]
         combine(parts[0], parts[1], out=target)
         for part in parts[2:]:

@@ -42,7 +42,10 @@ def _run(spec: str, hosts: list[str], counts: tuple[int, ...], shm_bytes: int, *
         out = []
         for n in counts:
             buf = np.random.default_rng(n + 31 * comm.rank).standard_normal(n).astype(np.float32)
+            result = np.full(n, np.nan, np.float32)
+            ctx.allreduce_flat(result, ReduceOp.SUM, "shm", src=buf)  # out of place: read where it lies
             ctx.allreduce_flat(buf, ReduceOp.SUM, "shm")
+            assert result.tobytes() == buf.tobytes()
             out.append(buf)
         return out
 

@@ -308,3 +308,32 @@ def test_fit_reads_the_shm_samples() -> None:
     assert tuple(t for _, t in model.native_points) == native
     plain = calibration.fit(dataclasses.replace(samples, shm=()), segment_bytes=4096)
     assert (plain.shm_alpha, plain.shm_beta) == (cost.SHM_ALPHA, cost.SHM_BETA)
+
+
+@pytest.mark.parametrize(("spec", "hosts"), [
+    (None, ["h"] * 3), ("2x2", _hosts_per_d0("2x2")), ("2x2x2", _hosts_per_d0("2x2x2")),
+])
+@pytest.mark.parametrize("algorithm", ["shm", "multiring"])
+def test_out_of_place_reads_the_input_and_gives_the_in_place_bits(spec: str | None, hosts: list[str],
+                                                                   algorithm: str) -> None:
+    """``src``: shm's first step reads the input where it lies (no copy into the result first);
+    every element of the result is written, the input is left alone, the bits are in place's."""
+    p = len(hosts)
+
+    def body(comm: FakeComm) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        ctx = Context(comm, build_topology(comm.rank, hosts, spec), Config(segment_bytes=256, shm_bytes=4096))
+        out = []
+        for n in (5, 1001, 30_000):
+            x = _contribution(comm.rank, n, np.float32)
+            kept = x.copy()
+            result = np.full(n, np.nan, np.float32)  # garbage the schedule must overwrite
+            ctx.allreduce_flat(result, ReduceOp.AVERAGE, algorithm, src=x)
+            inplace = kept.copy()
+            ctx.allreduce_flat(inplace, ReduceOp.AVERAGE, algorithm)
+            out.append((result, inplace, x - kept))
+        return out
+
+    for rank_out in run_ranks(p, body, hostnames=hosts):
+        for result, inplace, moved in rank_out:
+            assert result.tobytes() == inplace.tobytes()
+            assert not np.any(moved)
