@@ -55,10 +55,25 @@ class Pipeline:
     sub_chunks: tuple[Ranges, ...]
 
 
+#: Plans of the schedules run lately, by (id, itemsize); the entry keeps its schedule, so
+#: an id reused by another object cannot match (the executor asks at every call).
+_planned: dict[tuple[int, int], tuple[Schedule, Pipeline | None]] = {}
+
+
 def plan(schedule: Schedule, itemsize: int) -> Pipeline | None:
     """The pipeline for ``schedule``, or None where it runs step after step: not ``shm``'s
     two-level shape, or a chunk too small for two fractions (of ``FRACTION_BYTES`` each,
     and ``MIN_MESSAGE_BYTES`` in each message between hosts)."""
+    seen = _planned.get((id(schedule), itemsize))
+    if seen is not None and seen[0] is schedule:
+        return seen[1]
+    if len(_planned) >= 64:
+        _planned.clear()
+    got = _planned[(id(schedule), itemsize)] = (schedule, _plan(schedule, itemsize))
+    return got[1]
+
+
+def _plan(schedule: Schedule, itemsize: int) -> Pipeline | None:
     steps = schedule.steps
     if len(steps) < 3:
         return None

@@ -36,6 +36,7 @@ def _run(spec: str, hosts: list[str], counts: tuple[int, ...], shm_bytes: int, *
     monkeypatch.setattr(pipelined, "plan", plan)
     monkeypatch.setattr(pipelined, "FRACTION_BYTES", 16)  # small buffers cut into many fractions
     monkeypatch.setattr(pipelined, "MIN_MESSAGE_BYTES", 4)
+    monkeypatch.setattr(pipelined, "_planned", {})  # plans made with the real sizes stay out of it
 
     def body(comm: FakeComm) -> list[np.ndarray]:
         ctx = Context(comm, build_topology(comm.rank, hosts, spec), Config(segment_bytes=256, shm_bytes=shm_bytes))
