@@ -6,7 +6,8 @@ numpy ufunc (which releases the GIL), a copying step receives straight into plac
 Both ends derive the number of segments from the same range, so messages always pair.
 A group step goes through the group's shared slots (:func:`run_group_step`); a group
 reduce-scatter directly followed by the allgather of the same chunks runs the two
-interleaved, piece by piece (:func:`run_group_allreduce`).
+interleaved, piece by piece (:func:`run_group_allreduce`). ``shm``'s schedule across hosts
+runs pipelined, its in-host steps beside the ring (:mod:`ddl.reduction.pipelined`).
 """
 
 from __future__ import annotations
