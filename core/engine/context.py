@@ -91,9 +91,10 @@ class Context:
     ) -> None:
         """Allreduce the 1-D contiguous ``buf`` in place with a resolved algorithm
         (``divisor``: what Average divides by, 0 for the world size). ``src``: the input
-        where it is not ``buf`` (whose contents then do not matter): ``shm`` reads it in its
-        first step instead of a copy into ``buf`` first (a memory pass of the whole buffer)."""
-        if src is not None and (algorithm != "shm" or self.topology.size == 1 or not buf.size):
+        where it is not ``buf`` (whose contents then do not matter): a schedule that can read it
+        in its first step does (:func:`~ddl.reduction.executor.run_schedule`: ``shm``), saving
+        a memory pass of the whole buffer; the rest start from a copy in ``buf``."""
+        if src is not None and (algorithm == "mpi" or self.topology.size == 1 or not buf.size):
             buf[...] = src
             src = None
         if self.topology.size > 1 and buf.size:
