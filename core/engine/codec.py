@@ -41,6 +41,7 @@ DIGEST, LENGTH, STOP, INLINE, DUE = range(5)
 HEADER_WORDS = 5
 RECORD_BYTES = HEADER_WORDS * 8 + INLINE_BYTES
 STRIDE = RECORD_BYTES // 8
+_PEER_DIGEST, _PEER_LENGTH = STRIDE + DIGEST, STRIDE + LENGTH  # rank 1's, at two ranks
 #: From this many ranks on, cycles exchange :data:`COMPACT_WORDS` words (an allreduce),
 #: not records (p x 4 KiB gathered by every rank: 64 KiB at 16 ranks, 1 MiB at 256).
 COMPACT_FROM = 17
@@ -175,6 +176,7 @@ class Exchange:
                          for q in range(0 if self.compact else p)]
         # Every cycle gathers these same two buffers: prepared once where MPI can (MPI-4).
         self._gather = comm.persistent_allgather(self._send, self._recv) if not self.compact and p > 1 else None
+        self._one_header = False  # whether the header's LENGTH and STOP words are run_one's (1, 0)
 
     def run(self, digest: int, length: int, *, stop: int = 0, inline: int = 0, due: bool = False) -> None:
         """Exchange this rank's header (its payload must already be in :attr:`payload_out`);
@@ -189,6 +191,7 @@ class Exchange:
             return
         head = self._send_words
         head[DIGEST], head[LENGTH], head[STOP], head[INLINE], head[DUE] = digest, length, int(stop), inline, int(due)
+        self._one_header = False
         if self._gather is not None:
             self._gather()
         else:
@@ -198,14 +201,17 @@ class Exchange:
         """:meth:`run` for one request in gathered mode, then :meth:`all_hold`: the lean
         path's whole exchange in one call (its per-call Python is most of a small call)."""
         head = self._send_words
-        head[DIGEST], head[LENGTH], head[STOP], head[INLINE], head[DUE] = digest, 1, 0, inline, int(due)
+        head[DIGEST], head[INLINE], head[DUE] = digest, inline, due
+        if not self._one_header:  # LENGTH 1 and STOP 0 stay until a run() writes others
+            head[LENGTH], head[STOP] = 1, 0
+            self._one_header = True
         if self._gather is not None:
             self._gather()
         else:
             self.comm.allgather_buffer(self._send, self._recv)
         words = self._recv_words
         if self.size == 2:
-            return words[DIGEST] == words[STRIDE + DIGEST] == digest and words[LENGTH] == words[STRIDE + LENGTH] == 1
+            return words[DIGEST] == words[_PEER_DIGEST] == digest and words[LENGTH] == words[_PEER_LENGTH] == 1
         return all_hold(words, self.size, digest, 1)
 
     def verdict(self, digest: int, length: int) -> Verdict:

@@ -130,10 +130,11 @@ class Collectives:
             # the entry keeps the object, so an id reused by another op cannot match it.
             key = (x.dtype, x.shape, id(op), inplace)
             lane = self._lanes.get(key)
-            if lane is None or lane is not False and lane.passed is not op:
-                lane = self._lanes[key] = self._new_lane(x, op, inplace)
-            if isinstance(lane, prepared_calls.Prepared):
-                return self._allreduce_now(lane.request(x, name or self.engine.names.next(), inplace))
+            if type(lane) is not prepared_calls.Lane or lane.passed is not op:  # (a small call's lane: straight on)
+                if lane is None or lane is not False and lane.passed is not op:
+                    lane = self._lanes[key] = self._new_lane(x, op, inplace)
+                if isinstance(lane, prepared_calls.Prepared):
+                    return self._allreduce_now(lane.request(x, name or self.engine.names.next(), inplace))
             if lane is not False:
                 got = self.engine.run_lane(lane, x, name)
                 if type(got) is np.ndarray:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 
 
 class ThreadNamer:
@@ -56,11 +57,23 @@ class ThreadNamer:
         cell[0] += 1
         return mine[1], cell[0]
 
-    def _mine(self) -> tuple[str, str, list[int], threading.Thread]:
-        mine: tuple[str, str, list[int], threading.Thread] | None = getattr(self._local, "mine", None)
+    def next_digest_excluded(self, stem_digest: Callable[[str], int]) -> tuple[str, int, int]:
+        """:meth:`next_count_excluded` with ``stem_digest(stem)`` as a third item, computed
+        once per thread (the lean path hashes the name from its parts every call)."""
+        mine = self._mine()
+        cell = mine[2]
+        cell[0] += 1
+        d = mine[4]
+        if d is None:
+            d = stem_digest(mine[1])
+            self._local.mine = (*mine[:4], d)
+        return mine[1], cell[0], d
+
+    def _mine(self) -> tuple[str, str, list[int], threading.Thread, int | None]:
+        mine: tuple[str, str, list[int], threading.Thread, int | None] | None = getattr(self._local, "mine", None)
         if mine is None or mine[3].name != mine[0]:  # first call in this thread, or it was renamed
             thread = threading.current_thread()
-            mine = self._local.mine = (*self._claim(thread), thread)
+            mine = self._local.mine = (*self._claim(thread), thread, None)
         return mine
 
     def catch_up(self, name: str) -> None:

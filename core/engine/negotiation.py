@@ -74,12 +74,18 @@ def name_digest(name: str) -> int:
 
 def counted_digest(stem: str, count: int) -> int:
     """:func:`name_digest` of ``f"{stem}{count}"``, from its parts."""
+    return stem_digest(stem) ^ count_word(count)
+
+
+def count_word(count: int) -> int:
+    """The count's part of :func:`counted_digest`."""
     # An odd multiplier is a bijection on 64-bit counts: distinct counts, distinct words.
-    return _stem_digest(stem) ^ ((count * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF)
+    return (count * 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
 
 
 @functools.lru_cache(maxsize=1024)
-def _stem_digest(stem: str) -> int:
+def stem_digest(stem: str) -> int:
+    """The stem's part of :func:`counted_digest`."""
     return int.from_bytes(hashlib.blake2b(stem.encode(), digest_size=8, person=b"ddl-stem").digest(), "little")
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import ddl
+from ddl.engine import codec, fusion
 from ddl.engine import engine as engine_module
-from ddl.engine import fusion
 from ddl.engine.collectives import Collectives
 from ddl.engine.engine import Engine
 from ddl.engine.fusion import Request
@@ -325,6 +325,35 @@ def test_repeated_small_calls_run_through_a_prepared_lane(monkeypatch: pytest.Mo
             np.testing.assert_array_equal(out[k], out[9])  # lane == queued, bit for bit
     assert made == ["queued"] * size
     assert len(lanes) == 9 * size
+
+
+def test_a_lane_call_sends_the_digest_the_queued_path_negotiates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lane hashes a name from its parts (written out for speed): named or counted, the
+    digest it sends is the one the queued path computes from the descriptor, so a rank on
+    either path meets the others in one cycle."""
+    _count_requests(monkeypatch)
+    sent: dict[int, list[int]] = {}
+    real = codec.Exchange.run_one
+
+    def spy(self: codec.Exchange, digest: int, inline: int, due: bool) -> bool:
+        sent.setdefault(self.comm.rank, []).append(digest)
+        return real(self, digest, inline, due)
+
+    monkeypatch.setattr(codec.Exchange, "run_one", spy)
+
+    def fn(c: Collectives) -> tuple[list[int], list[int]]:
+        x = np.arange(5, dtype=np.float32)
+        for _ in range(2):  # the first call of each builds its lane
+            c.allreduce(x, op=ddl.Sum)
+            c.allreduce(x, op=ddl.Sum, name="named")
+        counted = c.engine.names.next()  # what the next unnamed call is called here
+        c.allreduce(x, op=ddl.Sum, name=counted)  # keep the ranks' counters alike
+        want = [c.engine.digest_of(c._allreduce_request(x, ddl.Sum, name, None, None, False).descriptor)
+                for name in ("#2", "named", counted)]
+        return sent[c.topology.rank][-3:], want
+
+    for got, want in run_engines(2, fn):
+        assert got == [want[0], want[1], want[2]]
 
 
 def test_a_lane_call_meets_a_rank_on_the_queued_path_and_a_mismatch_on_the_next() -> None:

@@ -114,3 +114,22 @@ def test_an_engine_waiting_in_the_prepared_exchange_for_a_lost_peer_leaves_on_in
         return "left"
 
     assert run_engines(2, fn, stop=False) == ["left", "lost"]
+
+
+@pytest.mark.parametrize("size", [2, 3])
+def test_a_lean_exchange_after_a_queued_one_sends_one_request_and_no_stop(size: int) -> None:
+    """run_one writes the LENGTH and STOP words only when a run() wrote others: a stale
+    header would read as a rank holding three requests, or leaving."""
+    from ddl.engine import codec
+
+    def fn(comm: FakeComm) -> list[tuple[bool, bool]]:
+        ex = codec.Exchange(comm)
+        seen = []
+        for _ in range(2):
+            ex.run(11, 3, stop=codec.STOP_END, due=True)
+            seen.append((ex.all_hold(11, 3), ex.verdict(11, 3).all_stop))
+            seen.append((ex.run_one(7, 0, False), ex.verdict(7, 1).all_stop))
+            seen.append((ex.run_one(9, 0, True), ex.verdict(9, 1).action == "run"))
+        return seen
+
+    assert run_ranks(size, fn) == [[(True, True), (True, False), (True, True)] * 2] * size
