@@ -134,6 +134,10 @@ class Collectives:
                 if lane is None or lane is not False and lane.passed is not op:
                     lane = self._lanes[key] = self._new_lane(x, op, inplace)
                 if isinstance(lane, prepared_calls.Prepared):
+                    if lane.in_place and x.flags.c_contiguous:
+                        done = self.engine.run_in_place(lane, x, name)
+                        if done is not None:
+                            return done if type(done) is np.ndarray else done.wait()  # type: ignore[union-attr]
                     return self._allreduce_now(lane.request(x, name or self.engine.names.next(), inplace))
             if lane is not False:
                 got = self.engine.run_lane(lane, x, name)

@@ -50,7 +50,7 @@ from ddl.engine.fusion import Request
 from ddl.engine.handle import Handle
 from ddl.engine.naming import ThreadNamer
 from ddl.engine.negotiation import Descriptor
-from ddl.engine.prepared_calls import Lane
+from ddl.engine.prepared_calls import Lane, Prepared
 from ddl.engine.timeline import Timeline
 from ddl.engine.watchdog import StallWatch
 
@@ -474,6 +474,48 @@ class Engine:
             # Other ranks hold something else: go on as the queued request would.
             return self._lean_cycle(d, lane.nbytes, lane, x, stem if count < 0 else f"{stem}{count}", None,
                                     exchanged=True)
+        finally:
+            self._baton.release()
+
+    def run_in_place(self, prepared: Prepared, x: np.ndarray, name: str | None) -> np.ndarray | Handle | None:
+        """:meth:`run_lane` for a larger in-place call of a contiguous array
+        (``prepared.in_place``): the same cycle as :meth:`run_alone`, and when every rank
+        holds the call it is reduced where it lies (:func:`~ddl.engine.fusion.reduce_in_place`)
+        with no request built. A large call's Python runs after its reduction has
+        streamed megabytes through the caches, each line at several times its warm cost
+        (4 MiB at 2 ranks: 57 us before the reduction and 19 us after it, through the request)."""
+        if self.timeline is not None or not self._lean_baton():
+            return None
+        try:
+            try:
+                if not name:
+                    stem, count, stem_digest = self.names.next_digest_excluded(negotiation.stem_digest)
+                    name = f"{stem}{count}"
+                    d = (prepared.body ^ stem_digest ^ negotiation.count_word(count)) & _MASK
+                else:
+                    d = (prepared.body ^ self._name_digest(name)) & _MASK
+                ex = self.exchange
+                due = time.monotonic() >= self.watch.next_check
+                if ex.compact:
+                    ex.run(d, 1, due=due)
+                    held = ex.all_hold(d, 1)
+                else:
+                    held = ex.run_one(d, 0, due)
+                if held:
+                    self.cycles += 1
+                    fusion.reduce_in_place(self.ctx, x.reshape(-1), prepared.op, prepared.algorithm)
+                    self._settle_trials()
+                    if self.watch.watching:
+                        self.watch.done((name,))
+                    self._last_cycle = time.perf_counter()
+                    return x
+            except BaseException as exc:  # the failure report names this collective
+                self._last_cycle = time.perf_counter()
+                self._fail(exc, [])
+            # Other ranks hold something else: go on as the queued request would.
+            req = prepared.request(x, name, True)
+            req.submitted = time.perf_counter()
+            return self._lean_cycle(d, 0, None, x, name, req, exchanged=True)
         finally:
             self._baton.release()
 

@@ -12,7 +12,9 @@ the name, and for a small one the typed views of the cycle record it rides in.
   that is its own accumulator, small enough to travel inline, under ``auto``, with no
   compression and no scaling.
 - A :class:`Prepared` call (the larger ones) builds its request from the checks it passed
-  the first time, and runs as any request does.
+  the first time, and runs as any request does; an in-place one of a contiguous array
+  builds none either when every rank holds it: after the exchange it is reduced where it
+  lies (:func:`ddl.engine.fusion.reduce_in_place`, the bucket of one such tensor).
 """
 
 from __future__ import annotations
@@ -70,6 +72,9 @@ class Prepared:
     algorithm: str
     compression: str
     body: int
+    #: In place, of a dtype that is its own accumulator: a C-contiguous call is reduced
+    #: where it lies, with no request built (:meth:`ddl.engine.engine.Engine.run_in_place`).
+    in_place: bool = False
 
     def request(self, x: np.ndarray, name: str, inplace: bool) -> Request:
         """The request the checked path builds for ``x`` under ``name``, with its digest."""
@@ -84,9 +89,12 @@ def prepare(request: Request, passed: Any) -> Prepared | None:
     if not _plain(request):
         return None
     desc = request.descriptor
+    arr = request.array
+    assert arr is not None
     return Prepared(passed=passed, op=request.op, fields=desc.fields, algorithm=desc.algorithm,
                     compression=desc.compression, body=body_digest(desc.kind, desc.fields, desc.algorithm,
-                                                                   desc.compression))
+                                                                   desc.compression),
+                    in_place=request.inplace and accumulator(arr.dtype) == arr.dtype)
 
 
 def _plain(request: Request) -> bool:

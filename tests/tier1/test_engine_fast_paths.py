@@ -433,6 +433,57 @@ def test_large_calls_seen_before_meet_the_queued_path_and_a_mismatch() -> None:
         assert "'w'" in error and "(3000,)" in error and "(3001,)" in error
 
 
+@pytest.mark.parametrize("size", [2, 3, 17])
+def test_large_in_place_calls_seen_before_reduce_where_they_lie(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    """A larger in-place call of a contiguous array builds no request when every rank holds
+    it (17 ranks: the compact exchange), and gives the queued path's bits; a strided or
+    half-type one takes the request path."""
+    made = _count_requests(monkeypatch)
+    direct: dict[int, list[str]] = {}
+    real = Engine.run_in_place
+
+    def spy(self: Engine, prepared: Any, x: np.ndarray, name: str | None) -> Any:
+        got = real(self, prepared, x, name)
+        if type(got) is np.ndarray:
+            direct.setdefault(self.ctx.topology.rank, []).append(name or "unnamed")
+        return got
+
+    monkeypatch.setattr(Engine, "run_in_place", spy)
+
+    def fn(c: Collectives) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        r = c.topology.rank
+        base = np.linspace(-3, 5, 3001, dtype=np.float32) * (r + 1)
+        got, want = [], []
+        for op in (ddl.Sum, ddl.Average):
+            for _ in range(3):
+                x = base.copy()
+                assert c.allreduce_(x, op=op, name="g") is x
+                got.append(x)
+            got.append(c.allreduce_(base.copy(), op=op))  # unnamed: counted names
+            got.append(c.allreduce_(base.copy(), op=op))
+            want.append(c.allreduce_async(base.copy(), op=op, name="queued", inplace=True).wait())
+        strided = np.zeros(6002, np.float32)
+        for _ in range(2):
+            strided[::2] = base
+            c.allreduce_(strided[::2], op=ddl.Sum, name="strided")
+        for _ in range(2):
+            c.allreduce_(base.astype(np.float16), op=ddl.Sum, name="half")
+        return got, want
+
+    for got, want in run_engines(size, fn):
+        for k, x in enumerate(got):
+            np.testing.assert_array_equal(x, want[k // 5])  # direct == queued, bit for bit
+    # Per rank: every contiguous float32 call ran directly (a first call too: its checks
+    # build a request that is never queued); the strided and the half-type calls did not.
+    # (17 threads on 2 cores: a call finding the engine thread in a cycle rightly queues.)
+    if size < 17:
+        assert made == ["queued"] * 2 * size
+    for rank in range(size):
+        ran = direct.get(rank, [])
+        assert 0 < len(ran) <= 10 and ran.count("unnamed") <= 4 and set(ran) <= {"g", "unnamed"}
+        assert size == 17 or (len(ran), ran.count("unnamed")) == (10, 4)
+
+
 @pytest.mark.parametrize("size", [2, 3])
 def test_scalars_take_the_lean_path(size: int) -> None:
     """A 0-d array or a numpy scalar (a loss): Sum and Average, as arrays of shape ()."""
