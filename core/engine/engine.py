@@ -447,9 +447,12 @@ class Engine:
         The common case (every rank holds this call) is written out here rather than
         through :meth:`_lean_cycle`: a 4 KiB call is a few microseconds, and the frames
         and branches it saves were a visible share of them."""
-        if self.timeline is not None or not self._lean_baton():
+        if self.timeline is not None or self._thread is None or not self._baton.acquire(False):
             return None
         try:
+            if self._pending or self._stop or self._finished or self._failure is not None \
+                    or self._interrupted is not None:  # (_lean_baton's test, written out)
+                return None
             try:
                 if not name:  # unnamed ("" too, as on the queued path): the thread's next count
                     stem, count, stem_digest = self.names.next_digest_excluded(negotiation.stem_digest)
@@ -464,7 +467,7 @@ class Engine:
                     self.inline_cycles += 1
                     out = fusion.reduce_with(lane.parts, lane.combine, lane.average, x if lane.inplace else None,
                                              lane.scale)
-                    if self.watch.watching:
+                    if self.watch.timed:
                         self.watch.done((stem if count < 0 else f"{stem}{count}",))
                     self._last_cycle = time.perf_counter()
                     return out

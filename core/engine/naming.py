@@ -60,14 +60,13 @@ class ThreadNamer:
     def next_digest_excluded(self, stem_digest: Callable[[str], int]) -> tuple[str, int, int]:
         """:meth:`next_count_excluded` with ``stem_digest(stem)`` as a third item, computed
         once per thread (the lean path hashes the name from its parts every call)."""
-        mine = self._mine()
+        mine = getattr(self._local, "mine", None)
+        if mine is None or mine[4] is None or mine[3].name != mine[0]:  # (_mine's test, written out)
+            mine = self._mine()
+            mine = self._local.mine = (*mine[:4], stem_digest(mine[1]))
         cell = mine[2]
-        cell[0] += 1
-        d = mine[4]
-        if d is None:
-            d = stem_digest(mine[1])
-            self._local.mine = (*mine[:4], d)
-        return mine[1], cell[0], d
+        n = cell[0] = cell[0] + 1
+        return mine[1], n, mine[4]  # type: ignore[return-value]
 
     def _mine(self) -> tuple[str, str, list[int], threading.Thread, int | None]:
         mine: tuple[str, str, list[int], threading.Thread, int | None] | None = getattr(self._local, "mine", None)
