@@ -92,6 +92,12 @@ class Trials:
             return trial.contenders[n // TRIAL_RUNS]
         return trial.contenders[0]  # tried, not yet settled: the model's pick meanwhile
 
+    def settled(self, key: Key) -> bool:
+        """Whether class ``key`` has run and its trial is over (a benchmark times ``auto``
+        from there: the steady state a training run sees between rechecks)."""
+        trial = self._classes.get(key)
+        return trial is not None and trial.choice is not None
+
     def observe(self, key: Key, algorithm: str, seconds: float) -> None:
         """This rank's time of one run of class ``key`` with ``algorithm``."""
         trial = self._classes.get(key)

@@ -158,3 +158,14 @@ def test_describe_names_each_class() -> None:
     line = t.describe()
     assert "shm vs mpi vs ring" in line and "1000us/-" in line and "trying" in line
     assert math.isinf(t.agreement()[1])
+
+
+def test_a_class_is_settled_once_its_trial_is_agreed_and_not_before() -> None:
+    t = Trials()
+    key = (80, 4)
+    assert not t.settled(key)  # never ran
+    for _ in range(2 * trials.TRIAL_RUNS):
+        t.pick(key, lambda: [("shm", 1.0), ("ring", 1.5)])
+        assert not t.settled(key)
+    t.settle([1.0, 2.0])
+    assert t.settled(key)

@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             resolved = ""
             if name == "ddl:auto":
                 inline = nbytes <= INLINE_BYTES and 1 < p < COMPACT_FROM  # from 17 ranks: no payloads
-                resolved = "inline" if inline else _auto_choice(ddl.context(), nbytes)
+                resolved = "inline" if inline else auto_choice(ddl.context(), nbytes)
             rows.append({"bytes": nbytes, "contender": name, "time_s": t, "algbw_GBps": algbw,
                          "busbw_GBps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": ok,
                          "auto_picked": resolved})
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(r["correct"] for r in rows + inplace_rows) else 1
 
 
-def _auto_choice(ctx: Any, nbytes: int) -> str:
+def auto_choice(ctx: Any, nbytes: int) -> str:
     """What auto ran at ``nbytes`` float32: init's pick, or what its trials settled on instead."""
     from ddl.reduction import cost
 

@@ -1,0 +1,64 @@
+"""How the engine's exchange waits for the other ranks (``ddl.wire.comm.polite_wait``).
+
+A wait polls without pause for its first microseconds (one host: the collective is done
+by then), then polls yielding the core between polls (across hosts a nonblocking
+collective moves only inside MPI calls, and the kernel's network processing needs the
+cores), then sleeps (another rank still computing keeps its core).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import ddl
+from ddl.wire import comm as comm_module
+
+
+class _Request:
+    """Completes on its ``n``-th ``Test``, or once ``after`` seconds have passed."""
+
+    def __init__(self, n: int = 10**9, after: float = 1e9) -> None:
+        self.n, self.calls, self.until = n, 0, time.perf_counter() + after
+
+    def Test(self) -> bool:  # noqa: N802 - mpi4py's name
+        self.calls += 1
+        return self.calls >= self.n or time.perf_counter() >= self.until
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    seen = {"yield": 0, "sleep": 0}
+    real_sleep = time.sleep
+
+    def yielded() -> None:
+        seen["yield"] += 1
+
+    def slept(seconds: float) -> None:
+        seen["sleep"] += 1
+        real_sleep(seconds)
+
+    monkeypatch.setattr(comm_module.os, "sched_yield", yielded)
+    monkeypatch.setattr(comm_module.time, "sleep", slept)
+    return seen
+
+
+def test_a_wait_done_within_the_busy_window_neither_yields_nor_sleeps(counted: dict[str, int]) -> None:
+    comm_module.polite_wait(_Request(n=50), busy=1.0, spin=2.0)
+    assert counted == {"yield": 0, "sleep": 0}
+
+
+def test_a_wait_past_the_busy_window_yields_between_polls_then_sleeps(counted: dict[str, int]) -> None:
+    comm_module.polite_wait(_Request(after=0.03), busy=0.0, spin=0.01)
+    assert counted["yield"] > 10  # polled with yields for 10 ms
+    assert counted["sleep"] >= 1  # then slept until done
+
+
+def test_a_sleeping_wait_leaves_with_the_owners_interruption(counted: dict[str, int]) -> None:
+    class Owner:
+        interrupted: BaseException | None = ddl.HorovodInternalError("peer lost")
+
+    with pytest.raises(ddl.HorovodInternalError, match="peer lost"):
+        comm_module.polite_wait(_Request(), busy=0.0, spin=0.001, owner=Owner())
+    assert counted["yield"] > 0
