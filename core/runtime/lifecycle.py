@@ -147,6 +147,7 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
             # Measured on 2 cores: sleeping waits free a core for the training loop at 2
             # ranks, but at 4 they wake late and a cycle costs 5x MPI's yielding wait.
             comm.polite = topo.local_size <= available_cpus()
+            comm.remote = frozenset(q for q, h in enumerate(hostnames) if h != hostnames[comm.rank])
         ctx = Context(comm, topo, config)
         ctx.hostnames = tuple(hostnames)
         timeline = Timeline(config.timeline, rank=comm.rank) if config.timeline and comm.rank == 0 else None

@@ -139,6 +139,17 @@ def polite_wait(request: Any, spin: float = 1e-3, longest: float = 200e-6,
         pause = min(pause * 2, longest)
 
 
+def yielding_waitall(requests: list[Any]) -> None:
+    """Complete ``requests``, polling with ``sched_yield`` between polls: a message across
+    hosts moves only while its ranks poll, and the kernel's network processing and the
+    other ranks need the cores MPI's own wait would keep busy."""
+    if not requests:
+        return
+    testall = requests[0].Testall
+    while not testall(requests):
+        os.sched_yield()
+
+
 class PreparedCollective:
     """A collective prepared once (its buffers fixed) and run by calling it.
 
@@ -184,6 +195,9 @@ class MPIComm:
         self.polite = True
         #: Set from outside (an elastic world that lost a peer): polite waits raise it.
         self.interrupted: BaseException | None = None
+        #: The ranks on other hosts (set at init): exchanges with them wait yielding the
+        #: core between polls (:func:`yielding_waitall`), not in MPI's busy wait.
+        self.remote: frozenset[int] = frozenset()
         self._null = MPI.PROC_NULL
         self._empty = np.empty(0, np.uint8)
         self._ops = {
@@ -220,7 +234,10 @@ class MPIComm:
             rbuf, source = empty, null
         else:
             rbuf = recv if recv.dtype == np.uint8 else as_bytes(recv)
-        self._comm.Sendrecv(sbuf, dest, 0, rbuf, source, 0)
+        if dest in self.remote or source in self.remote:
+            yielding_waitall([self._comm.Irecv(rbuf, source, 0), self._comm.Isend(sbuf, dest, 0)])
+        else:
+            self._comm.Sendrecv(sbuf, dest, 0, rbuf, source, 0)
 
     def isendrecv(
         self, send: np.ndarray | None, dest: int | None, recv: np.ndarray | None, source: int | None
@@ -230,7 +247,7 @@ class MPIComm:
             requests.append(self._comm.Irecv(recv if recv.dtype == np.uint8 else as_bytes(recv), source, 0))
         if send is not None and dest is not None:
             requests.append(self._comm.Isend(send if send.dtype == np.uint8 else as_bytes(send), dest, 0))
-        waitall = self._MPI.Request.Waitall
+        waitall = yielding_waitall if dest in self.remote or source in self.remote else self._MPI.Request.Waitall
 
         def wait() -> None:
             waitall(requests)

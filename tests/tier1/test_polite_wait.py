@@ -62,3 +62,17 @@ def test_a_sleeping_wait_leaves_with_the_owners_interruption(counted: dict[str, 
     with pytest.raises(ddl.HorovodInternalError, match="peer lost"):
         comm_module.polite_wait(_Request(), busy=0.0, spin=0.001, owner=Owner())
     assert counted["yield"] > 0
+
+
+def test_an_exchange_across_hosts_polls_yielding_until_every_request_is_done(counted: dict[str, int]) -> None:
+    class Pair:
+        polls = 0
+
+        @classmethod
+        def Testall(cls, requests: list[object]) -> bool:  # noqa: N802 - mpi4py's name
+            cls.polls += 1
+            return cls.polls >= 5
+
+    comm_module.yielding_waitall([Pair(), Pair()])
+    assert (Pair.polls, counted["yield"], counted["sleep"]) == (5, 4, 0)
+    comm_module.yielding_waitall([])  # nothing to wait for

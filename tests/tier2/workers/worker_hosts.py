@@ -37,6 +37,12 @@ def contribution(q: int, n: int) -> np.ndarray:
 
 
 if mode == "check":
+    # Exchanges with the other hosts' ranks wait yielding the core (ddl.wire.comm.yielding_waitall).
+    from ddl.runtime import lifecycle
+
+    hosts = ddl.allgather_object(socket.gethostname())
+    want = frozenset(q for q in range(p) if hosts[q] != hosts[r])
+    assert lifecycle.engine().ctx.comm.remote == want, (lifecycle.engine().ctx.comm.remote, want)
     for alg in ALGS:
         for n in (1, 7, 10_003, 262_147):
             x = contribution(r, n)
