@@ -215,7 +215,7 @@ def _build(world: Collectives, ranks: tuple[int, ...]) -> Collectives | None:
     hostnames = [f"host{ctx.topology.hosts[r]}" for r in sub_ranks]
     topo = build_topology(sub_ranks.index(ctx.topology.rank), hostnames)
     if isinstance(sub, MPIComm) and isinstance(comm, MPIComm):
-        sub.polite = comm.polite
+        sub.busy_wait = comm.busy_wait
     config = dataclasses.replace(ctx.config, topology=None, algorithm="auto")
     sub_ctx = Context(sub, topo, config)
     sub_ctx.world_ranks = tuple(sub_ranks)

@@ -41,11 +41,13 @@ class SharedSlots:
 class MPISharedWindow:
     """An ``MPI.Win.Allocate_shared`` window of one group communicator, grown on demand."""
 
-    def __init__(self, group_comm: Any) -> None:
+    def __init__(self, group_comm: Any, wait: Callable[[Any], None] | None = None) -> None:
+        """``wait``: completes the barrier's ``Ibarrier`` request (None: a blocking ``Barrier``)."""
         from mpi4py import MPI
 
         self._MPI = MPI
         self.comm = group_comm
+        self._wait = wait
         self._win: Any = None
         self.view = SharedSlots(group_comm.Get_rank(), [], self.barrier)
 
@@ -54,7 +56,10 @@ class MPISharedWindow:
         # every member's stores before the barrier visible to every load after it.
         win = self._win
         win.Sync()
-        self.comm.Barrier()
+        if self._wait is None:
+            self.comm.Barrier()
+        else:
+            self._wait(self.comm.Ibarrier())
         win.Sync()
 
     def ensure(self, nbytes: int) -> SharedSlots:

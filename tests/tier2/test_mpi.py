@@ -102,7 +102,7 @@ def test_engine_under_mpiexec(np_: int, tmp_path: Path) -> None:
     fused = [e for e in by_name["fused"] if e.get("args", {}).get("tensors", 0) > 1]
     assert fused, "no fused buffer in the trace"
     assert all(e["args"]["bytes"] > 0 and e["args"]["algorithm"] for e in fused)
-    phases = [n for n in by_name if "reduce-scatter" in n or "halving" in n or n == "mpi allreduce"]
+    phases = [n for n in by_name if "reduce-scatter" in n or "halving" in n or n in ("mpi allreduce", "shm allreduce")]
     assert phases, sorted(by_name)
     assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
 
