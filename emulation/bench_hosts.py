@@ -62,8 +62,10 @@ def worker(args: argparse.Namespace) -> int:
         for name, fn in fns.items():  # warm-up, and the result that is checked
             correct[name] = bool(comm.allreduce(bool(np.all(fn(x) == p * (p + 1) / 2)), op=MPI.LAND))
         trials, key = ddl.context().trials, (cost.size_class(nbytes), 4)
-        for _ in range(64):  # auto past its trials (alike on every rank): the steady state training sees
-            if trials is None or trials.settled(key):
+        for _ in range(64):  # auto past its trials: the steady state training sees
+            # Agreed: a call the engine thread ran returns before that thread settles the
+            # trial, so one rank may read "trying" where the others read "settled".
+            if trials is None or comm.allreduce(trials.settled(key), op=MPI.LAND):
                 break
             fns["auto"](x)
         for _ in range(args.rounds):  # rounds interleave the contenders: noise hits all alike
@@ -101,7 +103,7 @@ def run_config(hosts: int, rate: str | None, args: argparse.Namespace, tmp: Path
         wall, load = time.monotonic() - t0, (load0 + os.getloadavg()[0]) / 2
         after = cluster.counters()
     if proc.returncode != 0:
-        raise RuntimeError(f"{tag}: the job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        raise RuntimeError(f"{tag}: the job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-12000:]}")
     measured = json.loads(out.read_text())["rows"]
     moved = {h: [after[h][0] - before[h][0], after[h][1] - before[h][1]] for h in after}
     payload = sum(r["bytes"] for r in measured)  # each contender reduced each size several times
