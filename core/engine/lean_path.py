@@ -64,11 +64,11 @@ class LeanPath:
         def _settle_trials(self) -> None: ...
         def wait_for(self, handle: Handle, timeout: float | None) -> bool: ...
 
-    # -- the lean path: one call run by its caller (baton free, nothing pending) --------
     # One cycle with one request, run in the caller instead of queued for the thread:
     # run_alone takes a request built by the usual checks, run_lane a small call's
-    # prepared Lane (the same request's cached inputs), and both go through _lean_cycle,
-    # so the engine's contract lives in two places only: here and _cycle.
+    # prepared Lane (the same request's cached inputs), run_in_place a larger in-place
+    # call's Prepared checks. All meet the others' verdict through _lean_cycle when not
+    # every rank holds the call, so the engine's contract lives here and in its _cycle.
     def run_alone(self, req: Request) -> bool:
         """Run ``req`` in the caller as the one cycle :meth:`_cycle` would run with it
         alone pending; False (nothing done) when the engine is busy here or stopping,

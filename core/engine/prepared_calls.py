@@ -6,7 +6,7 @@ its name is the same every time: the checks it passed, the hash of its descripto
 the name, and for a small one the typed views of the cycle record it rides in.
 
 - A :class:`Lane` (small calls) holds all of that, so the engine's lean path
-  (:meth:`ddl.engine.engine.Engine.run_lane`) costs one exchange and one reduction, and
+  (:meth:`ddl.engine.lean_path.LeanPath.run_lane`) costs one exchange and one reduction, and
   builds a request only when the other ranks hold something else. A lane is built only
   where the result is bit for bit what the queued path gives: a numpy array of a dtype
   that is its own accumulator, small enough to travel inline, under ``auto``, with no
@@ -73,7 +73,7 @@ class Prepared:
     compression: str
     body: int
     #: In place, of a dtype that is its own accumulator: a C-contiguous call is reduced
-    #: where it lies, with no request built (:meth:`ddl.engine.engine.Engine.run_in_place`).
+    #: where it lies, with no request built (:meth:`ddl.engine.lean_path.LeanPath.run_in_place`).
     in_place: bool = False
 
     def request(self, x: np.ndarray, name: str, inplace: bool) -> Request:
