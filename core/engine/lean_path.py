@@ -159,14 +159,7 @@ class LeanPath:
                     d = (prepared.body ^ stem_digest ^ negotiation.count_word(count)) & _MASK
                 else:
                     d = (prepared.body ^ self._name_digest(name)) & _MASK
-                ex = self.exchange
-                due = time.monotonic() >= self.watch.next_check
-                if ex.compact:
-                    ex.run(d, 1, due=due)
-                    held = ex.all_hold(d, 1)
-                else:
-                    held = ex.run_one(d, 0, due)
-                if held:
+                if self._exchange_one(d, 0):
                     self.cycles += 1
                     fusion.reduce_in_place(self.ctx, x.reshape(-1), prepared.op, prepared.algorithm)
                     self._settle_trials()
@@ -233,12 +226,7 @@ class LeanPath:
                     lane.staged[...] = x
                 elif inline:
                     fusion.pack_inline([req], ex.payload_out)  # type: ignore[list-item]
-                due = time.monotonic() >= self.watch.next_check
-                if ex.compact:
-                    ex.run(d, 1, inline=inline, due=due)
-                    held = ex.all_hold(d, 1)
-                else:
-                    held = ex.run_one(d, inline, due)
+                held = self._exchange_one(d, inline)
             self.cycles += 1
             if held:
                 out = None
@@ -274,6 +262,16 @@ class LeanPath:
             self._fail(exc, [req] if req is not None else [])
         finally:
             self._last_cycle = time.perf_counter()
+
+    def _exchange_one(self, d: int, inline: int) -> bool:
+        """This rank's cycle of one call of digest ``d`` (payload ready when ``inline``):
+        whether every rank held exactly that call."""
+        ex = self.exchange
+        due = time.monotonic() >= self.watch.next_check
+        if ex.compact:
+            ex.run(d, 1, inline=inline, due=due)
+            return ex.all_hold(d, 1)
+        return ex.run_one(d, inline, due)
 
     def _inline_views(self, arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """Typed, shaped views of this rank's outgoing payload and of every rank's incoming one."""

@@ -41,8 +41,8 @@ class SharedSlots:
 class MPISharedWindow:
     """An ``MPI.Win.Allocate_shared`` window of one group communicator, grown on demand."""
 
-    def __init__(self, group_comm: Any, wait: Callable[[Any], None] | None = None) -> None:
-        """``wait``: completes the barrier's ``Ibarrier`` request (None: a blocking ``Barrier``)."""
+    def __init__(self, group_comm: Any, wait: Callable[[Any], None]) -> None:
+        """``wait``: completes the barrier's ``Ibarrier`` request."""
         from mpi4py import MPI
 
         self._MPI = MPI
@@ -56,10 +56,7 @@ class MPISharedWindow:
         # every member's stores before the barrier visible to every load after it.
         win = self._win
         win.Sync()
-        if self._wait is None:
-            self.comm.Barrier()
-        else:
-            self._wait(self.comm.Ibarrier())
+        self._wait(self.comm.Ibarrier())
         win.Sync()
 
     def ensure(self, nbytes: int) -> SharedSlots:
