@@ -21,6 +21,7 @@ from ddl.base.topology import Topology
 from ddl.reduction import adasum, algorithms, cost
 from ddl.reduction.calibration import Calibration
 from ddl.reduction.executor import run_schedule
+from ddl.reduction.scattered import Source, fill
 from ddl.reduction.schedule import Schedule
 from ddl.reduction.segments import segment_schedule, sole_owner
 from ddl.reduction.trials import Key, Trials
@@ -87,15 +88,16 @@ class Context:
     def allreduce_flat(
         self, buf: np.ndarray, op: ReduceOp, algorithm: str,
         on_phase: Callable[[tuple[str, float, float]], None] | None = None, divisor: int = 0,
-        src: np.ndarray | None = None,
+        src: Source | None = None,
     ) -> None:
         """Allreduce the 1-D contiguous ``buf`` in place with a resolved algorithm
         (``divisor``: what Average divides by, 0 for the world size). ``src``: the input
         where it is not ``buf`` (whose contents then do not matter): a schedule that can read it
         in its first step does (:func:`~ddl.reduction.executor.run_schedule`: ``shm``), saving
-        a memory pass of the whole buffer; the rest start from a copy in ``buf``."""
+        a memory pass of the whole buffer; the rest start from a copy in ``buf``. It may be
+        a bucket's tensors as they lie (:class:`~ddl.reduction.scattered.Scattered`)."""
         if src is not None and (algorithm == "mpi" or self.topology.size == 1 or not buf.size):
-            buf[...] = src
+            fill(buf, src)
             src = None
         if self.topology.size > 1 and buf.size:
             if algorithm == "mpi":

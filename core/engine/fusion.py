@@ -35,6 +35,7 @@ from ddl.engine.handle import Handle
 from ddl.engine.negotiation import Descriptor
 from ddl.engine.timeline import Timeline
 from ddl.reduction.buckets import SOLO_BYTES, FusionItem, fuse
+from ddl.reduction.scattered import Scattered, Source
 
 __all__ = ["SOLO_BYTES", "Request", "execute", "finish_inline", "inline_bytes", "pack_inline", "reduce_payloads", "reduce_with",
            "trace_inline"]
@@ -237,7 +238,7 @@ def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) 
     prescale = first.op is ReduceOp.AVERAGE and comp.compresses(dtype)
     op = ReduceOp.SUM if prescale else first.op
     single = len(bucket) == 1 and wire == dtype and not prescale
-    given = None  # the input, where the algorithm may read it instead of a copy in ``fused``
+    given: Source | None = None  # the input, where the algorithm may read it instead of a copy in ``fused``
     if single:
         src = first.array
         if first.inplace and src.flags.c_contiguous:
@@ -248,8 +249,11 @@ def _run_bucket(ctx: Context, bucket: list[Request], timeline: Timeline | None) 
             fused = np.array(src, order="C").reshape(-1)
     else:
         fused = np.empty(total, dtype=wire)
-        comp.compress([r.array for r in bucket if r.array is not None], fused,
-                      divisor=divisor if prescale else None)
+        arrays = [r.array for r in bucket if r.array is not None]
+        if wire == dtype and not prescale and first.prescale == 1.0:
+            given = Scattered(arrays)  # read where they lie: no pack pass (ddl.reduction.scattered)
+        else:
+            comp.compress(arrays, fused, divisor=divisor if prescale else None)
     dtypes.scale(fused, first.prescale)
     algorithm, trial = ctx.algorithm_for_run(first.algorithm, total, wire.itemsize)
     fused_at = time.perf_counter()

@@ -21,6 +21,7 @@ from ddl.base import kernels
 from ddl.base.config import DEFAULT_SHM_BYTES
 from ddl.base.ops import ReduceOp
 from ddl.reduction import pipelined
+from ddl.reduction.scattered import Scattered, Source, fill, read
 from ddl.reduction.schedule import AnyStep, GroupStep, Schedule
 from ddl.wire.comm import Comm
 from ddl.wire.shared_memory import SharedSlots
@@ -34,13 +35,14 @@ MIN_SLOT_BYTES = 64 << 10
 def run_schedule(
     comm: Comm, schedule: Schedule, buf: np.ndarray, op: ReduceOp, *, segment_elems: int,
     shm_bytes: int = DEFAULT_SHM_BYTES, on_phase: Callable[[tuple[str, float, float]], None] | None = None,
-    src: np.ndarray | None = None,
+    src: Source | None = None,
 ) -> None:
     """Execute ``schedule`` in place on the 1-D contiguous ``buf``.
 
     ``shm_bytes`` caps each rank's shared slot for group steps. ``on_phase`` receives
     ``(phase, start, end)`` for each run of steps of one phase. ``src`` (as ``buf``): the
-    input, where the result goes to another array. A schedule that starts with a group
+    input, where the result goes to another array, or a bucket's tensors as they lie
+    (:class:`~ddl.reduction.scattered.Scattered`). A schedule that starts with a group
     reduce-scatter reads it there instead of a copy in ``buf`` first (every element of
     ``buf`` is then written by the schedule); any other copies it into ``buf``.
 
@@ -55,7 +57,7 @@ def run_schedule(
     if src is None:
         src = buf
     elif src is not buf and not (steps and isinstance(steps[0], GroupStep) and steps[0].reduce):
-        buf[...] = src
+        fill(buf, src)
         src = buf
     pipe = pipelined.plan(schedule, buf.itemsize)
     if pipe is not None:
@@ -143,7 +145,7 @@ def _open(comm: Comm, step: GroupStep, buf: np.ndarray, shm_bytes: int) -> tuple
 
 def run_group_step(
     comm: Comm, step: GroupStep, buf: np.ndarray, combine: Callable[..., np.ndarray], *, shm_bytes: int,
-    src: np.ndarray | None = None,
+    src: Source | None = None,
 ) -> None:
     """Run one group step on ``buf`` through the group's shared slots, piece by piece.
 
@@ -167,7 +169,7 @@ def run_group_step(
 
 def run_group_allreduce(
     comm: Comm, scatter: GroupStep, gather: GroupStep, buf: np.ndarray, combine: Callable[..., np.ndarray],
-    *, shm_bytes: int, src: np.ndarray | None = None,
+    *, shm_bytes: int, src: Source | None = None,
 ) -> None:
     """A group reduce-scatter and the allgather of the same chunks, piece by piece: piece k
     is gathered right after it is reduced, while it is still in cache. The result is the
@@ -182,7 +184,7 @@ def run_group_allreduce(
 
 
 def _group_ranges(comm: Comm, buf: np.ndarray, combine: Callable[..., np.ndarray],
-                  shm_bytes: int, src: np.ndarray) -> Callable[[GroupStep, list[tuple[int, int]]], None]:
+                  shm_bytes: int, src: Source) -> Callable[[GroupStep, list[tuple[int, int]]], None]:
     """Runs a group step on the given offsets of every member's chunk, piece by piece
     (:mod:`ddl.reduction.pipelined`'s in-host stages)."""
     def run(step: GroupStep, ranges: list[tuple[int, int]]) -> None:
@@ -208,7 +210,7 @@ def _half(shared: SharedSlots) -> int:
 
 def _reduce_piece(
     shared: SharedSlots, step: GroupStep, buf: np.ndarray, combine: Callable[..., np.ndarray], a: int, per: int,
-    count: int | None = None, *, src: np.ndarray | None = None,
+    count: int | None = None, *, src: Source | None = None,
 ) -> None:
     # Publish piece a of every chunk, then combine piece a of this member's chunk from
     # every member's copy, in member order: the same bits wherever it is read. Members
@@ -216,6 +218,8 @@ def _reduce_piece(
     # which may write over it); later members need theirs after that, so publish it.
     # ``per`` is the slot's stride per chunk, ``count`` (at most ``per``) this piece's length;
     # the inputs are read from ``src`` (default ``buf``), the result written to ``buf``.
+    # From a bucket's scattered tensors a member's own piece is first copied to where its
+    # result goes: the combine then reads the same values in the same order (same bits).
     src = buf if src is None else src
     dtype, item, n_members = buf.dtype, buf.itemsize, len(step.members)
     me, slots, base = shared.index, shared.slots, _half(shared)
@@ -224,14 +228,19 @@ def _reduce_piece(
     for j, (lo, hi) in enumerate(step.chunks):
         n = min(count, hi - lo - a)
         if n > 0 and (j != me or me > 1):
-            out[j * per : j * per + n] = src[lo + a : lo + a + n]
+            read(src, lo + a, n, out[j * per : j * per + n])
     shared.barrier()
     my_lo, my_hi = step.chunks[me]
     mine = min(count, my_hi - my_lo - a)
     if mine > 0:
         at = base + me * per * item
         target = buf[my_lo + a : my_lo + a + mine]
-        own = src[my_lo + a : my_lo + a + mine]
+        if isinstance(src, Scattered):
+            if me < 2:
+                src.read(my_lo + a, mine, target)
+            own = target
+        else:
+            own = src[my_lo + a : my_lo + a + mine]
         parts = [own if m == me and me < 2 else slots[m][at : at + mine * item].view(dtype)
                  for m in range(n_members)]
         combine(parts[0], parts[1], out=target)

@@ -18,6 +18,7 @@ from ddl.reduction.algorithms import SCHEDULED, check_for
 from ddl.reduction.algorithms.shm import why_not_shared
 from ddl.reduction.executor import piece_elems, slot_bytes
 from ddl.reduction.probes import DEFAULT_PLAN, ProbePlan, Samples
+from ddl.reduction.scattered import Scattered
 from ddl.reduction.schedule import GroupStep, Schedule, Step, chunks_of, partition
 from ddl.testing import (
     FakeComm,
@@ -313,11 +314,12 @@ def test_fit_reads_the_shm_samples() -> None:
 @pytest.mark.parametrize(("spec", "hosts"), [
     (None, ["h"] * 3), ("2x2", _hosts_per_d0("2x2")), ("2x2x2", _hosts_per_d0("2x2x2")),
 ])
-@pytest.mark.parametrize("algorithm", ["shm", "multiring"])
+@pytest.mark.parametrize("algorithm", ["shm", "multiring", "mpi"])
 def test_out_of_place_reads_the_input_and_gives_the_in_place_bits(spec: str | None, hosts: list[str],
                                                                    algorithm: str) -> None:
-    """``src``: shm's first step reads the input where it lies (no copy into the result first);
-    every element of the result is written, the input is left alone, the bits are in place's."""
+    """``src``: shm's first step reads the input where it lies (no copy into the result first),
+    also a bucket's tensors (:class:`Scattered`); every element of the result is written,
+    the input is left alone, the bits are in place's."""
     p = len(hosts)
 
     def body(comm: FakeComm) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -331,6 +333,14 @@ def test_out_of_place_reads_the_input_and_gives_the_in_place_bits(spec: str | No
             inplace = kept.copy()
             ctx.allreduce_flat(inplace, ReduceOp.AVERAGE, algorithm)
             out.append((result, inplace, x - kept))
+            # A bucket's tensors as they lie: cut at uneven places, one of them strided.
+            cuts = sorted([0, min(n, 3), n // 3, n // 2, n])
+            strided = np.zeros(2 * (cuts[3] - cuts[2]), np.float32)
+            strided[::2] = x[cuts[2] : cuts[3]]
+            parts = [x[cuts[0] : cuts[1]], x[cuts[1] : cuts[2]].copy(), strided[::2], x[cuts[3] :].copy()]
+            scattered = np.full(n, np.nan, np.float32)
+            ctx.allreduce_flat(scattered, ReduceOp.AVERAGE, algorithm, src=Scattered(parts))
+            out.append((scattered, inplace, x - kept))
         return out
 
     for rank_out in run_ranks(p, body, hostnames=hosts):
