@@ -46,6 +46,31 @@ def test_a_probe_over_budget_is_its_warm_up_alone() -> None:
         assert calls == 1 and seconds >= 0.01
 
 
+def test_a_link_probe_slow_only_in_its_warm_up_is_timed_once_more() -> None:
+    """A pair's first large message pays the connection's ramp-up: a link probe whose warm-up
+    is over budget but within ``link_warm_cap`` budgets is timed once after it, and that
+    run is the sample; past the cap the warm-up is the sample, as before."""
+    from ddl.base.topology import build_topology
+
+    def fn(comm: FakeComm, warm: float) -> tuple[int, float]:
+        real, seen = comm.sendrecv, [0]
+
+        def ramp(*args: object) -> None:
+            seen[0] += 1
+            time.sleep(warm if seen[0] == 2 else 0.01)  # (call 1 connects)
+            real(*args)  # type: ignore[arg-type]
+
+        comm.sendrecv = ramp  # type: ignore[method-assign]
+        topo = build_topology(comm.rank, ["a", "b"])
+        [sample] = probes._link_samples(comm, topo, 0, ProbePlan(link=((1 << 20, 8),), budget=0.005))
+        return seen[0], sample
+
+    for calls, sample in run_ranks(2, lambda c: fn(c, 0.015)):  # 3 budgets: timed once more
+        assert calls == 3 and 0.01 <= sample < 0.015, sample
+    for calls, sample in run_ranks(2, lambda c: fn(c, 0.03)):  # 6 budgets: the warm-up is the sample
+        assert calls == 2 and sample >= 0.03
+
+
 def test_native_probes_predicted_too_slow_are_skipped_and_priced_from_the_links() -> None:
     sizes: list[list[int]] = [[], []]
 
