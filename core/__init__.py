@@ -45,8 +45,8 @@ _LAZY: dict[str, str] = {
     "Compression": "ddl.engine.compression",
     "PowerSGD": "ddl.engine.powersgd",
     **dict.fromkeys(("DDLError", "HorovodInternalError", "HostsUpdatedInterrupt", "MismatchError",
-                     "NotInitializedError", "RankLeftError", "RemoteError", "SettingsMismatchError", "TopologyError",
-                     "WorldMismatchError"), "ddl.base.errors"),
+                     "NotInitializedError", "RankLeftError", "RemoteError", "SettingsMismatchError",
+                     "StalledWaitError", "TopologyError", "WorldMismatchError"), "ddl.base.errors"),
     "GroupHandle": "ddl.engine.handle", "Handle": "ddl.engine.handle",
     **dict.fromkeys(("Adasum", "Average", "Max", "Min", "Product", "ReduceOp", "Sum"), "ddl.base.ops"),
 }
@@ -61,6 +61,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time these come fro
         RankLeftError,
         RemoteError,
         SettingsMismatchError,
+        StalledWaitError,
         TopologyError,
         WorldMismatchError,
     )
@@ -142,7 +143,8 @@ def __dir__() -> list[str]:
 __all__ = [
     "Adasum", "AutoCompression", "Average", "Compression", "DDLError", "GroupHandle", "Handle", "HorovodInternalError",
     "HostsUpdatedInterrupt", "Max", "Min", "MismatchError", "NotInitializedError", "PowerSGD", "ProcessSet", "Product",
-    "RankLeftError", "ReduceOp", "RemoteError", "SettingsMismatchError", "Sum", "TopologyError", "WorldMismatchError",
+    "RankLeftError", "ReduceOp", "RemoteError", "SettingsMismatchError", "StalledWaitError", "Sum", "TopologyError",
+    "WorldMismatchError",
     "add_process_set", "allgather",
     "allgather_async", "allgather_object", "allreduce", "allreduce_", "allreduce_async", "alltoall",
     "alltoall_async", "barrier", "broadcast", "broadcast_", "broadcast_async", "broadcast_object", "ccl_built",

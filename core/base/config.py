@@ -63,7 +63,8 @@ class Config:
         "where DDL_CALIBRATION=off)", flag="--auto-trials", agreed=True, metavar="on|off")
     stall_timeout: float = setting(
         "DDL_STALL_TIMEOUT", 60.0, positive(60.0),
-        "seconds a tensor may be missing on some ranks before the job aborts (a warning at half of it)",
+        "seconds a tensor may be missing on some ranks, or a wait for the others may last (a frozen rank), "
+        "before the job aborts (a warning at half of it for a missing tensor)",
         flag="--stall-timeout", metavar="SECONDS", unit="seconds")
     cycle_time: float = setting(
         "DDL_CYCLE_TIME_MS", 0.002, positive(2.0, 1e-3),

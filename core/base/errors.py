@@ -65,6 +65,13 @@ class RankLeftError(HorovodInternalError):
         self.ranks = tuple(ranks)
 
 
+class StalledWaitError(DDLError):
+    """No other rank answered a wait inside ddl for ``DDL_STALL_TIMEOUT`` seconds: a rank
+    stopped taking part without leaving (its process stopped or frozen, a hung file
+    system, its host unreachable). Raised inside the engine, which then ends the job with
+    its message, since the others may be waiting for this rank as well."""
+
+
 class HostsUpdatedInterrupt(DDLError):
     """The hosts changed (one joined, or one is leaving); raised by ``state.commit()`` on every rank
     at the same commit, after the state was saved, so nothing is lost.

@@ -315,9 +315,10 @@ class Engine(LeanPath):
         with self._wake:
             self._wake.notify()
 
-    def _fail(self, exc: BaseException, batch: list[Request]) -> NoReturn:
+    def _fail(self, exc: BaseException, batch: list[Request], call: str = "") -> NoReturn:
         """A cycle raised after the ranks agreed on it: fail every waiter here, and end
-        the job, because the other ranks wait in a collective this rank left."""
+        the job, because the other ranks wait in a collective this rank left. ``call``:
+        the lean path's collective, which has no request in ``batch``."""
         if exc is self._interrupted:
             raise exc  # the world is ending anyway (see interrupt): no abort
         if self.ctx.config.elastic_world and failures.from_mpi(exc):
@@ -331,7 +332,8 @@ class Engine(LeanPath):
             for req in self._pending:
                 req.handle.set_error(DDLError(f"ddl engine failed: {exc!r}"))
             self._pending.clear()
-        sys.stderr.write(failures.engine_failed(self.ctx.topology.rank, batch, exc))
+        names = [r.name for r in batch] or ([call] if call else [])
+        sys.stderr.write(failures.engine_failed(self.ctx.topology.rank, names, exc))
         sys.stderr.flush()
         self._abort_job(1)
 

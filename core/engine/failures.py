@@ -57,8 +57,9 @@ def peer_lost(world: int, exc: BaseException) -> HorovodInternalError:
                                 "elastic.run restores the last commit and the next world resumes from it")
 
 
-def engine_failed(rank: int, batch: Sequence[Request], exc: BaseException) -> str:
-    """The line a rank prints before it aborts the job: its cycle failed after the ranks agreed."""
-    names = ", ".join(repr(r.name) for r in batch[:5]) or "(none pending)"
+def engine_failed(rank: int, calls: Sequence[str], exc: BaseException) -> str:
+    """The line a rank prints before it aborts the job: its cycle (the collectives named
+    ``calls``) failed after the ranks agreed."""
+    names = ", ".join(repr(name) for name in calls[:5]) or "(none pending)"
     return (f"ddl: rank {rank}: the engine failed during a collective ({names}): {type(exc).__name__}: {exc}; "
             "the other ranks cannot finish it, so the job is aborted\n")

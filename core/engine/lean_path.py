@@ -58,7 +58,7 @@ class LeanPath:
     if TYPE_CHECKING:  # the engine's own steps of a cycle
         def _digest(self, descriptor: Descriptor) -> int: ...
         def _name_digest(self, name: str) -> int: ...
-        def _fail(self, exc: BaseException, batch: list[Request]) -> NoReturn: ...
+        def _fail(self, exc: BaseException, batch: list[Request], call: str = "") -> NoReturn: ...
         def _act(self, verdict: Verdict, batch: list[Request], stopping: bool, inline: int,
                  start: float) -> tuple[bool, bool]: ...
         def _settle_trials(self) -> None: ...
@@ -135,7 +135,7 @@ class LeanPath:
                     return out
             except BaseException as exc:  # the failure report names this collective
                 self._last_cycle = time.perf_counter()
-                self._fail(exc, [])
+                self._fail(exc, [], name or "an unnamed allreduce")
             # Other ranks hold something else: go on as the queued request would.
             return self._lean_cycle(d, lane.nbytes, lane, x, stem if count < 0 else f"{stem}{count}", None,
                                     exchanged=True)
@@ -169,7 +169,7 @@ class LeanPath:
                     return x
             except BaseException as exc:  # the failure report names this collective
                 self._last_cycle = time.perf_counter()
-                self._fail(exc, [])
+                self._fail(exc, [], name or "an unnamed allreduce")
             # Other ranks hold something else: go on as the queued request would.
             req = prepared.request(x, name, True)
             req.submitted = time.perf_counter()
@@ -259,7 +259,7 @@ class LeanPath:
             self._settle_trials()
             return req.handle
         except BaseException as exc:  # the failure report names this collective
-            self._fail(exc, [req] if req is not None else [])
+            self._fail(exc, [req] if req is not None else [], name)
         finally:
             self._last_cycle = time.perf_counter()
 

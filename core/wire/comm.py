@@ -17,7 +17,7 @@ import numpy as np
 
 from ddl.base import kernels
 from ddl.base.config import Announced
-from ddl.base.errors import WorldMismatchError
+from ddl.base.errors import StalledWaitError, WorldMismatchError
 from ddl.base.ops import ReduceOp
 from ddl.wire.shared_memory import MPISharedWindow, SharedSlots
 from ddl.wire.splits import split_shared_group
@@ -106,7 +106,7 @@ def as_bytes(a: np.ndarray) -> np.ndarray:
 
 
 def polite_wait(request: Any, spin: float = 1e-3, longest: float = 200e-6,
-                owner: Any = None, busy: float = 20e-6) -> None:
+                owner: Any = None, busy: float = 20e-6, what: str = "the other ranks' negotiation records") -> None:
     """Complete an MPI request: polling, then polling that yields the core, then sleeping
     in growing steps.
 
@@ -121,42 +121,69 @@ def polite_wait(request: Any, spin: float = 1e-3, longest: float = 200e-6,
       rank's compute. mpi4py drops the GIL inside ``Test``. While sleeping it raises
       ``owner.interrupted`` once that is set (an elastic world whose peer was lost: the
       request can never complete).
+
+    With an ``owner`` whose ``stall_limit`` is finite, a wait that lasts longer raises
+    :class:`~ddl.base.errors.StalledWaitError` naming ``what`` it waited for: a rank that
+    stopped without leaving (SIGSTOP, a hung file system) would otherwise hold every other
+    rank here for good.
     """
     if request.Test():
         return
     start = time.perf_counter()
+    limit = math.inf if owner is None else owner.stall_limit
     while time.perf_counter() - start < busy:
         if request.Test():
             return
-    while time.perf_counter() - start < spin:
+    while (waited := time.perf_counter() - start) < spin:
         if request.Test():
             return
+        if waited > limit:
+            raise stalled(owner, waited, what)
         os.sched_yield()
     pause = 20e-6
     while not request.Test():
-        if owner is not None and owner.interrupted is not None:
-            raise owner.interrupted
+        if owner is not None:
+            if owner.interrupted is not None:
+                raise owner.interrupted
+            if (waited := time.perf_counter() - start) > limit:
+                raise stalled(owner, waited, what)
         time.sleep(pause)
         pause = min(pause * 2, longest)
 
 
-def yielding_wait(request: Any, busy: float = 0.0) -> None:
+def yielding_wait(request: Any, busy: float = 0.0, owner: Any = None, what: str = "") -> None:
     """:func:`polite_wait` that never sleeps, for waits inside a collective (its ranks are
     all in it): at 4 ranks on 2 cores a shared-memory barrier waited so made a 1 MiB
     allreduce 1.9x faster than MPI's own (whose blocking barrier keeps a core the rank it
     waits for needs)."""
-    polite_wait(request, spin=math.inf, busy=busy)
+    polite_wait(request, spin=math.inf, busy=busy, owner=owner, what=what)
 
 
-def yielding_waitall(requests: list[Any]) -> None:
+def yielding_waitall(requests: list[Any], owner: Any = None, what: str = "") -> None:
     """Complete ``requests``, polling with ``sched_yield`` between polls: a message across
     hosts moves only while its ranks poll, and the kernel's network processing and the
-    other ranks need the cores MPI's own wait would keep busy."""
+    other ranks need the cores MPI's own wait would keep busy. Bounded by
+    ``owner.stall_limit`` as :func:`polite_wait` is."""
     if not requests:
         return
     testall = requests[0].Testall
+    if testall(requests):
+        return
+    limit = math.inf if owner is None else owner.stall_limit
+    start = time.perf_counter()
     while not testall(requests):
+        if limit != math.inf and (waited := time.perf_counter() - start) > limit:
+            raise stalled(owner, waited, what)
         os.sched_yield()
+
+
+def stalled(owner: Any, waited: float, what: str) -> StalledWaitError:
+    """The error of a wait past ``owner.stall_limit``."""
+    return StalledWaitError(
+        f"rank {owner.rank} waited {waited:.0f} s for {what or 'the other ranks'}, and nothing came: a rank stopped "
+        "taking part without leaving (a stopped or frozen process, a hung file system, a host that cannot be "
+        f"reached), so the job ends (DDL_STALL_TIMEOUT={owner.stall_limit:g}; raise it where a rank may "
+        "legitimately keep the others waiting that long)")
 
 
 class PreparedCollective:
@@ -207,6 +234,11 @@ class MPIComm:
         #: The ranks on other hosts (set at init): exchanges with them wait yielding the
         #: core between polls (:func:`yielding_waitall`), not in MPI's busy wait.
         self.remote: frozenset[int] = frozenset()
+        #: Seconds a wait for the other ranks (the negotiation, a shared-memory barrier, a
+        #: message from another host) may last before it raises StalledWaitError: set at
+        #: init to the stall timeout outside elastic worlds (whose heartbeats find a frozen
+        #: rank first); waits inside the MPI library itself are not bounded.
+        self.stall_limit = math.inf
         self._null = MPI.PROC_NULL
         self._empty = np.empty(0, np.uint8)
         self._ops = {
@@ -256,10 +288,15 @@ class MPIComm:
             requests.append(self._comm.Irecv(recv if recv.dtype == np.uint8 else as_bytes(recv), source, 0))
         if send is not None and dest is not None:
             requests.append(self._comm.Isend(send if send.dtype == np.uint8 else as_bytes(send), dest, 0))
-        waitall = yielding_waitall if dest in self.remote or source in self.remote else self._MPI.Request.Waitall
+        if dest in self.remote or source in self.remote:
+            peers = sorted({q for q in (dest, source) if q is not None})
+            what = f"a message of rank {' or '.join(map(str, peers))}"
 
-        def wait() -> None:
-            waitall(requests)
+            def wait() -> None:
+                yielding_waitall(requests, self, what)
+        else:
+            def wait() -> None:
+                self._MPI.Request.Waitall(requests)
         return wait
 
     def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
@@ -328,8 +365,11 @@ class MPIComm:
             # Each rank has one dim-0 group, and every rank runs its first group step
             # in the same cycle (at init, when calibration measures it): a world collective.
             window = self._windows[members] = MPISharedWindow(split_shared_group(self._comm, members, self.rank),
-                                                              lambda request: yielding_wait(request, self.busy_wait))
+                                                              self._wait_in_host)
         return window.ensure(nbytes)
+
+    def _wait_in_host(self, request: Any) -> None:
+        yielding_wait(request, self.busy_wait, self, "the ranks of this host in a shared-memory step")
 
     def bcast_object(self, obj: Any, root: int) -> Any:
         return self._comm.bcast(obj, root=root)

@@ -71,6 +71,8 @@ DDLRUN_CASES = {
     # Any rank's stall watch may end it first (rank 1's engine sees rank 0 waiting too).
     "stall": (1, r"rank [01] \(host \S+\) aborted the job with error code 1 after ddl.init$", {"DDL_STALL_TIMEOUT": "2"}),
     "exit-0-before-init": (1, r"rank 1 \(host \S+\) exited with status 0 before ddl.init$", {}),
+    # A stopped rank never answers: rank 0's wait in the negotiation ends at the stall timeout.
+    "freeze": (1, r"rank 0 \(host \S+\) aborted the job with error code 1 after ddl.init$", {"DDL_STALL_TIMEOUT": "2"}),
     "os-exit-0": (1, r"rank 1 \(host \S+\) exited with status 0 after ddl.init$", {}),
     # MPI_Abort returns at once; the launcher kills the rank a moment later (it may be in shutdown by then).
     "mpi-abort": (4, r"rank 1 \(host \S+\) aborted the job with error code 4 (after ddl.init|in ddl.shutdown)$", {}),
@@ -88,8 +90,11 @@ def test_under_ddlrun_every_failure_ends_the_job_at_once_with_the_ranks_own_stat
     assert report and re.match(first, report[0]), report
     assert f"exit status {status}" in report[-1], report
     assert "DONE rank 0" not in done.stdout, done.stdout  # rank 0 never carried on as if nothing happened
-    bound = 5.0 + (2.0 if case == "stall" else 0.0)  # a stall ends at its timeout (2 s here)
+    bound = 5.0 + (2.0 if case in ("stall", "freeze") else 0.0)  # a stall ends at its timeout (2 s here)
     assert since_failure(done, ended) < bound
+    if case == "freeze":
+        assert "StalledWaitError: rank 0 waited 2 s for the other ranks' negotiation records" in done.stderr
+        assert "collective ('grad')" in done.stderr, done.stderr[-2000:]  # the call it was in
     assert "BAD TERMINATION" not in done.stdout + done.stderr  # ddlrun said it better
     assert left == [], left
 
@@ -106,6 +111,19 @@ def test_under_a_plain_mpiexec_every_failure_after_init_ends_the_job_at_once(cas
     if case in ("exit-3", "skip-step"):
         assert "RankLeftError: rank 1 (host" in done.stderr, done.stderr[-3000:]
     assert left == [], left  # the watchers forked at init removed what the killed ranks left
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip MPICH's mpiexec")
+def test_under_a_plain_mpiexec_a_frozen_rank_ends_the_job_at_the_stall_timeout(tmp_path: Path) -> None:
+    """SIGSTOP keeps a rank's sockets open and its shared memory mapped: nothing tells the
+    others it is gone, so the bound is the stall timeout, then the job is aborted."""
+    done, _, left = launch([str(MPIEXEC), "-n", "2", sys.executable, str(WORKERS / "worker_failfast.py"), "freeze"],
+                           tmp_path, env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "DDL_STALL_TIMEOUT": "2"})
+    ended = time.time()
+    assert done.returncode != 0
+    assert "StalledWaitError: rank 0 waited 2 s" in done.stderr, done.stderr[-3000:]
+    assert 2.0 <= since_failure(done, ended) < 2.0 + 5.0
+    assert left == [], left
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip MPICH's mpiexec")

@@ -53,6 +53,8 @@ def fail_at_step() -> bool:
         time.sleep(60)  # MPI_Abort may return before the launcher's kill lands; a program never steps on
     if CASE == "stall":
         time.sleep(float(os.environ.get("STALL_SECONDS", "120")))  # alive, but never submits
+    if CASE == "freeze":
+        os.kill(os.getpid(), signal.SIGSTOP)  # stopped, sockets open: it never answers again
     return CASE == "skip-step"
 
 
