@@ -15,8 +15,10 @@ best, ``median`` its typical):
   ``negotiation words (MIN) + MPI 4 KiB`` row is those two collectives bare.
 - **256 asynchronous 16 KiB tensors** each waited, against one 4 MiB ``allreduce``, with
   the per-tensor part measured on its own: the submission (``allreduce_async`` x 256, CPU
-  time of the calling thread, so other processes' load does not count) and the pack of
-  the 256 into one buffer (``np.concatenate``) against the one copy the single call makes.
+  time of the calling thread, so other processes' load does not count), and what packing
+  the 256 into one buffer (``np.concatenate``) would cost against one 4 MiB copy (the
+  bucket no longer packs: its algorithm reads the tensors where they lie,
+  :mod:`ddl.reduction.scattered`; the pack row prices the pass that saved).
 
 Prints a table and writes ``per-call.json`` to ``--out``.
 """
