@@ -186,7 +186,7 @@ class Exchange:
             stop = int(stop)
             v[0], v[1], v[2], v[3], v[4], v[5], v[6] = digest, -digest, length, -length, stop, -stop, -int(due)
             v[7] = self.comm.rank * 4 + stop if stop and not length else NOBODY
-            self.comm.allreduce_native(self._vec, ReduceOp.MIN)
+            self.comm.allreduce_native(self._vec, ReduceOp.MIN, negotiation=True)
             self._words = self._vec.tolist()
             return
         head = self._send_words

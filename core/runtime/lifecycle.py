@@ -149,6 +149,7 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
             # ranks on 2 cores a 4 KiB call took 48 us so, 85 us with 20 us of it (MPI 510 us).
             comm.busy_wait = 20e-6 if topo.local_size <= available_cpus() else 0.0
             comm.remote = frozenset(q for q, h in enumerate(hostnames) if h != hostnames[comm.rank])
+            comm.poll_native = topo.local_size <= available_cpus()
             if not config.elastic_world:  # (an elastic world's heartbeats find a frozen rank in seconds)
                 comm.stall_limit = config.stall_timeout
         ctx = Context(comm, topo, config)

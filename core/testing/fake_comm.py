@@ -190,7 +190,7 @@ class FakeComm:
                                      + ", ".join(f"rank {r} {k}" for r, k in enumerate(kinds)))
         return [o for _, o in out]
 
-    def allreduce_native(self, buf: np.ndarray, op: ReduceOp) -> None:
+    def allreduce_native(self, buf: np.ndarray, op: ReduceOp, *, negotiation: bool = False) -> None:
         self.wire_bytes += buf.nbytes
         parts = self._exchange(buf.copy(), f"allreduce {op.name}")
         acc = parts[0].copy()

@@ -127,6 +127,24 @@ def test_under_a_plain_mpiexec_a_frozen_rank_ends_the_job_at_the_stall_timeout(t
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip MPICH's mpiexec")
+@pytest.mark.parametrize(("wait", "what"), [
+    ("allreduce", "the other ranks in MPI's allreduce"), ("negotiation", "the other ranks' negotiation records"),
+    ("sendrecv", "a message of rank 1"),
+])
+def test_each_wait_ddl_polls_leaves_at_the_stall_limit(wait: str, what: str, tmp_path: Path) -> None:
+    """MPI's own allreduce (started nonblocking where ranks have cores), the compact
+    negotiation's, and a message from another host: rank 1 comes 4 s late, rank 0 leaves
+    after its 1 s limit, naming the wait."""
+    done, _, _ = launch([str(MPIEXEC), "-n", "2", sys.executable, str(WORKERS / "worker_stalled_wait.py"), wait],
+                        tmp_path)
+    assert done.returncode == 3, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    assert re.search(rf"STALLED after 1\.\d s: rank 0 waited 1 s for {re.escape(what)}", done.stdout), done.stdout
+    assert "DONE" not in done.stdout
+    # (No ddl.init here, so no watcher removes MPICH's segments of the aborted ranks: they
+    # stay in this job's private /dev/shm, which goes with it.)
+
+
+@pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip MPICH's mpiexec")
 def test_under_a_plain_mpiexec_a_failure_before_init_is_bounded_by_the_init_timeout(tmp_path: Path) -> None:
     done, _, left = launch([str(MPIEXEC), "-n", "2", sys.executable, str(WORKERS / "worker_failfast.py"),
                             "before-init"], tmp_path, env={"DDL_INIT_TIMEOUT": "3"})
