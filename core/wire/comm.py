@@ -239,11 +239,11 @@ class MPIComm:
         #: Seconds a wait for the other ranks (the negotiation, a shared-memory barrier, a
         #: message from another host) may last before it raises StalledWaitError: set at
         #: init to the stall timeout outside elastic worlds (whose heartbeats find a frozen
-        #: rank first); waits inside the MPI library itself are not bounded.
+        #: rank first); MPI's own blocking calls are not bounded.
         self.stall_limit = math.inf
         #: Whether the library's own allreduce is started nonblocking and polled (bounded by
         #: ``stall_limit``; set at init where each rank has a core: at 2 ranks it costs what
-        #: the blocking call does, 1.3 against 1.6 us at 8 B and equal from 256 KiB). At 32
+        #: the blocking call does, 1.6 against 1.3 us at 8 B and equal from 256 KiB). At 32
         #: ranks on 2 cores MPI's own yielding wait was faster (5.7 against 11.3 ms): blocking.
         self.poll_native = False
         self._null = MPI.PROC_NULL
