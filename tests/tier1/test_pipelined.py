@@ -12,6 +12,7 @@ from ddl.base.topology import build_topology, parse_spec
 from ddl.engine.context import Context
 from ddl.reduction import cost, pipelined
 from ddl.reduction.algorithms import SCHEDULED
+from ddl.reduction.scattered import Scattered
 from ddl.reduction.schedule import GroupStep
 from ddl.testing import FakeComm, run_ranks
 
@@ -45,8 +46,10 @@ def _run(spec: str, hosts: list[str], counts: tuple[int, ...], shm_bytes: int, *
             buf = np.random.default_rng(n + 31 * comm.rank).standard_normal(n).astype(np.float32)
             result = np.full(n, np.nan, np.float32)
             ctx.allreduce_flat(result, ReduceOp.SUM, "shm", src=buf)  # out of place: read where it lies
+            scattered = np.full(n, np.nan, np.float32)  # a bucket's tensors where they lie, cut unevenly
+            ctx.allreduce_flat(scattered, ReduceOp.SUM, "shm", src=Scattered([buf[: n // 3], buf[n // 3 :].copy()]))
             ctx.allreduce_flat(buf, ReduceOp.SUM, "shm")
-            assert result.tobytes() == buf.tobytes()
+            assert result.tobytes() == buf.tobytes() == scattered.tobytes()
             out.append(buf)
         return out
 
