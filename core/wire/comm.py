@@ -241,10 +241,12 @@ class MPIComm:
         #: init to the stall timeout outside elastic worlds (whose heartbeats find a frozen
         #: rank first); MPI's own blocking calls are not bounded.
         self.stall_limit = math.inf
-        #: Whether the library's own allreduce is started nonblocking and polled (bounded by
-        #: ``stall_limit``; set at init where each rank has a core: at 2 ranks it costs what
-        #: the blocking call does, 1.6 against 1.3 us at 8 B and equal from 256 KiB). At 32
-        #: ranks on 2 cores MPI's own yielding wait was faster (5.7 against 11.3 ms): blocking.
+        #: Whether the library's own allreduce, broadcast, allgatherv and alltoallv are
+        #: started nonblocking and polled (bounded by ``stall_limit``; set at init where each
+        #: rank has a core: at 2 ranks they cost what the blocking calls do, the allreduce
+        #: 1.6 against 1.3 us at 8 B and equal from 256 KiB, the broadcast equal from 64 KiB
+        #: to 64 MiB). At 32 ranks on 2 cores MPI's own yielding wait was faster (1.13-1.26x
+        #: for the allreduce): blocking there.
         self.poll_native = False
         self._null = MPI.PROC_NULL
         self._empty = np.empty(0, np.uint8)
@@ -339,11 +341,20 @@ class MPIComm:
         return found
 
     def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
-        self._comm.Bcast([as_bytes(buf), self._MPI.BYTE], root=root)
+        message = [as_bytes(buf), self._MPI.BYTE]
+        if self.poll_native:  # bounded like the allreduce (at 2 ranks 8 B-64 MiB cost the same)
+            yielding_wait(self._comm.Ibcast(message, root=root), self.busy_wait, self,
+                          f"rank {root}'s broadcast")
+        else:
+            self._comm.Bcast(message, root=root)
 
     def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         displs = np.concatenate([[0], np.cumsum(counts[:-1])]).astype(int).tolist()
-        self._comm.Allgatherv([as_bytes(send), self._MPI.BYTE], [as_bytes(recv), (counts, displs), self._MPI.BYTE])
+        mine, gathered = [as_bytes(send), self._MPI.BYTE], [as_bytes(recv), (counts, displs), self._MPI.BYTE]
+        if self.poll_native:
+            yielding_wait(self._comm.Iallgatherv(mine, gathered), self.busy_wait, self, "the other ranks' allgather")
+        else:
+            self._comm.Allgatherv(mine, gathered)
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         # The engine's negotiation: often the first rank in waits for the others to finish
@@ -373,8 +384,12 @@ class MPIComm:
                          recv_counts: list[int]) -> None:
         sd = np.concatenate([[0], np.cumsum(send_counts[:-1])]).astype(int).tolist()
         rd = np.concatenate([[0], np.cumsum(recv_counts[:-1])]).astype(int).tolist()
-        self._comm.Alltoallv([as_bytes(send), (send_counts, sd), self._MPI.BYTE],
-                             [as_bytes(recv), (recv_counts, rd), self._MPI.BYTE])
+        out = [as_bytes(send), (send_counts, sd), self._MPI.BYTE]
+        into = [as_bytes(recv), (recv_counts, rd), self._MPI.BYTE]
+        if self.poll_native:
+            yielding_wait(self._comm.Ialltoallv(out, into), self.busy_wait, self, "the other ranks' alltoall")
+        else:
+            self._comm.Alltoallv(out, into)
 
     def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
         window = self._windows.get(members)

@@ -129,12 +129,12 @@ def test_under_a_plain_mpiexec_a_frozen_rank_ends_the_job_at_the_stall_timeout(t
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip MPICH's mpiexec")
 @pytest.mark.parametrize(("wait", "what"), [
     ("allreduce", "the other ranks in MPI's allreduce"), ("negotiation", "the other ranks' negotiation records"),
-    ("sendrecv", "a message of rank 1"),
+    ("sendrecv", "a message of rank 1"), ("broadcast", "rank 1's broadcast"),
 ])
 def test_each_wait_ddl_polls_leaves_at_the_stall_limit(wait: str, what: str, tmp_path: Path) -> None:
-    """MPI's own allreduce (started nonblocking where ranks have cores), the compact
-    negotiation's, and a message from another host: rank 1 comes 4 s late, rank 0 leaves
-    after its 1 s limit, naming the wait."""
+    """MPI's own allreduce and broadcast (started nonblocking where ranks have cores), the
+    compact negotiation's, and a message from another host: rank 1 comes 4 s late, rank 0
+    leaves after its 1 s limit, naming the wait."""
     done, _, _ = launch([str(MPIEXEC), "-n", "2", sys.executable, str(WORKERS / "worker_stalled_wait.py"), wait],
                         tmp_path)
     assert done.returncode == 3, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])

@@ -26,6 +26,8 @@ try:
         comm.allreduce_native(np.ones(4, np.float32), ReduceOp.SUM)
     elif WHAT == "negotiation":
         comm.allreduce_native(np.ones(8, np.int64), ReduceOp.MIN, negotiation=True)
+    elif WHAT == "broadcast":
+        comm.bcast_buffer(np.ones(4, np.uint8), 1)
     elif WHAT == "sendrecv":
         other = 1 - world.rank
         comm.sendrecv(np.ones(4, np.uint8), other, np.empty(4, np.uint8), other)
