@@ -135,13 +135,16 @@ def test_each_wait_ddl_polls_leaves_at_the_stall_limit(wait: str, what: str, tmp
     """MPI's own allreduce and broadcast (started nonblocking where ranks have cores), the
     compact negotiation's, and a message from another host: rank 1 comes 4 s late, rank 0
     leaves after its 1 s limit, naming the wait."""
-    done, _, _ = launch([str(MPIEXEC), "-n", "2", sys.executable, str(WORKERS / "worker_stalled_wait.py"), wait],
-                        tmp_path)
+    argv = [str(MPIEXEC), "-n", "2", sys.executable, str(WORKERS / "worker_stalled_wait.py"), wait]
+    # No ddl.init here, so no watcher removes MPICH's segments of the aborted ranks: the job
+    # gets a /dev/shm of its own, which goes with it (launch() would wait for it to empty).
+    if PRIVATE_SHM:
+        argv = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs -o size=64m ddl-test-shm /dev/shm || exit 97; "$@"',
+                "sh", *argv]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
     assert re.search(rf"STALLED after 1\.\d s: rank 0 waited 1 s for {re.escape(what)}", done.stdout), done.stdout
     assert "DONE" not in done.stdout
-    # (No ddl.init here, so no watcher removes MPICH's segments of the aborted ranks: they
-    # stay in this job's private /dev/shm, which goes with it.)
 
 
 @pytest.mark.skipif(not MPIEXEC.exists(), reason="needs the pip MPICH's mpiexec")
