@@ -322,8 +322,17 @@ class MPIComm:
         elif negotiation:
             polite_wait(self._comm.Iallreduce(self._MPI.IN_PLACE, target, op=mpi_op), owner=self, busy=self.busy_wait)
         else:
-            yielding_wait(self._comm.Iallreduce(self._MPI.IN_PLACE, target, op=mpi_op), self.busy_wait, self,
-                          "the other ranks in MPI's allreduce")
+            self._collective(self._comm.Allreduce, self._comm.Iallreduce, "the other ranks in MPI's allreduce",
+                             self._MPI.IN_PLACE, target, op=mpi_op)
+
+    def _collective(self, blocking: Callable[..., Any], nonblocking: Callable[..., Any], what: str,
+                    *args: Any, **kwargs: Any) -> None:
+        """One of MPI's collectives: started nonblocking and polled, bounded by
+        ``stall_limit``, where :attr:`poll_native`; else its blocking call."""
+        if self.poll_native:
+            yielding_wait(nonblocking(*args, **kwargs), self.busy_wait, self, what)
+        else:
+            blocking(*args, **kwargs)
 
     def _half_op(self, dtype: np.dtype, op: ReduceOp) -> tuple[Any, Any]:
         """A 2-byte MPI datatype and a user-defined op that combines ``dtype`` values with numpy."""
@@ -341,20 +350,13 @@ class MPIComm:
         return found
 
     def bcast_buffer(self, buf: np.ndarray, root: int) -> None:
-        message = [as_bytes(buf), self._MPI.BYTE]
-        if self.poll_native:  # bounded like the allreduce (at 2 ranks 8 B-64 MiB cost the same)
-            yielding_wait(self._comm.Ibcast(message, root=root), self.busy_wait, self,
-                          f"rank {root}'s broadcast")
-        else:
-            self._comm.Bcast(message, root=root)
+        self._collective(self._comm.Bcast, self._comm.Ibcast, f"rank {root}'s broadcast",
+                         [as_bytes(buf), self._MPI.BYTE], root=root)
 
     def allgatherv_buffer(self, send: np.ndarray, recv: np.ndarray, counts: list[int]) -> None:
         displs = np.concatenate([[0], np.cumsum(counts[:-1])]).astype(int).tolist()
-        mine, gathered = [as_bytes(send), self._MPI.BYTE], [as_bytes(recv), (counts, displs), self._MPI.BYTE]
-        if self.poll_native:
-            yielding_wait(self._comm.Iallgatherv(mine, gathered), self.busy_wait, self, "the other ranks' allgather")
-        else:
-            self._comm.Allgatherv(mine, gathered)
+        self._collective(self._comm.Allgatherv, self._comm.Iallgatherv, "the other ranks' allgather",
+                         [as_bytes(send), self._MPI.BYTE], [as_bytes(recv), (counts, displs), self._MPI.BYTE])
 
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         # The engine's negotiation: often the first rank in waits for the others to finish
@@ -384,12 +386,9 @@ class MPIComm:
                          recv_counts: list[int]) -> None:
         sd = np.concatenate([[0], np.cumsum(send_counts[:-1])]).astype(int).tolist()
         rd = np.concatenate([[0], np.cumsum(recv_counts[:-1])]).astype(int).tolist()
-        out = [as_bytes(send), (send_counts, sd), self._MPI.BYTE]
-        into = [as_bytes(recv), (recv_counts, rd), self._MPI.BYTE]
-        if self.poll_native:
-            yielding_wait(self._comm.Ialltoallv(out, into), self.busy_wait, self, "the other ranks' alltoall")
-        else:
-            self._comm.Alltoallv(out, into)
+        self._collective(self._comm.Alltoallv, self._comm.Ialltoallv, "the other ranks' alltoall",
+                         [as_bytes(send), (send_counts, sd), self._MPI.BYTE],
+                         [as_bytes(recv), (recv_counts, rd), self._MPI.BYTE])
 
     def shared_slots(self, members: tuple[int, ...], nbytes: int) -> SharedSlots:
         window = self._windows.get(members)
