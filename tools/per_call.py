@@ -6,13 +6,14 @@ best, ``median`` its typical):
 
 - **one small call** (``ddl.allreduce_`` of 4 KiB, and of 8 B, in place) against MPI's own
   ``Allreduce(IN_PLACE)``, and against the bare exchange ddl's call is built on: the
-  engine's prepared ``Allgather`` of one negotiation record (header and the 4 KiB
-  payload), started and waited from Python with the payload copied in and the two
-  payloads added (``record + add``), and without them (``record``). ddl's call minus
-  ``record + add`` is the Python of the lean path (the lane lookup, the baton, the
-  digest, the verdict). From 17 ranks on a cycle is a MIN-allreduce of the compact
-  negotiation words instead, and the payload its own allreduce after it: the
-  ``negotiation words (MIN) + MPI 4 KiB`` row is those two collectives bare.
+  engine's prepared ``Allgather`` of one negotiation record (its header words and the
+  payload a record carries at this world size: 4 KiB below 17 ranks, 88 B up to 64),
+  started and waited from Python with the payload copied in and the payloads added
+  (``record + add``), and without them (``record``). A 4 KiB call too large to ride is
+  the record and then MPI's allreduce. ddl's call minus its bare exchange is the Python
+  of the lean path (the lane lookup, the baton, the digest, the verdict). The
+  ``negotiation words (MIN) + MPI 4 KiB`` row is what a call costs in the compact
+  exchange (from 65 ranks): a MIN-allreduce of the negotiation words, then the payload's.
 - **256 asynchronous 16 KiB tensors** each waited, against one 4 MiB ``allreduce``, with
   the per-tensor part measured on its own: the submission (``allreduce_async`` x 256, CPU
   time of the calling thread, so other processes' load does not count), and what packing
@@ -35,6 +36,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+#: The 4 KiB call's bare exchange: its record with the payload riding in it and the payloads
+#: added (4 KiB rides below 17 ranks), or the record and then MPI's allreduce (from 17).
+BARE_4K = "record + add 4 KiB (or record, then MPI 4 KiB)"
 
 
 def _timed(comm: Any, fn: Callable[[], Any], reps: int, clock: Callable[[], float] = time.perf_counter) -> float:
@@ -59,26 +64,39 @@ def worker(rounds: int, out: Path) -> None:
     ddl.init()
     comm = MPI.COMM_WORLD
     eng = lifecycle.engine()
+    p = comm.Get_size()
     small = np.zeros(1024, np.float32)
-    staged = np.zeros(1024, np.float32)
-    send = np.zeros(codec.RECORD_BYTES, np.uint8)
-    recv = np.zeros(comm.Get_size() * codec.RECORD_BYTES, np.uint8)
+    tiny = np.zeros(2, np.float32)
+    # This job's record (its size depends on the world's: codec.record_bytes).
+    rb, at = codec.record_bytes(p), codec.HEADER_WORDS * 8
+    send = np.zeros(rb, np.uint8)
+    recv = np.zeros(p * rb, np.uint8)
     record = comm.Allgather_init(send, recv)
-    at = codec.HEADER_WORDS * 8
-    parts = [recv[q * codec.RECORD_BYTES + at: q * codec.RECORD_BYTES + at + 4096].view(np.float32)
-             for q in range(comm.Get_size())]
 
     def bare() -> None:
         record.Start()
         record.Wait()
 
-    def bare_add() -> None:
-        staged[...] = small
-        record.Start()
-        record.Wait()
-        out_ = np.add(parts[0], parts[1], out=small)
-        for p in parts[2:]:
-            np.add(out_, p, out=out_)
+    def bare_add(x: np.ndarray) -> Callable[[], None]:
+        n = x.nbytes
+        staged = send[at : at + n].view(x.dtype)
+        parts = [recv[q * rb + at : q * rb + at + n].view(x.dtype) for q in range(p)]
+
+        def run() -> None:
+            staged[...] = x
+            record.Start()
+            record.Wait()
+            out_ = np.add(parts[0], parts[1], out=x)
+            for part in parts[2:]:
+                np.add(out_, part, out=out_)
+        return run
+
+    def record_then(x: np.ndarray) -> Callable[[], None]:  # a call too large to ride: two collectives
+        def run() -> None:
+            record.Start()
+            record.Wait()
+            comm.Allreduce(MPI.IN_PLACE, x, op=MPI.SUM)
+        return run
 
     n, each = 256, 16 << 10
     xs = [np.ones(each // 4, np.float32) for _ in range(n)]
@@ -91,9 +109,8 @@ def worker(rounds: int, out: Path) -> None:
             h.wait()
 
     words = np.zeros(codec.COMPACT_WORDS, np.int64)
-    tiny = np.zeros(2, np.float32)
 
-    def two_collectives() -> None:  # what a small call is made of from 17 ranks on
+    def two_collectives() -> None:  # what a small call is made of in the compact exchange
         comm.Allreduce(MPI.IN_PLACE, words, op=MPI.MIN)
         comm.Allreduce(MPI.IN_PLACE, small, op=MPI.SUM)
 
@@ -102,7 +119,8 @@ def worker(rounds: int, out: Path) -> None:
         "MPI 4 KiB": (lambda: comm.Allreduce(MPI.IN_PLACE, small, op=MPI.SUM), 400),
         "ddl 8 B": (lambda: ddl.allreduce_(tiny, op=ddl.Sum), 400),
         "MPI 8 B": (lambda: comm.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM), 400),
-        "record + add": (bare_add, 400),
+        BARE_4K: (bare_add(small) if small.nbytes <= codec.inline_capacity(p) else record_then(small), 400),
+        "record + add 8 B": (bare_add(tiny), 400),
         "record": (bare, 400),
         "negotiation words (MIN) + MPI 4 KiB": (two_collectives, 400),
         "256 x 16 KiB async": (many, 4),
@@ -159,12 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     def ratio(a: str, b: str, stat: str) -> float:
         return float(rows[a][stat] / rows[b][stat])
 
-    # Up to 16 ranks a small call is the gathered record; from 17 on, two collectives.
-    bare = "record + add" if data["ranks"] <= 16 else "negotiation words (MIN) + MPI 4 KiB"
-    print(f"MPI/ddl at 4 KiB: {ratio('MPI 4 KiB', 'ddl 4 KiB', 'min_s'):.2f} (min), "
-          f"{ratio('MPI 4 KiB', 'ddl 4 KiB', 'median_s'):.2f} (median); its exchange bare ({bare}): "
-          f"{rows[bare]['min_s'] * 1e6:.1f} us, the rest (the lean path's Python, and at more ranks than "
-          f"cores its waits to be scheduled): {(rows['ddl 4 KiB']['min_s'] - rows[bare]['min_s']) * 1e6:.1f} us (min)")
+    for size, bare in (("4 KiB", BARE_4K), ("8 B", "record + add 8 B")):
+        print(f"MPI/ddl at {size}: {ratio(f'MPI {size}', f'ddl {size}', 'min_s'):.2f} (min), "
+              f"{ratio(f'MPI {size}', f'ddl {size}', 'median_s'):.2f} (median); its exchange bare ({bare}): "
+              f"{rows[bare]['min_s'] * 1e6:.1f} us, the rest (the lean path's Python, and at more ranks than "
+              f"cores its waits to be scheduled): {(rows[f'ddl {size}']['min_s'] - rows[bare]['min_s']) * 1e6:.1f} us (min)")
     print(f"256 async / one: {ratio('256 x 16 KiB async', 'one 4 MiB', 'min_s'):.2f} (min), "
           f"{ratio('256 x 16 KiB async', 'one 4 MiB', 'median_s'):.2f} (median); submission "
           f"{rows['submit 256 (CPU)']['min_s'] / 256 * 1e6:.2f} us CPU a tensor, pack "

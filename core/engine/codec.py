@@ -6,12 +6,15 @@ Both exchange modes are written and read here, and nowhere else:
   record of :data:`HEADER_WORDS` int64 words (:data:`DIGEST` of its pending list, its
   :data:`LENGTH`, its :data:`STOP` word (0, or why it is shutting down: :data:`STOP_END`,
   :data:`STOP_FAILED`), the :data:`INLINE` payload size, whether its stall check is
-  :data:`DUE`) and up to :data:`INLINE_BYTES` of payload, so small allreduces ride along;
-  one ``Allgather``.
+  :data:`DUE`) and up to :func:`inline_capacity` bytes of payload, so small allreduces
+  ride along; one ``Allgather``. Up to 16 ranks a record carries :data:`INLINE_BYTES`;
+  from :data:`SMALL_RECORDS_FROM` on, :data:`SMALL_INLINE_BYTES`: a record of 128 bytes,
+  whose gather costs what the compact allreduce does (measured at 32 and 64 ranks), so a
+  small call stays one collective.
 - *compact* (from :data:`COMPACT_FROM` ranks): gathering p records would cost every rank
-  O(p) bytes a cycle, so it is one MIN-``Allreduce`` of :data:`COMPACT_WORDS` words
-  (each value and its negation give the minimum and maximum, and one word the lowest
-  rank that is leaving): O(1) bytes, no payloads.
+  O(p) bytes and O(p) Python a cycle, so it is one MIN-``Allreduce`` of
+  :data:`COMPACT_WORDS` words (each value and its negation give the minimum and maximum,
+  and one word the lowest rank that is leaving): O(1) bytes, no payloads.
 
 A rank that is shutting down with nothing pending (*leaving*) will never submit again: a
 rank that still holds requests then fails them at once (the ``"abandon"`` verdict, read
@@ -33,18 +36,25 @@ import numpy as np
 from ddl.base.ops import ReduceOp
 from ddl.wire.comm import Comm
 
-#: Payload bytes per rank carried by every cycle's record (an Allgather of 4 KiB costs
-#: about a 3-int allreduce on shared memory: measured, see the engine docs).
+#: Payload bytes per rank carried by every cycle's record below :data:`SMALL_RECORDS_FROM`
+#: ranks (an Allgather of 4 KiB costs about a 3-int allreduce on shared memory: measured,
+#: see the engine docs).
 INLINE_BYTES = 4096
 #: The header words of a gathered record, by position.
 DIGEST, LENGTH, STOP, INLINE, DUE = range(5)
 HEADER_WORDS = 5
+#: The record and its stride in words below :data:`SMALL_RECORDS_FROM` ranks.
 RECORD_BYTES = HEADER_WORDS * 8 + INLINE_BYTES
 STRIDE = RECORD_BYTES // 8
 _PEER_DIGEST, _PEER_LENGTH = STRIDE + DIGEST, STRIDE + LENGTH  # rank 1's, at two ranks
+#: From this many ranks on, records carry :data:`SMALL_INLINE_BYTES` (p x 4 KiB gathered
+#: by every rank would be 128 KiB at 32 ranks, and its gather took 2.4x the compact
+#: allreduce there; a 128-byte record's took the same).
+SMALL_RECORDS_FROM = 17
+SMALL_INLINE_BYTES = 128 - HEADER_WORDS * 8
 #: From this many ranks on, cycles exchange :data:`COMPACT_WORDS` words (an allreduce),
-#: not records (p x 4 KiB gathered by every rank: 64 KiB at 16 ranks, 1 MiB at 256).
-COMPACT_FROM = 17
+#: not records.
+COMPACT_FROM = 65
 #: digest, -digest, length, -length, stop, -stop, -(stall check due), leaver
 COMPACT_WORDS = 8
 #: The :data:`STOP` word: why a rank is shutting down (0: it is not). The program ended
@@ -83,6 +93,18 @@ def compact(size: int) -> bool:
     return size >= COMPACT_FROM
 
 
+def inline_capacity(size: int) -> int:
+    """Payload bytes a cycle's record carries in a job of ``size`` ranks (0: compact, none)."""
+    if compact(size):
+        return 0
+    return INLINE_BYTES if size < SMALL_RECORDS_FROM else SMALL_INLINE_BYTES
+
+
+def record_bytes(size: int) -> int:
+    """Bytes of one rank's record in a job of ``size`` ranks (gathered mode)."""
+    return HEADER_WORDS * 8 + (INLINE_BYTES if size < SMALL_RECORDS_FROM else SMALL_INLINE_BYTES)
+
+
 def compact_vector(digest: int, length: int, stop: int, due: bool, rank: int = 0) -> list[int]:
     """This rank's words for the compact exchange (reduced with MIN); ``stop``: its
     :data:`STOP` word (True counts as :data:`STOP_END`)."""
@@ -91,14 +113,15 @@ def compact_vector(digest: int, length: int, stop: int, due: bool, rank: int = 0
     return [digest, -digest, length, -length, stop, -stop, -int(due), leaver]
 
 
-def decide(words: Sequence[int], size: int, my_digest: int, my_length: int) -> Verdict:
-    """The verdict from the gathered header ``words`` (``size`` records of :data:`STRIDE`)."""
+def decide(words: Sequence[int], size: int, my_digest: int, my_length: int, stride: int = STRIDE) -> Verdict:
+    """The verdict from the gathered header ``words`` (``size`` records of ``stride`` words:
+    ``record_bytes(size) // 8``)."""
     same, all_stop, everyone_has, check, holding = True, True, True, False, False
     shortest = my_length
     stopping: list[int] = []
     left: list[tuple[int, int]] = []
     for q in range(size):
-        base = q * STRIDE
+        base = q * stride
         n = words[base + LENGTH]
         same = same and words[base + DIGEST] == my_digest and n == my_length
         holding = holding or n > 0
@@ -139,11 +162,11 @@ def decide_compact(v: Sequence[int], my_digest: int, my_length: int) -> Verdict:
     return Verdict("match" if due else "idle", all_stop, waiting_to_stop=waiting)
 
 
-def all_hold(words: Sequence[int], size: int, digest: int, length: int) -> bool:
+def all_hold(words: Sequence[int], size: int, digest: int, length: int, stride: int = STRIDE) -> bool:
     """Whether every gathered record holds ``digest`` over ``length`` requests: the
     ``"run"`` verdict's test without building one (the lean path's common case), and the
     answer of a prefix round."""
-    for base in range(0, size * STRIDE, STRIDE):
+    for base in range(0, size * stride, stride):
         if words[base + DIGEST] != digest or words[base + LENGTH] != length:
             return False
     return True
@@ -165,14 +188,18 @@ class Exchange:
         self._vec = np.zeros(COMPACT_WORDS, np.int64)
         self._vec_words = memoryview(self._vec.view(np.uint8).data).cast("q")
         self._words: list[int] = []
-        self._send = np.zeros(RECORD_BYTES, np.uint8)
-        self._recv = np.zeros((1 if self.compact else p) * RECORD_BYTES, np.uint8)
+        #: Payload bytes a record carries (0 in the compact exchange), and a record's size.
+        self.inline_capacity = inline_capacity(p)
+        self.record_bytes = rb = record_bytes(p)
+        self._stride = rb // 8
+        self._send = np.zeros(rb, np.uint8)
+        self._recv = np.zeros((1 if self.compact else p) * rb, np.uint8)
         # Header words through memoryviews: numpy calls on tiny arrays cost microseconds.
         self._send_words = memoryview(self._send.data).cast("q")
         self._recv_words = memoryview(self._recv.data).cast("q")
         #: This rank's outgoing inline payload, and every rank's incoming one (gathered mode).
         self.payload_out = self._send[HEADER_WORDS * 8 :]
-        self.payloads = [self._recv[q * RECORD_BYTES + HEADER_WORDS * 8 : (q + 1) * RECORD_BYTES]
+        self.payloads = [self._recv[q * rb + HEADER_WORDS * 8 : (q + 1) * rb]
                          for q in range(0 if self.compact else p)]
         # Every cycle gathers these same two buffers: prepared once where MPI can (MPI-4).
         self._gather = comm.persistent_allgather(self._send, self._recv) if not self.compact and p > 1 else None
@@ -212,19 +239,19 @@ class Exchange:
         words = self._recv_words
         if self.size == 2:
             return words[DIGEST] == words[_PEER_DIGEST] == digest and words[LENGTH] == words[_PEER_LENGTH] == 1
-        return all_hold(words, self.size, digest, 1)
+        return all_hold(words, self.size, digest, 1, self._stride)
 
     def verdict(self, digest: int, length: int) -> Verdict:
         """The verdict of the last :meth:`run` for a rank holding ``digest`` over ``length`` requests."""
         if self.compact:
             return decide_compact(self._words, digest, length)
-        return decide(self._recv_words, self.size, digest, length)
+        return decide(self._recv_words, self.size, digest, length, self._stride)
 
     def all_hold(self, digest: int, length: int) -> bool:
         """Whether every rank sent ``digest`` over ``length`` requests in the last :meth:`run`."""
         if self.compact:
             return compact_all_hold(self._words, digest, length)
-        return all_hold(self._recv_words, self.size, digest, length)
+        return all_hold(self._recv_words, self.size, digest, length, self._stride)
 
     def bytes_per_cycle(self) -> int:
         """Bytes one rank sends plus receives in a steady-state cycle."""
@@ -232,4 +259,4 @@ class Exchange:
             return 0
         if self.compact:
             return 2 * COMPACT_WORDS * 8
-        return RECORD_BYTES * (1 + self.size)
+        return self.record_bytes * (1 + self.size)

@@ -167,7 +167,7 @@ class Collectives:
             return self._allreduce_request(arr, op, name, None, None, inplace)
 
         first = request(x, "prepared")
-        if prepared_calls.eligible(x, eng.exchange.compact, self.ctx.config.algorithm):
+        if prepared_calls.eligible(x, eng.exchange.inline_capacity, self.ctx.config.algorithm):
             return eng.prepare_lane(first, op, request) or False
         return prepared_calls.prepare(first, op) or False
 

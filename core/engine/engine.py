@@ -347,7 +347,7 @@ class Engine(LeanPath):
         # Whether to gather the full lists must be decided alike everywhere (they are
         # collectives), so each rank's "my stall check is due" travels in the exchange.
         due = bool(n) and self.watch.due(time.monotonic())
-        inline = 0 if self.exchange.compact else fusion.inline_bytes(batch)
+        inline = fusion.inline_bytes(batch, self.exchange.inline_capacity)
         if inline:
             fusion.pack_inline(batch, self.exchange.payload_out)
         start = time.perf_counter()

@@ -3,7 +3,7 @@
 Ready allreduces are fused into buffers of one (dtype, wire dtype, op, algorithm) up to
 the fusion threshold, in the order the cycle agreed (identical on every rank), and the
 results are split back as views of the fused buffer (no copy). A batch small enough to
-travel inside the cycle's own negotiation record (:data:`INLINE_BYTES`) is reduced from
+travel inside the cycle's own negotiation record (:func:`~ddl.engine.codec.inline_capacity`) is reduced from
 that record locally, in rank order, so every rank gets the same bits.
 
 One numeric rule for half types (float16, bfloat16) on every path: they are
@@ -65,12 +65,13 @@ class Request:
     divisor: int = 0  # what Average divides by; 0: the world size (join() lowers it)
 
 
-def inline_bytes(batch: list[Request]) -> int:
-    """Payload size if ``batch`` can ride in the negotiation record, else 0.
+def inline_bytes(batch: list[Request], capacity: int = INLINE_BYTES) -> int:
+    """Payload size if ``batch`` can ride in the negotiation record (``capacity`` bytes:
+    the exchange's :attr:`~ddl.engine.codec.Exchange.inline_capacity`), else 0.
 
     Depends only on the descriptors, so ranks that agree on them agree on this.
     """
-    if not batch or batch[0].array is None:
+    if not batch or not capacity or batch[0].array is None:
         return 0
     first = batch[0]
     dtype, op, total = first.array.dtype, first.op, 0  # type: ignore[union-attr]
@@ -83,7 +84,7 @@ def inline_bytes(batch: list[Request]) -> int:
         if a.dtype != dtype:
             return 0
         total += a.nbytes
-        if total > INLINE_BYTES:
+        if total > capacity:
             return 0
     return total
 

@@ -87,7 +87,7 @@ class LeanPath:
             req.handle.attach(self)
             d = req.digest = req.digest or self._digest(req.descriptor)
             arr = req.array
-            inline = 0 if self.exchange.compact else fusion.inline_bytes([req])
+            inline = fusion.inline_bytes([req], self.exchange.inline_capacity)
             # Own-accumulator dtypes ride typed views cached per shape, as a lane does;
             # the rest (half types, which sum in float32) the queued path's packing.
             lane = self._transient_lane(req) if inline and arr is not None \

@@ -27,7 +27,6 @@ import numpy as np
 
 from ddl.base.dtypes import accumulator, float_division
 from ddl.base.ops import ReduceOp, ufunc
-from ddl.engine.codec import INLINE_BYTES
 from ddl.engine.compression import Compression
 from ddl.engine.fusion import Request
 from ddl.engine.handle import Handle
@@ -103,10 +102,11 @@ def _plain(request: Request) -> bool:
             and request.compression.name == "none" and request.array is not None)
 
 
-def eligible(x: Any, compact: bool, default_algorithm: str) -> bool:
-    """Whether ``x`` can take a lane at all (the rest of the checks are the request's)."""
-    return (type(x) is np.ndarray and not compact and default_algorithm == "auto"
-            and 0 < x.nbytes <= INLINE_BYTES and accumulator(x.dtype) == x.dtype)
+def eligible(x: Any, capacity: int, default_algorithm: str) -> bool:
+    """Whether ``x`` can take a lane at all (the rest of the checks are the request's):
+    ``capacity`` is the bytes the engine's records carry inline (0 in the compact exchange)."""
+    return (type(x) is np.ndarray and default_algorithm == "auto"
+            and 0 < x.nbytes <= capacity and accumulator(x.dtype) == x.dtype)
 
 
 def build(request: Request, passed: Any, views: tuple[np.ndarray, list[np.ndarray]],

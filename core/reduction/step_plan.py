@@ -93,8 +93,9 @@ def plan_step(numels: list[int], itemsize: int, topology: Topology, model: cost.
         flags_per_tensor: presence flags per gradient (``ddl.torch``'s two; 0 for bare buckets).
         fusion_threshold: ``DDL_FUSION_THRESHOLD``.
         algorithm: ``auto`` (the model's choice per fused buffer, as the engine makes it), or one for all.
-        inline_bytes: the engine's record payload (``ddl.engine.codec.INLINE_BYTES``; 0 where the
-            exchange is compact, from 17 ranks): a cycle's ``auto`` batch that fits rides in it,
+        inline_bytes: the engine's record payload (``ddl.engine.codec.inline_capacity``: 4 KiB
+            below 17 ranks, 88 B up to 64, 0 where the exchange is compact, from 65 ranks): a
+            cycle's ``auto`` batch that fits rides in it,
             priced as MPI's allreduce of that many bytes.
     """
     buckets = gradient_buckets(numels, [itemsize] * len(numels), first_cap=first_cap, cap=cap, order=order,

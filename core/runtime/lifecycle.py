@@ -25,6 +25,7 @@ from ddl.base.config import BY_FIELD, Config, JobEnv, job_from_env, settings_dif
 from ddl.base.cpus import available_cpus
 from ddl.base.errors import SettingsMismatchError, WorldMismatchError
 from ddl.base.topology import build_topology, host_keys
+from ddl.engine import codec
 from ddl.engine.collectives import Collectives
 from ddl.engine.context import Context
 from ddl.engine.engine import Engine
@@ -150,6 +151,8 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
             comm.busy_wait = 20e-6 if topo.local_size <= available_cpus() else 0.0
             comm.remote = frozenset(q for q, h in enumerate(hostnames) if h != hostnames[comm.rank])
             comm.poll_native = topo.local_size <= available_cpus()
+            # (below 17 ranks a gather completes within the polite wait's yielding phase)
+            comm.negotiation_blocks = not comm.poll_native and topo.size >= codec.SMALL_RECORDS_FROM
             if not config.elastic_world:  # (an elastic world's heartbeats find a frozen rank in seconds)
                 comm.stall_limit = config.stall_timeout
         ctx = Context(comm, topo, config)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddl.base.topology import build_topology
+from ddl.engine import codec
 from ddl.engine.collectives import Collectives
 from ddl.engine.context import Context
 from ddl.engine.engine import Engine
@@ -214,8 +215,11 @@ def _build(world: Collectives, ranks: tuple[int, ...]) -> Collectives | None:
     sub_ranks = list(ranks)
     hostnames = [f"host{ctx.topology.hosts[r]}" for r in sub_ranks]
     topo = build_topology(sub_ranks.index(ctx.topology.rank), hostnames)
-    if isinstance(sub, MPIComm) and isinstance(comm, MPIComm):
-        sub.busy_wait = comm.busy_wait
+    if isinstance(sub, MPIComm) and isinstance(comm, MPIComm) and sub is not comm:
+        # The world's wait settings, for the set's ranks (a frozen member is bounded too).
+        sub.busy_wait, sub.poll_native, sub.stall_limit = comm.busy_wait, comm.poll_native, comm.stall_limit
+        sub.remote = frozenset(q for q, r in enumerate(sub_ranks) if r in comm.remote)
+        sub.negotiation_blocks = not sub.poll_native and len(sub_ranks) >= codec.SMALL_RECORDS_FROM
     config = dataclasses.replace(ctx.config, topology=None, algorithm="auto")
     sub_ctx = Context(sub, topo, config)
     sub_ctx.world_ranks = tuple(sub_ranks)

@@ -34,7 +34,7 @@ from typing import Any
 from ddl.base.config import DEFAULT_FUSION_BYTES, DEFAULT_SEGMENT_BYTES
 from ddl.base.errors import TopologyError
 from ddl.base.topology import Topology, build_topology, parse_spec
-from ddl.engine.codec import INLINE_BYTES, compact
+from ddl.engine.codec import inline_capacity
 from ddl.reduction import calibration, cost
 from ddl.reduction.algorithms import SCHEDULED
 from ddl.reduction.buckets import (
@@ -160,7 +160,7 @@ def step_schedule(sizes: list[int], itemsize: int, topology: Topology, model: co
 
 def engine_inline_bytes(topology: Topology) -> int:
     """What a cycle's record carries inline at this job size (nothing in the compact exchange)."""
-    return 0 if compact(topology.size) else INLINE_BYTES
+    return inline_capacity(topology.size)
 
 
 def bucket_runs(planned: StepPlan) -> list[BucketRun]:

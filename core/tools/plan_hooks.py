@@ -183,15 +183,15 @@ def idle_cycles(gap: float) -> int:
 def cycle_port_bytes(topology: Topology) -> float:
     """Bytes one engine cycle sends through a host's port: below
     :data:`~ddl.engine.codec.COMPACT_FROM` ranks every rank gathers every rank's record
-    (4 KiB of inline payload and its header words), so p - L records leave a host of L
-    ranks (measured on 4 emulated hosts x 1 rank: 12.9 KB a cycle against 3 x 4136 B);
-    from there, an allreduce of a few words."""
+    (its inline payload, 4 KiB below 17 ranks, and its header words), so p - L records
+    leave a host of L ranks (measured on 4 emulated hosts x 1 rank: 12.9 KB a cycle against
+    3 x 4136 B); from there, an allreduce of a few words."""
     p, local = topology.size, topology.size // max(1, topology.cross_size)
     if topology.cross_size <= 1:
         return 0.0
     if codec.compact(p):
         return _port_share(topology) * codec.COMPACT_WORDS * 8
-    return float((p - local) * codec.RECORD_BYTES)
+    return float((p - local) * codec.record_bytes(p))
 
 
 def cycle_seconds(topology: Topology, model: cost.CostModel) -> float:

@@ -248,6 +248,12 @@ class MPIComm:
         #: to 64 MiB). At 32 ranks on 2 cores MPI's own yielding wait was faster (1.13-1.26x
         #: for the allreduce): blocking there.
         self.poll_native = False
+        #: Whether the negotiation's record gather waits in MPI's own (yielding) wait instead
+        #: of :func:`polite_wait` (set at init from 17 ranks where ranks outnumber cores: a
+        #: gather of 32 ranks on 2 cores takes over a millisecond, past polite_wait's
+        #: yielding phase, and a sleeping rank holds up every later round of it: a 4 KiB
+        #: call took 1.3-1.4x as long so).
+        self.negotiation_blocks = False
         self._null = MPI.PROC_NULL
         self._empty = np.empty(0, np.uint8)
         self._ops = {
@@ -361,7 +367,10 @@ class MPIComm:
     def allgather_buffer(self, send: np.ndarray, recv: np.ndarray) -> None:
         # The engine's negotiation: often the first rank in waits for the others to finish
         # computing, so the wait yields, then sleeps (polite_wait), where MPI's would busy-poll.
-        polite_wait(self._comm.Iallgather(send, recv), owner=self, busy=self.busy_wait)
+        if self.negotiation_blocks:
+            self._comm.Allgather(send, recv)
+        else:
+            polite_wait(self._comm.Iallgather(send, recv), owner=self, busy=self.busy_wait)
 
     def persistent_allgather(self, send: np.ndarray, recv: np.ndarray) -> Callable[[], None] | None:
         """:meth:`allgather_buffer` of these very buffers, prepared once: calling the
@@ -376,7 +385,10 @@ class MPIComm:
             return None
 
         def wait() -> None:
-            polite_wait(request, owner=self, busy=self.busy_wait)
+            if self.negotiation_blocks:
+                request.Wait()
+            else:
+                polite_wait(request, owner=self, busy=self.busy_wait)
 
         prepared = PreparedCollective(request.Start, wait, request.Test)
         self._persistent.append((prepared, request))

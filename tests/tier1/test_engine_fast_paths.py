@@ -39,7 +39,7 @@ def _count_requests(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 # -- the lean synchronous path ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("size", [2, 3, 5])
+@pytest.mark.parametrize("size", [2, 3, 5, 17])
 def test_small_synchronous_allreduces_take_the_lean_path(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
     """Sum, Average, Max, in place and not, int and float: right results, bit-identical to
     the queued inline path, one inline cycle each and no Request built."""
@@ -191,23 +191,39 @@ def test_larger_synchronous_allreduces_run_at_once_as_their_own_bucket(
     assert set(made) <= {"warm-up", "warm-up-avg"}
 
 
-def test_lean_path_in_compact_mode_runs_without_a_queue(monkeypatch: pytest.MonkeyPatch) -> None:
-    """From 17 ranks the cycle is the compact MIN-allreduce: no payloads, but a synchronous
-    call still runs in one cycle with nothing queued."""
+def _compact_from_17(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compact exchange from 17 ranks (it starts at 65): 17 fake ranks run it."""
+    monkeypatch.setattr(codec, "COMPACT_FROM", 17)
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_lean_path_at_17_ranks_runs_without_a_queue(monkeypatch: pytest.MonkeyPatch, compact: bool) -> None:
+    """At 17 ranks the cycle gathers 128-byte records (an 8 B call rides in them) or, in the
+    compact exchange, is a MIN-allreduce with no payloads; either way a synchronous call
+    runs in one cycle with nothing queued."""
+    if compact:
+        _compact_from_17(monkeypatch)
     made = _count_requests(monkeypatch)
 
-    def fn(c: Collectives) -> tuple[float, float, bool]:
+    def fn(c: Collectives) -> tuple[float, float, float, bool, int]:
         c.allreduce(np.ones(2), op=ddl.Sum, name="warm-up")
-        a = float(c.allreduce(np.ones(2), op=ddl.Sum)[0])
-        b = float(c.allreduce(np.full(600, 1.0), op=ddl.Sum)[-1])
-        return a, b, c.engine.exchange.compact
+        inline = c.engine.inline_cycles
+        a = float(c.allreduce(np.ones(11), op=ddl.Sum)[0])  # 88 B: a record's whole payload
+        b = float(c.allreduce(np.ones(12), op=ddl.Sum)[-1])  # 96 B: its own allreduce after the cycle
+        d = float(c.allreduce(np.full(600, 1.0), op=ddl.Sum)[-1])
+        return a, b, d, c.engine.exchange.compact, c.engine.inline_cycles - inline
 
-    results = run_engines(17, fn, config=ddl.base.config.Config(algorithm="ring", segment_bytes=1 << 20))
-    assert results == [(17.0, 17.0, True)] * 17
+    results = run_engines(17, fn)
+    # Only the 88-byte call rides in a record, and only where there are records.
+    assert results == [(17.0, 17.0, 17.0, compact, 0 if compact else 1)] * 17
     assert set(made) <= {"warm-up"}
 
 
-def test_compact_lean_call_meets_a_rank_with_other_work() -> None:
+@pytest.mark.parametrize("compact", [True, False])
+def test_a_lean_call_at_17_ranks_meets_a_rank_with_other_work(monkeypatch: pytest.MonkeyPatch, compact: bool) -> None:
+    if compact:
+        _compact_from_17(monkeypatch)
+
     def fn(c: Collectives) -> tuple[float, float]:
         r = c.topology.rank
         if r == 5:
@@ -436,7 +452,7 @@ def test_large_calls_seen_before_meet_the_queued_path_and_a_mismatch() -> None:
 @pytest.mark.parametrize("size", [2, 3, 17])
 def test_large_in_place_calls_seen_before_reduce_where_they_lie(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
     """A larger in-place call of a contiguous array builds no request when every rank holds
-    it (17 ranks: the compact exchange), and gives the queued path's bits; a strided or
+    it (17 ranks: 128-byte records), and gives the queued path's bits; a strided or
     half-type one takes the request path."""
     made = _count_requests(monkeypatch)
     direct: dict[int, list[str]] = {}

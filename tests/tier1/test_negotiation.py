@@ -10,14 +10,36 @@ from ddl.engine import codec
 from ddl.engine import negotiation as neg
 
 
-def words_for(headers: list[tuple[int, int, int, int, int]]) -> memoryview:
-    """The gathered records of ``headers`` (digest, length, stop, inline, due), one per rank."""
-    buf = np.zeros(len(headers) * codec.RECORD_BYTES, np.uint8)
+def words_for(headers: list[tuple[int, int, int, int, int]], record: int = codec.RECORD_BYTES) -> memoryview:
+    """The gathered records of ``headers`` (digest, length, stop, inline, due), one per rank,
+    each of ``record`` bytes."""
+    buf = np.zeros(len(headers) * record, np.uint8)
     words = memoryview(buf.data).cast("q")
     for q, head in enumerate(headers):
         for i, v in enumerate(head):
-            words[q * codec.STRIDE + i] = v
+            words[q * record // 8 + i] = v
     return words
+
+
+def test_records_shrink_as_the_world_grows_then_the_exchange_turns_compact() -> None:
+    """4 KiB of payload a rank below 17 ranks; a 128-byte record up to 64 (its gather
+    costs what the compact allreduce does, so a small call stays one collective); from 65
+    the compact exchange, with no payload."""
+    assert [codec.inline_capacity(p) for p in (2, 16, 17, 64, 65, 1024)] == [4096, 4096, 88, 88, 0, 0]
+    assert [codec.record_bytes(p) for p in (2, 16, 17, 64)] == [4136, 4136, 128, 128]
+    assert not codec.compact(codec.COMPACT_FROM - 1) and codec.compact(codec.COMPACT_FROM)
+
+
+@pytest.mark.parametrize("p", [17, 64])
+def test_small_records_decide_as_the_large_ones(p: int) -> None:
+    rec = codec.record_bytes(p)
+    heads = [(5, 2, 0, 0, 0)] * p
+    assert codec.decide(words_for(heads, rec), p, 5, 2, rec // 8) == codec.Verdict("run", all_stop=False)
+    assert codec.all_hold(words_for(heads, rec), p, 5, 2, rec // 8)
+    heads[p - 1] = (9, 4, 0, 0, 0)
+    words = words_for(heads, rec)
+    assert not codec.all_hold(words, p, 5, 2, rec // 8)
+    assert codec.decide(words, p, 5, 2, rec // 8) == codec.Verdict("prefix", all_stop=False, prefix=2)
 
 
 @pytest.mark.parametrize("p", [2, 3, 256, 1024])
@@ -65,7 +87,7 @@ def compact_exchange(vectors: list[list[int]]) -> list[int]:
     return np.min(np.array(vectors, dtype=np.int64), axis=0).tolist()
 
 
-@pytest.mark.parametrize("p", [17, 256, 1024])
+@pytest.mark.parametrize("p", [65, 256, 1024])
 def test_compact_exchange_decides_like_the_gathered_one(p: int) -> None:
     assert codec.compact(p) and not codec.compact(codec.COMPACT_FROM - 1)
     same = compact_exchange([codec.compact_vector(77, 3, False, False)] * p)

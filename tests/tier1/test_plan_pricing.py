@@ -59,7 +59,8 @@ def test_the_engines_records_are_counted_in_the_bytes_per_step() -> None:
     sync = plan_mode(parse_mode("sync"), MLP, 4, TOPOLOGY, MODEL, step=STEP)
     assert sync.negotiation_bytes < 0.01 * sync.link_bytes  # one cycle per 17 MB bucket: nothing
     assert cycle_port_bytes(plan.plan_topology("4x1")) == 0  # one host: no port
-    assert cycle_port_bytes(plan.plan_topology("1x32")) < 128  # the compact exchange: a few words
+    assert cycle_port_bytes(plan.plan_topology("1x32")) == 31 * 128  # 17 to 64 ranks: 128-byte records
+    assert cycle_port_bytes(plan.plan_topology("1x65")) < 128  # the compact exchange: a few words
 
 
 def test_idle_cycles_follow_the_engines_back_off() -> None:

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 import ddl
-from ddl.engine.codec import COMPACT_FROM, INLINE_BYTES
+from ddl.engine.codec import inline_capacity
 from ddl.reduction.algorithms import SCHEDULED
 from ddl.tools.helptext import plain
 from ddl_bench import peers
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             algbw = nbytes / t / 1e9
             resolved = ""
             if name == "ddl:auto":
-                inline = nbytes <= INLINE_BYTES and 1 < p < COMPACT_FROM  # from 17 ranks: no payloads
+                inline = p > 1 and nbytes <= inline_capacity(p)  # from 65 ranks: no payloads
                 resolved = "inline" if inline else auto_choice(ddl.context(), nbytes)
             rows.append({"bytes": nbytes, "contender": name, "time_s": t, "algbw_GBps": algbw,
                          "busbw_GBps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": ok,
