@@ -46,7 +46,6 @@ HEADER_WORDS = 5
 #: The record and its stride in words below :data:`SMALL_RECORDS_FROM` ranks.
 RECORD_BYTES = HEADER_WORDS * 8 + INLINE_BYTES
 STRIDE = RECORD_BYTES // 8
-_PEER_DIGEST, _PEER_LENGTH = STRIDE + DIGEST, STRIDE + LENGTH  # rank 1's, at two ranks
 #: From this many ranks on, records carry :data:`SMALL_INLINE_BYTES` (p x 4 KiB gathered
 #: by every rank would be 128 KiB at 32 ranks, and its gather took 2.4x the compact
 #: allreduce there; a 128-byte record's took the same).
@@ -192,6 +191,7 @@ class Exchange:
         self.inline_capacity = inline_capacity(p)
         self.record_bytes = rb = record_bytes(p)
         self._stride = rb // 8
+        self._peer = (self._stride + DIGEST, self._stride + LENGTH)  # rank 1's words, at two ranks
         self._send = np.zeros(rb, np.uint8)
         self._recv = np.zeros((1 if self.compact else p) * rb, np.uint8)
         # Header words through memoryviews: numpy calls on tiny arrays cost microseconds.
@@ -204,6 +204,14 @@ class Exchange:
         # Every cycle gathers these same two buffers: prepared once where MPI can (MPI-4).
         self._gather = comm.persistent_allgather(self._send, self._recv) if not self.compact and p > 1 else None
         self._one_header = False  # whether the header's LENGTH and STOP words are run_one's (1, 0)
+
+    def stacked_payloads(self, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+        """Every rank's payload, typed and shaped, as one array with the rank first: a view
+        of the gathered records (each row a record apart), no copy."""
+        inner = np.empty(shape, dtype).strides  # C order, as the payload was staged
+        view: np.ndarray = np.ndarray((self.size, *shape), dtype, buffer=self._recv, offset=HEADER_WORDS * 8,
+                                      strides=(self.record_bytes, *inner))
+        return view
 
     def run(self, digest: int, length: int, *, stop: int = 0, inline: int = 0, due: bool = False) -> None:
         """Exchange this rank's header (its payload must already be in :attr:`payload_out`);
@@ -238,7 +246,8 @@ class Exchange:
             self.comm.allgather_buffer(self._send, self._recv)
         words = self._recv_words
         if self.size == 2:
-            return words[DIGEST] == words[_PEER_DIGEST] == digest and words[LENGTH] == words[_PEER_LENGTH] == 1
+            peer_digest, peer_length = self._peer
+            return words[DIGEST] == words[peer_digest] == digest and words[LENGTH] == words[peer_length] == 1
         return all_hold(words, self.size, digest, 1, self._stride)
 
     def verdict(self, digest: int, length: int) -> Verdict:

@@ -86,7 +86,7 @@ class Engine(LeanPath):
         self._baton = threading.Lock()
         self._digests: dict[Descriptor, int] = {}
         self._name_digests: dict[str, int] = {}
-        self._lean_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, list[np.ndarray]]] = {}
+        self._lean_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, list[np.ndarray] | np.ndarray]] = {}
         self._stop = False
         self._stop_word = codec.STOP_END  # why this rank stops (sent while it does)
         self._finished = False

@@ -53,7 +53,7 @@ class LeanPath:
     _failure: BaseException | None
     _interrupted: BaseException | None
     _last_cycle: float
-    _lean_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, list[np.ndarray]]]
+    _lean_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, list[np.ndarray] | np.ndarray]]
 
     if TYPE_CHECKING:  # the engine's own steps of a cycle
         def _digest(self, descriptor: Descriptor) -> int: ...
@@ -273,14 +273,19 @@ class LeanPath:
             return ex.all_hold(d, 1)
         return ex.run_one(d, inline, due)
 
-    def _inline_views(self, arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
-        """Typed, shaped views of this rank's outgoing payload and of every rank's incoming one."""
+    def _inline_views(self, arr: np.ndarray) -> tuple[np.ndarray, list[np.ndarray] | np.ndarray]:
+        """Typed, shaped views of this rank's outgoing payload and of every rank's incoming
+        one (from :data:`~ddl.engine.fusion.STACKED_FROM` ranks, one strided array of them)."""
         key = (arr.dtype, arr.shape)
         views = self._lean_views.get(key)
         if views is None:
-            n = arr.nbytes
-            staged = self.exchange.payload_out[:n].view(arr.dtype).reshape(arr.shape)
-            parts = [payload[:n].view(arr.dtype).reshape(arr.shape) for payload in self.exchange.payloads]
+            n, ex = arr.nbytes, self.exchange
+            staged = ex.payload_out[:n].view(arr.dtype).reshape(arr.shape)
+            parts: list[np.ndarray] | np.ndarray
+            if len(ex.payloads) >= fusion.STACKED_FROM:
+                parts = ex.stacked_payloads(arr.dtype, arr.shape)
+            else:
+                parts = [payload[:n].view(arr.dtype).reshape(arr.shape) for payload in ex.payloads]
             if len(self._lean_views) > 256:
                 self._lean_views.clear()
             views = self._lean_views[key] = (staged, parts)

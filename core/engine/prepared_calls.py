@@ -49,9 +49,10 @@ class Lane:
     nbytes: int
     #: :func:`ddl.engine.negotiation.body_digest` of the request's descriptor.
     body: int
-    #: This rank's outgoing payload and every rank's incoming one, typed and shaped.
+    #: This rank's outgoing payload and every rank's incoming one, typed and shaped (a list,
+    #: or one strided array of them all at many ranks: :func:`ddl.engine.fusion.reduce_with`).
     staged: np.ndarray
-    parts: list[np.ndarray]
+    parts: list[np.ndarray] | np.ndarray
     #: Builds the full request (same descriptor, so the same digest) for the queue.
     request: Callable[[np.ndarray, str], Request]
 
@@ -109,7 +110,7 @@ def eligible(x: Any, capacity: int, default_algorithm: str) -> bool:
             and 0 < x.nbytes <= capacity and accumulator(x.dtype) == x.dtype)
 
 
-def build(request: Request, passed: Any, views: tuple[np.ndarray, list[np.ndarray]],
+def build(request: Request, passed: Any, views: tuple[np.ndarray, list[np.ndarray] | np.ndarray],
           builder: Callable[[np.ndarray, str], Request]) -> Lane | None:
     """A lane from the request the queued path built for the first such call (None: this
     signature cannot take one)."""

@@ -219,6 +219,20 @@ def test_lean_path_at_17_ranks_runs_without_a_queue(monkeypatch: pytest.MonkeyPa
     assert set(made) <= {"warm-up"}
 
 
+def test_small_records_at_two_ranks_read_the_peer_at_their_own_stride(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two ranks' lean exchange reads rank 1's words a record apart, whatever the record's size."""
+    monkeypatch.setattr(codec, "SMALL_RECORDS_FROM", 2)
+
+    def fn(c: Collectives) -> tuple[int, float, float, int]:
+        c.allreduce(np.ones(2), op=ddl.Sum, name="warm-up")
+        inline = c.engine.inline_cycles
+        a = float(c.allreduce(np.ones(2), op=ddl.Sum)[0])
+        b = float(c.allreduce_(np.ones(1024), op=ddl.Sum)[-1])
+        return c.engine.exchange.record_bytes, a, b, c.engine.inline_cycles - inline
+
+    assert run_engines(2, fn) == [(128, 2.0, 2.0, 1)] * 2
+
+
 @pytest.mark.parametrize("compact", [True, False])
 def test_a_lean_call_at_17_ranks_meets_a_rank_with_other_work(monkeypatch: pytest.MonkeyPatch, compact: bool) -> None:
     if compact:
@@ -243,6 +257,30 @@ def test_payloads_reduce_in_rank_order() -> None:
     parts = [np.array([1e8], np.float32), np.array([1.0], np.float32), np.array([-1e8], np.float32)]
     # (1e8 + 1) rounds to 1e8 in float32, then - 1e8 = 0: rank order, not sorted or pairwise.
     assert fusion.reduce_payloads(parts, ddl.Sum, None)[0] == 0.0
+
+
+@pytest.mark.parametrize("shape", [(), (3,), (2, 5)])
+def test_stacked_payloads_reduce_to_the_same_bits_as_one_by_one(shape: tuple[int, ...]) -> None:
+    """A lane at many ranks reduces one strided array of the records' payloads with the
+    ufunc's accumulate: each rank's part added to the sum of those before it, as the list does."""
+    p, record = 33, 128
+    rng = np.random.default_rng(7)
+    # Magnitudes from 1e-3 to 1e8: adding them in another order gives other bits.
+    spread = (rng.standard_normal((p, *shape)) * 10.0 ** rng.integers(-3, 9, (p, *shape))).astype(np.float32)
+    near_one = (1 + rng.standard_normal((p, *shape)) / 8).astype(np.float32)  # products that stay finite
+    for op, average, values in ((np.add, False, spread), (np.add, True, spread), (np.maximum, False, spread),
+                                (np.multiply, False, near_one)):
+        records = np.zeros(p * record, np.uint8)
+        for q in range(p):
+            records[q * record + 40 : q * record + 40 + values[q].nbytes] = values[q].reshape(-1).view(np.uint8)
+        stacked = np.ndarray((p, *shape), np.float32, buffer=records, offset=40,
+                             strides=(record, *np.empty(shape, np.float32).strides))
+        want = fusion.reduce_with([values[q] for q in range(p)], op, average, None)
+        into = np.empty(shape, np.float32)
+        got = fusion.reduce_with(stacked, op, average, into)
+        assert got is into and got.shape == shape
+        np.testing.assert_array_equal(got, want)
+        assert np.array_equal(fusion.reduce_with(stacked, op, average, None), want)
 
 
 # -- grouped submission -----------------------------------------------------------------
@@ -304,7 +342,7 @@ def test_grouped_allreduce_refuses_a_non_list_on_every_rank() -> None:
     assert isinstance(other, ddl.RemoteError) and "rank 0" in str(other)
 
 
-@pytest.mark.parametrize("size", [2, 3])
+@pytest.mark.parametrize("size", [2, 3, 17])
 def test_repeated_small_calls_run_through_a_prepared_lane(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
     """From the second call of a signature on, a small synchronous allreduce runs through its
     lane: no request built, one lane per (dtype, shape, op, in place), the same bits as the
