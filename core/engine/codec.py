@@ -92,16 +92,25 @@ def compact(size: int) -> bool:
     return size >= COMPACT_FROM
 
 
+def _payload_room(size: int) -> int:
+    return INLINE_BYTES if size < SMALL_RECORDS_FROM else SMALL_INLINE_BYTES
+
+
 def inline_capacity(size: int) -> int:
     """Payload bytes a cycle's record carries in a job of ``size`` ranks (0: compact, none)."""
-    if compact(size):
-        return 0
-    return INLINE_BYTES if size < SMALL_RECORDS_FROM else SMALL_INLINE_BYTES
+    return 0 if compact(size) else _payload_room(size)
 
 
 def record_bytes(size: int) -> int:
     """Bytes of one rank's record in a job of ``size`` ranks (gathered mode)."""
-    return HEADER_WORDS * 8 + (INLINE_BYTES if size < SMALL_RECORDS_FROM else SMALL_INLINE_BYTES)
+    return HEADER_WORDS * 8 + _payload_room(size)
+
+
+def gather_blocks(size: int, ranks_fit_cores: bool) -> bool:
+    """Whether a job of ``size`` ranks waits for its record gather in MPI's own wait: from
+    :data:`SMALL_RECORDS_FROM` ranks where a host's ranks outnumber its cores (below that a
+    gather ends within the polite wait's yielding phase; see ``MPIComm.negotiation_blocks``)."""
+    return not ranks_fit_cores and size >= SMALL_RECORDS_FROM
 
 
 def compact_vector(digest: int, length: int, stop: int, due: bool, rank: int = 0) -> list[int]:

@@ -151,8 +151,7 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
             comm.busy_wait = 20e-6 if topo.local_size <= available_cpus() else 0.0
             comm.remote = frozenset(q for q, h in enumerate(hostnames) if h != hostnames[comm.rank])
             comm.poll_native = topo.local_size <= available_cpus()
-            # (below 17 ranks a gather completes within the polite wait's yielding phase)
-            comm.negotiation_blocks = not comm.poll_native and topo.size >= codec.SMALL_RECORDS_FROM
+            comm.negotiation_blocks = codec.gather_blocks(topo.size, comm.poll_native)
             if not config.elastic_world:  # (an elastic world's heartbeats find a frozen rank in seconds)
                 comm.stall_limit = config.stall_timeout
         ctx = Context(comm, topo, config)
