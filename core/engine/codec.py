@@ -106,11 +106,13 @@ def record_bytes(size: int) -> int:
     return HEADER_WORDS * 8 + _payload_room(size)
 
 
-def gather_blocks(size: int, ranks_fit_cores: bool) -> bool:
+def gather_blocks(size: int, ranks_fit_cores: bool, elastic: bool) -> bool:
     """Whether a job of ``size`` ranks waits for its record gather in MPI's own wait: from
     :data:`SMALL_RECORDS_FROM` ranks where a host's ranks outnumber its cores (below that a
-    gather ends within the polite wait's yielding phase; see ``MPIComm.negotiation_blocks``)."""
-    return not ranks_fit_cores and size >= SMALL_RECORDS_FROM
+    gather ends within the polite wait's yielding phase; see ``MPIComm.negotiation_blocks``),
+    and never in an elastic world, whose ranks must be able to leave a wait for a lost
+    peer (only the polite wait can)."""
+    return not ranks_fit_cores and not elastic and size >= SMALL_RECORDS_FROM
 
 
 def compact_vector(digest: int, length: int, stop: int, due: bool, rank: int = 0) -> list[int]:

@@ -151,7 +151,7 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
             comm.busy_wait = 20e-6 if topo.local_size <= available_cpus() else 0.0
             comm.remote = frozenset(q for q, h in enumerate(hostnames) if h != hostnames[comm.rank])
             comm.poll_native = topo.local_size <= available_cpus()
-            comm.negotiation_blocks = codec.gather_blocks(topo.size, comm.poll_native)
+            comm.negotiation_blocks = codec.gather_blocks(topo.size, comm.poll_native, bool(config.elastic_world))
             if not config.elastic_world:  # (an elastic world's heartbeats find a frozen rank in seconds)
                 comm.stall_limit = config.stall_timeout
         ctx = Context(comm, topo, config)

@@ -219,7 +219,7 @@ def _build(world: Collectives, ranks: tuple[int, ...]) -> Collectives | None:
         # The world's wait settings, for the set's ranks (a frozen member is bounded too).
         sub.busy_wait, sub.poll_native, sub.stall_limit = comm.busy_wait, comm.poll_native, comm.stall_limit
         sub.remote = frozenset(q for q, r in enumerate(sub_ranks) if r in comm.remote)
-        sub.negotiation_blocks = codec.gather_blocks(len(sub_ranks), sub.poll_native)
+        sub.negotiation_blocks = codec.gather_blocks(len(sub_ranks), sub.poll_native, bool(ctx.config.elastic_world))
     config = dataclasses.replace(ctx.config, topology=None, algorithm="auto")
     sub_ctx = Context(sub, topo, config)
     sub_ctx.world_ranks = tuple(sub_ranks)

@@ -249,10 +249,10 @@ class MPIComm:
         #: for the allreduce): blocking there.
         self.poll_native = False
         #: Whether the negotiation's record gather waits in MPI's own (yielding) wait instead
-        #: of :func:`polite_wait` (set at init from 17 ranks where ranks outnumber cores: a
-        #: gather of 32 ranks on 2 cores takes over a millisecond, past polite_wait's
-        #: yielding phase, and a sleeping rank holds up every later round of it: a 4 KiB
-        #: call took 1.3-1.4x as long so).
+        #: of :func:`polite_wait` (set at init from 17 ranks where ranks outnumber cores,
+        #: outside elastic worlds: a gather of 32 ranks on 2 cores takes over a millisecond,
+        #: past polite_wait's yielding phase, and a sleeping rank holds up every later round
+        #: of it: a 4 KiB call took 1.3-1.4x as long so).
         self.negotiation_blocks = False
         self._null = MPI.PROC_NULL
         self._empty = np.empty(0, np.uint8)
