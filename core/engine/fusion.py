@@ -28,7 +28,6 @@ import numpy as np
 from ddl.base import dtypes
 from ddl.base.dtypes import accumulator
 from ddl.base.ops import ReduceOp, ufunc
-from ddl.engine.codec import INLINE_BYTES
 from ddl.engine.compression import Compression, Compressor
 from ddl.engine.context import Context
 from ddl.engine.handle import Handle
@@ -65,7 +64,7 @@ class Request:
     divisor: int = 0  # what Average divides by; 0: the world size (join() lowers it)
 
 
-def inline_bytes(batch: list[Request], capacity: int = INLINE_BYTES) -> int:
+def inline_bytes(batch: list[Request], capacity: int) -> int:
     """Payload size if ``batch`` can ride in the negotiation record (``capacity`` bytes:
     the exchange's :attr:`~ddl.engine.codec.Exchange.inline_capacity`), else 0.
 

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ddl.base.cpus import available_cpus
+
 WORKERS = Path(__file__).parent / "workers"
 pytestmark = pytest.mark.mpi
 
@@ -200,3 +202,26 @@ def ddlrun_mode(np_: int, mode: str) -> tuple[subprocess.CompletedProcess[str], 
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     return proc, time.monotonic() - start
+
+
+def test_seventeen_ranks_ride_small_calls_in_128_byte_records() -> None:
+    """More ranks than 16 on one host: the engine's 128-byte records and their blocking gather."""
+    proc, _ = ddlrun(17, "worker_many_ranks.py", timeout=240, env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = re.findall(r"RANK (\d+) ok=(\w+) inline=(\d+) record=(\d+) blocks=(\w+)", proc.stdout)
+    assert sorted(int(r) for r, *_ in lines) == list(range(17)), proc.stdout[-3000:]
+    blocks = available_cpus() < 17  # ranks outnumber the cores this job may use (as init reads them)
+    assert {tuple(rest) for _, *rest in lines} == {("True", "88", "128", str(blocks))}
+
+
+def test_a_process_set_waits_with_the_worlds_stall_limit() -> None:
+    """A process set's waits are bounded as the world's are."""
+    proc, _ = ddlrun(3, "worker_set_waits.py", timeout=180, env={"DDL_STALL_TIMEOUT": "7"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = re.findall(r"SET rank=(\d) sum=(\S+) limit=(\S+)/(\S+) poll=(\w+)/(\w+) busy=(\S+)/(\S+) blocks=(\w+) "
+                       r"remote=(\S+)", proc.stdout)
+    assert sorted(line[0] for line in lines) == ["0", "2"], proc.stdout[-3000:]
+    for _, total, limit, world_limit, poll, world_poll, busy, world_busy, blocks, remote in lines:
+        assert total == "2"  # ranks 0 and 2 only
+        assert limit == world_limit == "7" and poll == world_poll and busy == world_busy
+        assert blocks == "False" and remote == "[]"  # two members on one host

@@ -1,7 +1,7 @@
 """Tier-2 worker: small and larger allreduces at 17 ranks or more, where the engine's
 records shrink to 128 bytes (an 8-byte call rides in them; 4 KiB does not) and, with the
 ranks outnumbering the cores, the record gather waits in MPI's own wait. Prints one line
-per rank. Used by tests/tier2/test_many_ranks.py."""
+per rank. Used by tests/tier2/test_mpi.py."""
 
 import numpy as np
 

@@ -1,6 +1,6 @@
 """Tier-2 worker: a process set's communicator waits as the world's does (the same stall
 limit, polling rule and host map), and its allreduce runs. Prints one line per member.
-Used by tests/tier2/test_process_set_waits.py."""
+Used by tests/tier2/test_mpi.py."""
 
 import numpy as np
 
