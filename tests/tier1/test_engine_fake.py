@@ -139,10 +139,11 @@ def test_a_failure_inside_a_cycle_aborts_every_rank_quickly(monkeypatch: pytest.
                                                               capfd: pytest.CaptureFixture[str]) -> None:
     real = fusion.execute
 
-    def flaky(ctx: Context, ready: list[Any], *args: Any) -> None:
+    def flaky(ctx: Context, ready: list[Any], *args: Any, **kwargs: Any) -> None:
+        # (keywords too: the queued path passes ``solo=``, the lean path does not)
         if ctx.topology.rank == 1 and any(r.name == "boom" for r in ready):
             raise MemoryError("no room for the fused buffer")
-        real(ctx, ready, *args)
+        real(ctx, ready, *args, **kwargs)
 
     monkeypatch.setattr(fusion, "execute", flaky)
 
