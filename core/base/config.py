@@ -86,6 +86,12 @@ class Config:
         "seconds ddl.init waits for every rank to start MPI before it ends this rank with a message (a rank "
         "that failed before its ddl.init would otherwise leave the others waiting forever; under ddlrun its "
         "exit ends the job at once)", flag="--init-timeout", metavar="SECONDS", unit="seconds")
+    malloc: str = setting(
+        "DDL_MALLOC", "keep", one_of("keep", "system"),
+        "'keep': ddl.init raises glibc's trim and mmap thresholds, so the large blocks a training step frees "
+        "stay in the process instead of being unmapped and faulted in again next step (skipped where "
+        "MALLOC_*_ or GLIBC_TUNABLES malloc settings or a preloaded allocator say otherwise); 'system': "
+        "leave the C library's policy alone", metavar="keep|system")
     abort_on_exception: bool = setting(
         "DDL_ABORT_ON_EXCEPTION", True, boolean,
         "an uncaught exception on one rank aborts the whole job (so no rank waits forever)", unit="bool")
@@ -157,6 +163,30 @@ def settings_differences(per_rank: list[dict[str, str]]) -> list[str]:
                      for v, r in groups.items()]
             out.append(f"{key}: " + "; ".join(parts))
     return out
+
+
+#: glibc's own variables for the thresholds ddl.base.allocator sets.
+MALLOC_VARIABLES: tuple[str, ...] = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_",
+                                     "MALLOC_MMAP_MAX_")
+#: Allocators a user may preload in place of glibc's (PyTorch's CPU tuning guide names the first two).
+PRELOADED_ALLOCATORS: tuple[str, ...] = ("jemalloc", "tcmalloc", "mimalloc")
+
+
+def allocator_choice(env: Mapping[str, str] | None = None) -> str | None:
+    """The allocator policy the user already chose, as text naming where (None: none chosen):
+    glibc's malloc variables, ``GLIBC_TUNABLES`` with malloc settings, or an allocator in
+    ``LD_PRELOAD``. ``ddl.init()`` then leaves the allocator as it is."""
+    env = os.environ if env is None else env
+    for name in MALLOC_VARIABLES:
+        if env.get(name, "").strip():
+            return f"{name}={env[name].strip()}"
+    tunables = env.get("GLIBC_TUNABLES", "")
+    if "glibc.malloc." in tunables:
+        return f"GLIBC_TUNABLES={tunables}"
+    preload = env.get("LD_PRELOAD", "")
+    if any(lib in preload for lib in PRELOADED_ALLOCATORS):
+        return f"LD_PRELOAD={preload}"
+    return None
 
 
 #: Variables an MPI launcher sets in each rank it starts (hydra and Slurm's PMI-1/2,

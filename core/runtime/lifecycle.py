@@ -20,8 +20,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from ddl import __version__
-from ddl.base import notes
-from ddl.base.config import BY_FIELD, Config, JobEnv, job_from_env, settings_differences
+from ddl.base import allocator, notes
+from ddl.base.config import (
+    BY_FIELD,
+    Config,
+    JobEnv,
+    allocator_choice,
+    job_from_env,
+    settings_differences,
+)
 from ddl.base.cpus import available_cpus
 from ddl.base.errors import SettingsMismatchError, WorldMismatchError
 from ddl.base.topology import build_topology, host_keys
@@ -123,6 +130,7 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
             return running_ctx
         job = job_from_env()
         notes.send(notes.INIT)
+        _keep_freed_memory(config)
         comm = _form_world(job, config)
         _check_world(comm, config, job)
         # One gather carries the host names, MPI's nodes and the settings every rank must share.
@@ -182,8 +190,28 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
         notes.send(notes.READY, f"rank {comm.rank} of {comm.size}")
         if config.verbose and comm.rank == 0:
             print(f"ddl: {comm.size} ranks on {topo.cross_size} host(s), topology {topo}, "
-                  f"algorithm {config.algorithm}; {calib.describe()}", file=sys.stderr, flush=True)
+                  f"algorithm {config.algorithm}; {calib.describe()}; allocator: {allocator_policy}",
+                  file=sys.stderr, flush=True)
         return ctx
+
+
+#: What :func:`_keep_freed_memory` did in this process (``DDL_VERBOSE`` prints it).
+allocator_policy = "not set yet"
+
+
+def _keep_freed_memory(config: Config) -> None:
+    """``DDL_MALLOC=keep``: keep the blocks a training step frees (:mod:`ddl.base.allocator`),
+    unless the user chose an allocator policy already. Once per process."""
+    global allocator_policy
+    if allocator_policy != "not set yet":
+        return
+    chosen = allocator_choice()
+    if config.malloc == "system":
+        allocator_policy = "the C library's own (DDL_MALLOC=system)"
+    elif chosen:
+        allocator_policy = f"left as the user chose ({chosen})"
+    else:
+        allocator_policy = allocator.keep_freed_memory() or "the C library's own (not glibc)"
 
 
 def _form_world(job: JobEnv, config: Config) -> Any:
