@@ -211,7 +211,7 @@ def _keep_freed_memory(config: Config) -> None:
     elif chosen:
         allocator_policy = f"left as the user chose ({chosen})"
     else:
-        allocator_policy = allocator.keep_freed_memory() or "the C library's own (not glibc)"
+        allocator_policy = allocator.keep_freed_memory() or "the C library's own (not glibc, or it refused the thresholds)"
 
 
 def _form_world(job: JobEnv, config: Config) -> Any:
