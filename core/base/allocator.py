@@ -38,7 +38,8 @@ MMAP_BYTES = 256 << 20
 #: glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
-#: The mmap threshold glibc before 2.26 accepts at most (HEAP_MAX_SIZE / 2 on 64-bit).
+#: The mmap threshold a glibc that caps it at HEAP_MAX_SIZE / 2 accepts (64-bit); tried where the larger
+#: one is refused (glibc 2.36 here took 256 MiB: 128 MiB blocks freed and made again fault nothing).
 _OLD_MMAP_LIMIT = 32 << 20
 
 
