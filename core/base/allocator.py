@@ -16,8 +16,9 @@ for this reason; ddl sets glibc's two thresholds instead, which needs no library
 :func:`keep_freed_memory` raises both thresholds with ``mallopt``. It changes how much
 freed memory the process keeps (up to the trim threshold, per arena), not what it
 allocates: a steady training loop's resident memory stays at its peak, as with those
-allocators. ``ddl.init()`` calls it unless ``DDL_MALLOC=system``, or the user already
-chose an allocator policy (:func:`ddl.base.config.allocator_choice`).
+allocators. ``ddl.init()`` calls it through :func:`policy` unless ``DDL_MALLOC=system``, or
+the user already chose an allocator policy (:func:`ddl.base.config.allocator_choice`);
+``ddl doctor`` prints what :func:`policy` would do, without doing it.
 
 Example:
     >>> keep_freed_memory()  # doctest: +SKIP
@@ -29,7 +30,7 @@ from __future__ import annotations
 import ctypes
 import sys
 
-__all__ = ["MMAP_BYTES", "TRIM_BYTES", "keep_freed_memory"]
+__all__ = ["MMAP_BYTES", "TRIM_BYTES", "glibc_version", "keep_freed_memory", "policy"]
 
 #: Free memory the top of a heap may hold before glibc returns it to the system.
 TRIM_BYTES = 1 << 30
@@ -40,27 +41,60 @@ _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 #: The mmap threshold a glibc that caps it at HEAP_MAX_SIZE / 2 accepts (64-bit); tried where the larger
 #: one is refused (glibc 2.36 here took 256 MiB: 128 MiB blocks freed and made again fault nothing).
-_OLD_MMAP_LIMIT = 32 << 20
+_CAPPED_MMAP_LIMIT = 32 << 20
+
+
+def policy(setting: str, chosen: str | None, *, apply: bool = True) -> str:
+    """The allocator policy for ``DDL_MALLOC=setting`` where the user chose ``chosen``
+    (:func:`ddl.base.config.allocator_choice`), as one line; ``apply``: set it in this
+    process (else only say what would be set)."""
+    if setting == "system":
+        return "the C library's own (DDL_MALLOC=system)"
+    if chosen:
+        return f"left as the user chose ({chosen})"
+    if not apply:
+        version = glibc_version()
+        return (f"glibc {version}: trim threshold {TRIM_BYTES >> 20} MiB, mmap threshold {MMAP_BYTES >> 20} MiB "
+                "at ddl.init (DDL_MALLOC=keep)") if version else "the C library's own (not glibc)"
+    return keep_freed_memory() or "the C library's own (not glibc, or it refused the thresholds)"
+
+
+def glibc_version() -> str | None:
+    """This process's glibc version (``'2.36'``), or None where the C library is another."""
+    libc = _glibc()
+    if libc is None:
+        return None
+    version_of = libc.gnu_get_libc_version
+    version_of.restype = ctypes.c_char_p
+    return (version_of() or b"?").decode()
+
+
+def _glibc() -> ctypes.CDLL | None:
+    """The process's C library where it is glibc on Linux (it has ``mallopt`` and says its version)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None)
+        libc.gnu_get_libc_version  # noqa: B018 - present in glibc only
+        libc.mallopt  # noqa: B018
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return libc
 
 
 def keep_freed_memory(trim_bytes: int = TRIM_BYTES, mmap_bytes: int = MMAP_BYTES) -> str | None:
     """Raise glibc's trim and mmap thresholds for this process; what was set, or None
     where the C library is not glibc (musl, macOS: their allocators work otherwise) or
     refused. Setting either threshold also ends glibc's dynamic adjustment of both."""
-    if not sys.platform.startswith("linux"):
+    libc = _glibc()
+    if libc is None:
         return None
-    try:
-        libc = ctypes.CDLL(None)
-        version_of = libc.gnu_get_libc_version
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc
-        return None
-    version_of.restype = ctypes.c_char_p
+    mallopt = libc.mallopt
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     if not mallopt(_M_TRIM_THRESHOLD, trim_bytes):
         return None
     mmap_set = mmap_bytes if mallopt(_M_MMAP_THRESHOLD, mmap_bytes) else \
-        (_OLD_MMAP_LIMIT if mallopt(_M_MMAP_THRESHOLD, min(mmap_bytes, _OLD_MMAP_LIMIT)) else 0)
-    version = (version_of() or b"?").decode()
+        (_CAPPED_MMAP_LIMIT if mallopt(_M_MMAP_THRESHOLD, min(mmap_bytes, _CAPPED_MMAP_LIMIT)) else 0)
+    version = glibc_version()
     mmap_text = f"mmap threshold {mmap_set >> 20} MiB" if mmap_set else "mmap threshold glibc's own"
     return f"glibc {version}: trim threshold {trim_bytes >> 20} MiB, {mmap_text}"

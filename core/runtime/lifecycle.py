@@ -203,15 +203,8 @@ def _keep_freed_memory(config: Config) -> None:
     """``DDL_MALLOC=keep``: keep the blocks a training step frees (:mod:`ddl.base.allocator`),
     unless the user chose an allocator policy already. Once per process."""
     global allocator_policy
-    if allocator_policy != "not set yet":
-        return
-    chosen = allocator_choice()
-    if config.malloc == "system":
-        allocator_policy = "the C library's own (DDL_MALLOC=system)"
-    elif chosen:
-        allocator_policy = f"left as the user chose ({chosen})"
-    else:
-        allocator_policy = allocator.keep_freed_memory() or "the C library's own (not glibc, or it refused the thresholds)"
+    if allocator_policy == "not set yet":
+        allocator_policy = allocator.policy(config.malloc, allocator_choice())
 
 
 def _form_world(job: JobEnv, config: Config) -> Any:

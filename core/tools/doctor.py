@@ -12,8 +12,17 @@ import os
 import sys
 from pathlib import Path
 
-from ddl.base.config import JobEnv, job_from_env, search_path, transport_env
+from ddl.base import allocator
+from ddl.base.config import (
+    Config,
+    JobEnv,
+    allocator_choice,
+    job_from_env,
+    search_path,
+    transport_env,
+)
 from ddl.base.cpus import available_cpus
+from ddl.base.settings import SettingError
 from ddl.base.topology import build_topology
 from ddl.launcher.cli import check_resolvable
 from ddl.launcher.command import Flavour, LaunchError, LaunchOptions, placement, validate_options
@@ -53,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         _launcher(report, library)
     hosts = _placement(report, args, job_from_env())
     _transports(report, library, hosts)
+    _allocator(report)
     print("\n".join(report.lines))
     return 1 if report.problems else 0
 
@@ -191,6 +201,16 @@ def _transports(report: Report, library: MpiLibrary | None, hosts: tuple[HostSlo
                                    library_version=library.version if library else "",
                                    host_count=len(hosts), variables=variables, shared_kernel=_shared_kernel()):
         report.warning(text)
+
+
+def _allocator(report: Report) -> None:
+    """What ``ddl.init()`` will do with the C library's allocator (``DDL_MALLOC``), without doing it."""
+    try:
+        setting = Config.from_env().malloc
+    except SettingError as exc:
+        report.problem(str(exc))
+        return
+    report.add("allocator", allocator.policy(setting, allocator_choice(), apply=False))
 
 
 def _shared_kernel() -> bool:

@@ -86,3 +86,24 @@ def test_ddl_malloc_takes_keep_or_system_and_refuses_the_rest() -> None:
     assert Config.from_env({"DDL_MALLOC": "System"}).malloc == "system"
     with pytest.raises(SettingError, match="DDL_MALLOC='jemalloc' is not one of keep, system"):
         Config.from_env({"DDL_MALLOC": "jemalloc"})
+
+
+def test_policy_says_what_init_would_do_without_doing_it() -> None:
+    assert allocator.policy("system", None, apply=False) == "the C library's own (DDL_MALLOC=system)"
+    assert allocator.policy("keep", "LD_PRELOAD=libjemalloc.so", apply=False) == \
+        "left as the user chose (LD_PRELOAD=libjemalloc.so)"
+    version = allocator.glibc_version()
+    dry = allocator.policy("keep", None, apply=False)
+    if version is None:
+        assert dry == "the C library's own (not glibc)"
+    else:
+        assert dry == f"glibc {version}: trim threshold 1024 MiB, mmap threshold 256 MiB at ddl.init (DDL_MALLOC=keep)"
+
+
+def test_doctor_prints_the_allocator_line_and_refuses_a_bad_setting() -> None:
+    run = [sys.executable, "-m", "ddl.tools.cli", "doctor"]
+    ok = subprocess.run(run, capture_output=True, text=True, timeout=60, env={**os.environ, "DDL_MALLOC": "system"})
+    assert "allocator      the C library's own (DDL_MALLOC=system)" in ok.stdout, ok.stdout + ok.stderr
+    bad = subprocess.run(run, capture_output=True, text=True, timeout=60, env={**os.environ, "DDL_MALLOC": "tcmalloc"})
+    assert bad.returncode == 1
+    assert "problem:       DDL_MALLOC='tcmalloc' is not one of keep, system" in bad.stdout, bad.stdout + bad.stderr
