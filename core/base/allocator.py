@@ -54,19 +54,27 @@ def policy(setting: str, chosen: str | None, *, apply: bool = True) -> str:
         return f"left as the user chose ({chosen})"
     if not apply:
         version = glibc_version()
-        return (f"glibc {version}: trim threshold {TRIM_BYTES >> 20} MiB, mmap threshold {MMAP_BYTES >> 20} MiB "
-                "at ddl.init (DDL_MALLOC=keep)") if version else "the C library's own (not glibc)"
+        return f"{_describe(version, TRIM_BYTES, MMAP_BYTES)} at ddl.init (DDL_MALLOC=keep)" if version \
+            else "the C library's own (not glibc)"
     return keep_freed_memory() or "the C library's own (not glibc, or it refused the thresholds)"
 
 
 def glibc_version() -> str | None:
     """This process's glibc version (``'2.36'``), or None where the C library is another."""
     libc = _glibc()
-    if libc is None:
-        return None
+    return None if libc is None else _version(libc)
+
+
+def _version(libc: ctypes.CDLL) -> str:
     version_of = libc.gnu_get_libc_version
     version_of.restype = ctypes.c_char_p
     return (version_of() or b"?").decode()
+
+
+def _describe(version: str, trim_bytes: int, mmap_bytes: int) -> str:
+    """One line of what is set (``mmap_bytes`` 0: glibc kept its own mmap threshold)."""
+    mmap_text = f"mmap threshold {mmap_bytes >> 20} MiB" if mmap_bytes else "mmap threshold glibc's own"
+    return f"glibc {version}: trim threshold {trim_bytes >> 20} MiB, {mmap_text}"
 
 
 def _glibc() -> ctypes.CDLL | None:
@@ -95,6 +103,4 @@ def keep_freed_memory(trim_bytes: int = TRIM_BYTES, mmap_bytes: int = MMAP_BYTES
         return None
     mmap_set = mmap_bytes if mallopt(_M_MMAP_THRESHOLD, mmap_bytes) else \
         (_CAPPED_MMAP_LIMIT if mallopt(_M_MMAP_THRESHOLD, min(mmap_bytes, _CAPPED_MMAP_LIMIT)) else 0)
-    version = glibc_version()
-    mmap_text = f"mmap threshold {mmap_set >> 20} MiB" if mmap_set else "mmap threshold glibc's own"
-    return f"glibc {version}: trim threshold {trim_bytes >> 20} MiB, {mmap_text}"
+    return _describe(_version(libc), trim_bytes, mmap_set)

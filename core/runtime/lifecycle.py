@@ -195,15 +195,15 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
         return ctx
 
 
-#: What :func:`_keep_freed_memory` did in this process (``DDL_VERBOSE`` prints it).
-allocator_policy = "not set yet"
+#: What :func:`_keep_freed_memory` did in this process (``DDL_VERBOSE`` prints it); None before.
+allocator_policy: str | None = None
 
 
 def _keep_freed_memory(config: Config) -> None:
     """``DDL_MALLOC=keep``: keep the blocks a training step frees (:mod:`ddl.base.allocator`),
     unless the user chose an allocator policy already. Once per process."""
     global allocator_policy
-    if allocator_policy == "not set yet":
+    if allocator_policy is None:
         allocator_policy = allocator.policy(config.malloc, allocator_choice())
 
 
