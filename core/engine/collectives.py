@@ -47,9 +47,10 @@ class Collectives:
         # (dtype, shape, op as passed, in place) -> a plain synchronous call's prepared state
         # (a small one's lane, a larger one's checks), or False (neither: the checked path).
         self._lanes: dict[tuple[Any, ...], prepared_calls.Lane | prepared_calls.Prepared | Literal[False]] = {}
-        # (name, dtype, shape, id(op), in place) -> (op, descriptor, digest, ReduceOp) of a
-        # named async allreduce that passed the checks (the op object guards a reused id).
-        self._signatures: dict[tuple[Any, ...], tuple[Any, Descriptor, int, ReduceOp]] = {}
+        # name -> (dtype, shape, op as passed, in place, descriptor, digest, ReduceOp) of the
+        # last named async allreduce of that name that passed the checks: one string lookup
+        # and four comparisons per tensor per step (a tuple key of all five cost more).
+        self._signatures: dict[str, tuple[np.dtype, tuple[int, ...], Any, bool, Descriptor, int, ReduceOp]] = {}
 
     @property
     def topology(self) -> Topology:
@@ -77,7 +78,7 @@ class Collectives:
             if len(self._signatures) > 65536:
                 self._signatures.clear()
             req.digest = self.engine.digest_of(req.descriptor)
-            self._signatures[(name, x.dtype, x.shape, id(op), inplace)] = (op, req.descriptor, req.digest, req.op)
+            self._signatures[name] = (x.dtype, x.shape, op, inplace, req.descriptor, req.digest, req.op)
         # The synchronous calls wait at once and run the cycle themselves: waking the
         # engine thread for them would only contend with the caller.
         return self.engine.submit(req, wake=wake)
@@ -87,12 +88,14 @@ class Collectives:
         training step): the descriptor and digest of its first submission, so only the
         request is new. None: not seen before with this array's signature (submit it
         through :meth:`allreduce_async`, whose checks then remember it)."""
-        if type(x) is not np.ndarray:
+        seen = self._signatures.get(name)
+        if seen is None or type(x) is not np.ndarray:
             return None
-        seen = self._signatures.get((name, x.dtype, x.shape, id(op), inplace))
-        if seen is None or seen[0] is not op or (inplace and not x.flags.writeable):
+        dtype, shape, passed, was_inplace, desc, digest, rop = seen
+        if passed is not op or was_inplace != inplace or x.shape != shape:
             return None
-        _, desc, digest, rop = seen
+        if (dtype is not x.dtype and dtype != x.dtype) or (inplace and not x.flags.writeable):
+            return None
         # Positional, digest included: this line runs once per tensor per step.
         return self.engine.submit(Request("allreduce", name, desc, Handle(name), None, x, rop, desc.algorithm,
                                           Compression.none, inplace, 0.0, digest), wake=wake)

@@ -352,11 +352,12 @@ class Engine(LeanPath):
             fusion.pack_inline(batch, self.exchange.payload_out)
         start = time.perf_counter()
         self.exchange.run(h, n, stop=self._stop_word if stopping else 0, inline=inline, due=due)
-        return self._act(self.exchange.verdict(h, n), batch, stopping, inline, start)
+        return self._act(self.exchange.verdict(h, n), batch, stopping, inline, start, h)
 
     def _act(self, verdict: Verdict, batch: list[Request], stopping: bool, inline: int,
-             start: float) -> tuple[bool, bool]:
-        """Carry out this cycle's ``verdict`` on ``batch`` (what this rank exchanged)."""
+             start: float, h: int = 0) -> tuple[bool, bool]:
+        """Carry out this cycle's ``verdict`` on ``batch`` (what this rank exchanged, whose
+        combined digest is ``h``)."""
         n = len(batch)
         if stopping:
             self.watch.waiting_to_stop(verdict.waiting_to_stop)
@@ -367,16 +368,16 @@ class Engine(LeanPath):
                 fusion.finish_inline(self.ctx, batch, self.exchange.payloads, inline, self.timeline,
                                      (start, time.perf_counter()))
             else:
-                self._execute(batch)
+                self._execute(batch, digest=h)
             return n > 0, verdict.all_stop
         if verdict.action == "abandon":
             if batch:
                 self._abandon(batch, verdict.left)
             return n > 0, verdict.all_stop
         if verdict.action == "prefix":
-            ready = self._common_prefix(batch, verdict.prefix)
+            ready, h = self._common_prefix(batch, verdict.prefix)
             if ready:
-                self._execute(ready)
+                self._execute(ready, digest=h)
                 return True, verdict.all_stop
         if verdict.action in ("prefix", "match"):
             self.watch.checked(time.monotonic())
@@ -391,15 +392,16 @@ class Engine(LeanPath):
             req.handle.set_error(failures.rank_left(batch, left, self.ctx.describe_rank, self.ctx.topology.rank,
                                                     self.exchange.compact))
 
-    def _common_prefix(self, batch: list[Request], m: int) -> list[Request]:
+    def _common_prefix(self, batch: list[Request], m: int) -> tuple[list[Request], int]:
         """Ranks caught at different points of the same submission order (a backward pass
-        seen mid-way): one more small round checks their first ``m`` requests agree."""
+        seen mid-way): one more small round checks their first ``m`` requests agree
+        (returned with their combined digest; none if they do not)."""
         h = negotiation.combine([r.digest for r in batch[:m]])
         self.exchange.run(h, m)
         if self.exchange.all_hold(h, m):
             self._take(batch[:m])
-            return batch[:m]
-        return []
+            return batch[:m], h
+        return [], 0
 
     def _settle_trials(self) -> None:
         """End of a cycle (either path): where a bucket ran the last trial of a size class,
@@ -463,16 +465,17 @@ class Engine(LeanPath):
         self.joined_before = set()
         return last
 
-    def _execute(self, ready: list[Request], *, solo: bool = True) -> None:
-        """Run agreed requests in the agreed order; refused calls end with their error."""
+    def _execute(self, ready: list[Request], *, solo: bool = True, digest: int = 0) -> None:
+        """Run agreed requests in the agreed order; refused calls end with their error.
+        ``digest``: the combined digest of exactly ``ready`` (0: not known)."""
         if any(r.kind == "error" for r in ready):
             for r in ready:
                 if r.kind == "error":
                     assert r.error is not None
                     r.handle.set_error(r.error)
-            ready = [r for r in ready if r.kind != "error"]
+            ready, digest = [r for r in ready if r.kind != "error"], 0
         if ready:
-            fusion.execute(self.ctx, ready, self.fusion_threshold, self.timeline, solo=solo)
+            fusion.execute(self.ctx, ready, self.fusion_threshold, self.timeline, solo=solo, digest=digest)
 
     def _take(self, done: list[Request]) -> None:
         if not done:

@@ -170,17 +170,18 @@ def reduce_with(parts: list[np.ndarray] | np.ndarray, combine: Callable[..., np.
 
 
 def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline: Timeline | None, *,
-            solo: bool = True) -> None:
+            solo: bool = True, digest: int = 0) -> None:
     """Run ``ready`` in order: allreduces fused into buckets by :func:`ddl.reduction.buckets.fuse`
     (the rule ``ddl plan`` prices with), the rest one by one.
 
     ``solo=False``: large in-place tensors are fused like the rest (a cycle with joined
     ranks, whose stand-ins are not in place, must bucket exactly as the others do).
+    ``digest``: the negotiation's combined digest of exactly ``ready``, in order (0: none).
     """
     if len(ready) == 1 and ready[0].kind == "allreduce":  # one call alone: its own bucket, nothing to plan
         _run_bucket(ctx, ready, timeline)
         return
-    for group in _groups(ready, fusion_threshold, solo):
+    for group in _groups(ready, fusion_threshold, solo, digest):
         first = ready[group[0]]
         if first.kind != "allreduce":
             _run_single(first, timeline)
@@ -193,16 +194,24 @@ def execute(ctx: Context, ready: list[Request], fusion_threshold: int, timeline:
 _plans: dict[tuple[Any, ...], list[list[int]]] = {}
 
 
-def _groups(ready: list[Request], fusion_threshold: int, solo: bool) -> list[list[int]]:
-    """:func:`fuse` of ``ready``, remembered for a batch seen before."""
+def _groups(ready: list[Request], fusion_threshold: int, solo: bool, digest: int = 0) -> list[list[int]]:
+    """:func:`fuse` of ``ready``, remembered for a batch seen before (``digest``: the
+    combined digest of ``ready``, when the negotiation computed one)."""
     if len(ready) < 8:
         return fuse([_fusion_item(req, solo) for req in ready], fusion_threshold)
-    # The digest fixes kind, shape, dtype, op, algorithm, compression and scaling; the rest
-    # of an item is whether it is in place and contiguous, and what Average divides by.
-    key = (fusion_threshold, solo, *[(r.digest, r.inplace, r.divisor,
-                                      r.array is not None and r.array.flags.c_contiguous) for r in ready])
-    if not all(r.digest for r in ready):  # a stand-in (join) has none: plan it afresh
-        return fuse([_fusion_item(req, solo) for req in ready], fusion_threshold)
+    # A digest fixes kind, shape, dtype, op, algorithm, compression and scaling; the rest
+    # of an item is whether it is in place and contiguous, and what Average divides by
+    # (which only join() sets). The batch's combined digest stands for all of its requests'
+    # in order, so then only the requests in place or with a divisor need a word of their own.
+    if digest:
+        key: tuple[Any, ...] = (fusion_threshold, solo, digest, len(ready), *[
+            (i, r.divisor, r.inplace and r.array is not None and r.array.flags.c_contiguous)
+            for i, r in enumerate(ready) if r.inplace or r.divisor])
+    else:
+        if not all(r.digest for r in ready):  # a stand-in (join) has none: plan it afresh
+            return fuse([_fusion_item(req, solo) for req in ready], fusion_threshold)
+        key = (fusion_threshold, solo, *[(r.digest, r.inplace, r.divisor,
+                                          r.array is not None and r.array.flags.c_contiguous) for r in ready])
     plan = _plans.get(key)
     if plan is None:
         if len(_plans) >= 16:

@@ -30,9 +30,7 @@ class Scattered:
         dtype = arrays[0].dtype
         if any(a.dtype != dtype for a in arrays):
             raise ValueError("a scattered input's arrays must share one dtype")
-        # A strided tensor is copied once here: cut at a range's end, its flat view would be
-        # a copy of the whole tensor at every read (the pack copied it once too).
-        self.arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
+        self.arrays = list(arrays)
         self.dtype = dtype
         #: Element offset of each array in the flat input, then the total.
         self.starts = [0, *itertools.accumulate(a.size for a in self.arrays)]
@@ -49,12 +47,22 @@ class Scattered:
         first = bisect.bisect_right(starts, lo) - 1
         last = bisect.bisect_left(starts, hi) - 1  # the array holding element hi - 1
         if first == last:
-            out[...] = arrays[first].reshape(-1)[lo - starts[first] : hi - starts[first]]
+            out[...] = self._flat(first)[lo - starts[first] : hi - starts[first]]
             return
         # Only the two end arrays are cut; whole ones go in as they are (axis=None flattens them in C).
-        head = arrays[first] if lo == starts[first] else arrays[first].reshape(-1)[lo - starts[first] :]
-        tail = arrays[last] if hi == starts[last + 1] else arrays[last].reshape(-1)[: hi - starts[last]]
+        head = arrays[first] if lo == starts[first] else self._flat(first)[lo - starts[first] :]
+        tail = arrays[last] if hi == starts[last + 1] else self._flat(last)[: hi - starts[last]]
         np.concatenate([head, *arrays[first + 1 : last], tail], axis=None, out=out)
+
+    def _flat(self, i: int) -> np.ndarray:
+        """Array ``i`` as one flat view, for a read that cuts it. A strided one is copied once,
+        the first time a read cuts it: its flat view would otherwise be a copy of the whole
+        tensor at every read (checked here, not for all at construction: a bucket of
+        hundreds of tensors pays for the two that each read cuts, not for every one)."""
+        a = self.arrays[i]
+        if not a.flags.c_contiguous:
+            a = self.arrays[i] = np.ascontiguousarray(a)
+        return a.reshape(-1)
 
 
 #: An algorithm's input: one flat array, or a bucket's tensors as they lie.

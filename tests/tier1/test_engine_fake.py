@@ -273,6 +273,33 @@ def test_large_in_place_buckets_are_reduced_where_they_lie(monkeypatch: pytest.M
     assert run_engines(2, fn) == [(True, True), (True, True)]
 
 
+
+def test_a_batch_planned_before_is_planned_anew_where_only_its_layout_changed() -> None:
+    """The engine remembers a batch's buckets by the negotiation's combined digest, which
+    says nothing of which requests are in place or strided: the same ten requests, plain,
+    with two large ones in place, and with one of those strided, each get what the fusion
+    rule gives them, however often and in whatever order they come back."""
+    from ddl.engine.handle import Handle
+    from ddl.engine.negotiation import Descriptor, combine, digest
+
+    def batch(inplace: tuple[int, ...], strided: tuple[int, ...]) -> list[fusion.Request]:
+        reqs = []
+        for i in range(10):
+            n = fusion.SOLO_BYTES // 4 if i in (2, 6) else 300
+            a = np.ones(2 * n, np.float32)[::2] if i in strided else np.ones(n, np.float32)
+            desc = Descriptor("allreduce", f"t{i}", ((n,), "float32", "SUM"), "auto", "none")
+            reqs.append(fusion.Request("allreduce", desc.name, desc, Handle(desc.name), array=a,
+                                       inplace=i in inplace, digest=digest(desc)))
+        return reqs
+
+    variants = [batch((), ()), batch((2, 6), ()), batch((2, 6), (6,))]
+    h = combine([r.digest for r in variants[0]])
+    assert all(combine([r.digest for r in v]) == h for v in variants)  # the digest cannot tell them apart
+    wants = [fusion.fuse([fusion._fusion_item(r, True) for r in v], 64 << 20) for v in variants]
+    assert len({str(w) for w in wants}) == 3  # the rule does
+    for k in [0, 1, 2, 0, 2, 1]:
+        assert fusion._groups(variants[k], 64 << 20, True, h) == wants[k], k
+
 @pytest.mark.parametrize(("compression", "reduced_in"), [(None, "float32"), ("fp16", "float16")])
 def test_half_tensors_reduce_in_float32_unless_compression_asks_for_half_on_the_wire(
         monkeypatch: pytest.MonkeyPatch, compression: str | None, reduced_in: str) -> None:

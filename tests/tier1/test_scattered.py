@@ -51,6 +51,26 @@ def test_mixed_dtypes_and_no_arrays_are_refused() -> None:
         Scattered([])
 
 
+def test_a_strided_tensor_is_copied_once_when_a_read_first_cuts_it_and_whole_ones_never() -> None:
+    """Building the input checks no tensor's layout (a bucket of hundreds pays per read, not
+    per tensor); the first read that cuts a strided tensor keeps a contiguous copy of it, so
+    later cuts slice that copy instead of flattening the whole tensor again."""
+    base = np.arange(40, dtype=np.float32)
+    strided, plain = base[::2], np.arange(5, dtype=np.float32)  # 20 and 5 elements
+    src = Scattered([plain, strided, plain.copy()])
+    assert src.arrays[1] is strided  # nothing copied up front
+    whole = np.empty(30, np.float32)
+    fill(whole, src)  # a whole tensor is read as it lies, however strided
+    assert src.arrays[1] is strided
+    assert whole.tobytes() == np.concatenate([plain, strided, plain]).tobytes()
+    out = np.empty(5, np.float32)
+    src.read(7, 5, out)  # inside the strided one: cut
+    kept = src.arrays[1]
+    assert kept is not strided and kept.flags.c_contiguous and kept.tobytes() == strided.tobytes()
+    assert out.tobytes() == strided[2:7].tobytes()
+    src.read(20, 8, np.empty(8, np.float32))  # cuts it again: the same copy serves
+    assert src.arrays[1] is kept and src.arrays[0] is plain
+
 @pytest.mark.parametrize("size", [2, 3])
 @pytest.mark.parametrize("algorithm", ["shm", "ring", "mpi"])
 def test_a_bucket_of_many_tensors_is_not_packed_and_gives_the_rank_order_sum(
