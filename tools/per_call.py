@@ -16,7 +16,10 @@ best, ``median`` its typical):
   exchange (from 65 ranks): a MIN-allreduce of the negotiation words, then the payload's.
 - **256 asynchronous 16 KiB tensors** each waited, against one 4 MiB ``allreduce``, with
   the per-tensor part measured on its own: the submission (``allreduce_async`` x 256, CPU
-  time of the calling thread, so other processes' load does not count), and what packing
+  time of the calling thread, so other processes' load does not count), taken apart into
+  the caller's own loop (the same loop calling a function that does nothing), ddl's call up
+  to the queue (the same calls with the engine's ``submit`` answering at once: the public
+  function, the signature lookup, the request and its handle) and the queue; and what packing
   the 256 into one buffer (``np.concatenate``) would cost against one 4 MiB copy (the
   bucket no longer packs: its algorithm reads the tensors where they lie,
   :mod:`ddl.reduction.scattered`; the pack row prices the pass that saved).
@@ -40,6 +43,9 @@ from typing import Any
 #: The 4 KiB call's bare exchange: its record with the payload riding in it and the payloads
 #: added (4 KiB rides below 17 ranks), or the record and then MPI's allreduce (from 17).
 BARE_4K = "record + add 4 KiB (or record, then MPI 4 KiB)"
+#: The submission's parts (CPU): the caller's loop alone, and ddl's calls with no queue behind them.
+CALLER_LOOP = "256 calls of a function doing nothing (CPU)"
+UNQUEUED = "submit 256, the engine's queue left out (CPU)"
 
 
 def _timed(comm: Any, fn: Callable[[], Any], reps: int, clock: Callable[[], float] = time.perf_counter) -> float:
@@ -128,8 +134,29 @@ def worker(rounds: int, out: Path) -> None:
         "pack 256 (concatenate)": (lambda: np.concatenate(xs, out=fused), 8),
         "copy 4 MiB (np.array)": (lambda: np.array(one), 8),
     }
+    def nothing(x: np.ndarray, *, op: Any, name: str) -> Any:
+        return None
+
+    def answered(req: Any, wake: bool = True) -> Any:
+        return req.handle
+
+    def cpu(fn: Callable[[], Any]) -> float:
+        comm.Barrier()
+        c0 = time.thread_time()
+        fn()
+        return float(comm.allreduce(time.thread_time() - c0, op=MPI.MAX))
+
+    def unqueued() -> None:  # ddl's call up to the queue: the engine's submit answers at once
+        eng.submit = answered  # type: ignore[method-assign]
+        try:
+            [ddl.allreduce_async(x, op=ddl.Sum, name=f"pc{i}") for i, x in enumerate(xs)]
+        finally:
+            del eng.submit  # the class's method again
+
     times: dict[str, list[float]] = {k: [] for k in cases}
     submit_cpu: list[float] = []
+    loop_cpu: list[float] = []
+    unqueued_cpu: list[float] = []
     for r in range(rounds):
         order = list(cases) if r % 2 == 0 else list(reversed(cases))
         for k in order:
@@ -142,10 +169,13 @@ def worker(rounds: int, out: Path) -> None:
         for h in hs:
             h.wait()
         submit_cpu.append(float(comm.allreduce(c1 - c0, op=MPI.MAX)))
+        loop_cpu.append(cpu(lambda: [nothing(x, op=ddl.Sum, name=f"pc{i}") for i, x in enumerate(xs)]))
+        unqueued_cpu.append(cpu(unqueued))
     record.Free()
     if comm.Get_rank() == 0:
         rows = {k: {"min_s": min(v), "median_s": statistics.median(v)} for k, v in times.items()}
-        rows["submit 256 (CPU)"] = {"min_s": min(submit_cpu), "median_s": statistics.median(submit_cpu)}
+        for label, got in (("submit 256 (CPU)", submit_cpu), (CALLER_LOOP, loop_cpu), (UNQUEUED, unqueued_cpu)):
+            rows[label] = {"min_s": min(got), "median_s": statistics.median(got)}
         out.write_text(json.dumps({"ranks": comm.Get_size(), "rows": rows, "cycles": eng.cycles}))
     ddl.shutdown()
 
@@ -187,6 +217,10 @@ def main(argv: list[str] | None = None) -> int:
           f"{rows['submit 256 (CPU)']['min_s'] / 256 * 1e6:.2f} us CPU a tensor, pack "
           f"{(rows['pack 256 (concatenate)']['min_s'] - rows['copy 4 MiB (np.array)']['min_s']) * 1e6:.0f} us "
           "more than one copy")
+    submit, loop, unq = (rows[k]["min_s"] / 256 * 1e6 for k in ("submit 256 (CPU)", CALLER_LOOP, UNQUEUED))
+    print(f"a submission, taken apart (min, us CPU a tensor): the caller's loop {loop:.2f}, ddl's call up to the "
+          f"queue {unq - loop:.2f}, the queue {submit - unq:.2f}; the 256 submissions alone are "
+          f"{ratio('submit 256 (CPU)', 'one 4 MiB', 'min_s'):.2f}x the one 4 MiB call's whole time (min)")
     data["load"] = load
     got.write_text(json.dumps(data, indent=1))
     return 0
