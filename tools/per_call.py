@@ -44,6 +44,7 @@ from typing import Any
 #: added (4 KiB rides below 17 ranks), or the record and then MPI's allreduce (from 17).
 BARE_4K = "record + add 4 KiB (or record, then MPI 4 KiB)"
 #: The submission's parts (CPU): the caller's loop alone, and ddl's calls with no queue behind them.
+SUBMIT = "submit 256 (CPU)"
 CALLER_LOOP = "256 calls of a function doing nothing (CPU)"
 UNQUEUED = "submit 256, the engine's queue left out (CPU)"
 
@@ -162,10 +163,8 @@ def worker(rounds: int, out: Path) -> None:
         [nothing(x, op=ddl.Sum, name=f"pc{i}") for i, x in enumerate(xs)]
 
     times: dict[str, list[float]] = {k: [] for k in cases}
-    submit_cpu: list[float] = []
-    loop_cpu: list[float] = []
-    unqueued_cpu: list[float] = []
-    parts = {"submit 256 (CPU)": (submit_cpu, submitted), CALLER_LOOP: (loop_cpu, loop), UNQUEUED: (unqueued_cpu, unqueued)}
+    parts = {SUBMIT: submitted, CALLER_LOOP: loop, UNQUEUED: unqueued}
+    cpu_times: dict[str, list[float]] = {k: [] for k in parts}
     for r in range(rounds):
         order = list(cases) if r % 2 == 0 else list(reversed(cases))
         for k in order:
@@ -174,16 +173,14 @@ def worker(rounds: int, out: Path) -> None:
         # The submission and its two parts in turn, in reversed order every other round: the
         # first loop after the cases runs with cold caches, and each needs its warm rounds.
         for label in (parts if r % 2 == 0 else reversed(parts)):
-            got, fn = parts[label]
-            got.append(cpu(fn))
+            cpu_times[label].append(cpu(parts[label]))
             for h in held:  # (the queued ones wait after the clock stopped)
                 h.wait()
             held.clear()
     record.Free()
     if comm.Get_rank() == 0:
         rows = {k: {"min_s": min(v), "median_s": statistics.median(v)} for k, v in times.items()}
-        for label, got in (("submit 256 (CPU)", submit_cpu), (CALLER_LOOP, loop_cpu), (UNQUEUED, unqueued_cpu)):
-            rows[label] = {"min_s": min(got), "median_s": statistics.median(got)}
+        rows.update({k: {"min_s": min(v), "median_s": statistics.median(v)} for k, v in cpu_times.items()})
         out.write_text(json.dumps({"ranks": comm.Get_size(), "rows": rows, "cycles": eng.cycles}))
     ddl.shutdown()
 
@@ -222,13 +219,13 @@ def main(argv: list[str] | None = None) -> int:
               f"cores its waits to be scheduled): {(rows[f'ddl {size}']['min_s'] - rows[bare]['min_s']) * 1e6:.1f} us (min)")
     print(f"256 async / one: {ratio('256 x 16 KiB async', 'one 4 MiB', 'min_s'):.2f} (min), "
           f"{ratio('256 x 16 KiB async', 'one 4 MiB', 'median_s'):.2f} (median); submission "
-          f"{rows['submit 256 (CPU)']['min_s'] / 256 * 1e6:.2f} us CPU a tensor, pack "
+          f"{rows[SUBMIT]['min_s'] / 256 * 1e6:.2f} us CPU a tensor, pack "
           f"{(rows['pack 256 (concatenate)']['min_s'] - rows['copy 4 MiB (np.array)']['min_s']) * 1e6:.0f} us "
           "more than one copy")
-    submit, loop, unq = (rows[k]["min_s"] / 256 * 1e6 for k in ("submit 256 (CPU)", CALLER_LOOP, UNQUEUED))
+    submit, loop, unq = (rows[k]["min_s"] / 256 * 1e6 for k in (SUBMIT, CALLER_LOOP, UNQUEUED))
     print(f"a submission, taken apart (min, us CPU a tensor): the caller's loop {loop:.2f}, ddl's call up to the "
           f"queue {unq - loop:.2f}, the queue {submit - unq:.2f}; the 256 submissions alone are "
-          f"{ratio('submit 256 (CPU)', 'one 4 MiB', 'min_s'):.2f}x the one 4 MiB call's whole time (min)")
+          f"{ratio(SUBMIT, 'one 4 MiB', 'min_s'):.2f}x the one 4 MiB call's whole time (min)")
     data["load"] = load
     got.write_text(json.dumps(data, indent=1))
     return 0
