@@ -14,9 +14,18 @@ rm -rf "$site"
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 fi
-# The whole suite: tier 1 (in-process, fake ranks) on two workers, then everything that
-# starts real ranks one test at a time (their time bounds assume the cores are theirs).
+# The whole suite: tier 1 (in-process, fake ranks) on two pytest-xdist workers; then the tests
+# that start real ranks, in two lanes side by side: the timed ones one at a time (tests/conftest.py
+# says which and why), the rest beside them. Each lane has its own temporary folder.
 rc=0
 .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 tests/tier1 || rc=$?
-.venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/tier1 || rc=$?
+scratch=$(mktemp -d)
+.venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/tier1 -m timed --basetemp="$scratch/timed" \
+    > "$scratch/timed.log" 2>&1 &
+timed=$!
+trap 'kill "$timed" 2>/dev/null || true; rm -rf "$scratch"' EXIT
+.venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/tier1 -m "not timed" --basetemp="$scratch/rest" || rc=$?
+wait "$timed" || rc=$?
+echo "--- the timed lane (ran beside the lines above) ---"
+cat "$scratch/timed.log"
 exit "$rc"

@@ -1,0 +1,25 @@
+"""The two lanes scripts/test.sh runs the real-rank tests in, side by side.
+
+Every module below is marked ``timed``: they assert wall-clock bounds (failure detection,
+recovery, timeouts, a stall report), or build the emulated hosts' network namespaces and
+bridges, or share a checkout-wide resource (Open MPI 5's virtualenv), so two of them must
+never run at once. scripts/test.sh runs them one after another (``-m timed``) while a second
+pytest runs the rest (``-m "not timed"``): the equivalence modules, whose checks are bits
+and tolerances, not seconds. The timed tests were written for a loaded machine (the silent
+host's is held at a load average of 8), and the lane beside them adds about one core's load.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+TIMED = {
+    "test_elastic_chaos", "test_elastic_hosts", "test_elastic_local", "test_examples", "test_failfast",
+    "test_failfast_hosts", "test_install", "test_kubernetes", "test_mpi", "test_multihost", "test_openmpi",
+    "test_openmpi5", "test_slowlinks", "test_slurm", "test_world_check",
+}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    if item.path.stem in TIMED:
+        item.add_marker(pytest.mark.timed)
