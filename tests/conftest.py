@@ -7,6 +7,10 @@ never run at once. scripts/test.sh runs them one after another (``-m timed``) wh
 pytest runs the rest (``-m "not timed"``): the equivalence modules, whose checks are bits
 and tolerances, not seconds. The timed tests were written for a loaded machine (the silent
 host's is held at a load average of 8), and the lane beside them adds about one core's load.
+
+Not pytest-xdist's ``--dist loadgroup``: xdist 3.8 names a test's group by rewriting
+``item._nodeid``, which pytest 9.2's ``nodeid`` no longer reads, so one group's tests land on
+both workers (a module-scoped fixture then runs twice at once).
 """
 
 from __future__ import annotations
