@@ -20,10 +20,15 @@ fi
 rc=0
 .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 tests/tier1 || rc=$?
 scratch=$(mktemp -d)
-.venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/tier1 -m timed --basetemp="$scratch/timed" \
-    > "$scratch/timed.log" 2>&1 &
+trap 'rm -rf "$scratch"' EXIT
+# A script's background job ignores SIGINT unless told otherwise. This one gets exactly one
+# (its own session keeps a Ctrl-C from reaching it twice) from the trap below, so that on
+# Ctrl-C or a CI timeout its fixtures take down what they built (namespaces, bridges, pods,
+# ranks) before the script leaves; SIGTERM would end it with none of that undone.
+(trap - INT; exec setsid .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/tier1 -m timed \
+    --basetemp="$scratch/timed") > "$scratch/timed.log" 2>&1 &
 timed=$!
-trap 'kill "$timed" 2>/dev/null || true; rm -rf "$scratch"' EXIT
+trap 'kill -INT "$timed" 2>/dev/null; wait "$timed" || true; cat "$scratch/timed.log"; exit 130' INT TERM
 .venv/bin/python -m pytest -q -p no:cacheprovider --ignore=tests/tier1 -m "not timed" --basetemp="$scratch/rest" || rc=$?
 wait "$timed" || rc=$?
 echo "--- the timed lane (ran beside the lines above) ---"
