@@ -66,6 +66,8 @@ class Collectives:
 
         ``wake=False``: the caller waits at once (and so runs the cycle itself).
         """
+        if algorithm is not None or compression is not None:
+            algorithm, compression = self._unless_default(algorithm, compression)
         if name and algorithm is None and compression is None and prescale == 1.0 and postscale == 1.0:
             again = self.resubmit(x, op, name, inplace, wake)
             if again is not None:
@@ -82,6 +84,19 @@ class Collectives:
         # The synchronous calls wait at once and run the cycle themselves: waking the
         # engine thread for them would only contend with the caller.
         return self.engine.submit(req, wake=wake)
+
+    def _unless_default(self, algorithm: str | None, compression: Any) -> tuple[str | None, Any]:
+        """``algorithm`` and ``compression`` as None where they name what None means (the job's
+        algorithm, ``Compression.none``): the same request, and then the per-tensor paths
+        (prepared lanes, resubmission) take the call. Horovod code passes
+        ``compression=Compression.none`` as a habit, and that cost a small call 3x its time."""
+        if algorithm is not None and algorithm == self.ctx.config.algorithm:
+            algorithm = None
+        if compression is not None:  # ddl's, an adapter's (Horovod's classes) or the name, as as_compressor reads it
+            wire = getattr(compression, "wire_compression", compression)
+            if compression is Compression.none or isinstance(wire, str) and wire == "none":
+                compression = None
+        return algorithm, compression
 
     def resubmit(self, x: Any, op: Any, name: str, inplace: bool, wake: bool = True) -> Handle | None:
         """A named allreduce with no algorithm, compression or scaling submitted again (every
@@ -104,6 +119,8 @@ class Collectives:
                   algorithm: str | None = None, compression: Any = None, prescale: float = 1.0,
                   postscale: float = 1.0) -> np.ndarray:
         """See :func:`ddl.allreduce`."""
+        if algorithm is not None or compression is not None:
+            algorithm, compression = self._unless_default(algorithm, compression)
         if algorithm is None and compression is None and prescale == 1.0 and postscale == 1.0:
             return self.plain_allreduce(x, op, name, False)
         if is_adasum(op):
@@ -115,6 +132,8 @@ class Collectives:
                    algorithm: str | None = None, compression: Any = None, prescale: float = 1.0,
                    postscale: float = 1.0) -> np.ndarray:
         """See :func:`ddl.allreduce_`."""
+        if algorithm is not None or compression is not None:
+            algorithm, compression = self._unless_default(algorithm, compression)
         if algorithm is None and compression is None and prescale == 1.0 and postscale == 1.0:
             return self.plain_allreduce(x, op, name, True)
         if is_adasum(op):

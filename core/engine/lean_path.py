@@ -85,19 +85,49 @@ class LeanPath:
         try:
             req.submitted = time.perf_counter()
             req.handle.attach(self)
-            d = req.digest = req.digest or self._digest(req.descriptor)
-            arr = req.array
-            inline = fusion.inline_bytes([req], self.exchange.inline_capacity)
-            # Own-accumulator dtypes ride typed views cached per shape, as a lane does;
-            # the rest (half types, which sum in float32) the queued path's packing.
-            lane = self._transient_lane(req) if inline and arr is not None \
-                and accumulator(arr.dtype) == arr.dtype else None
-            got = self._lean_cycle(d, inline, lane, arr, req.name, req)
-            if type(got) is np.ndarray:
-                req.handle.set_result(got)
+            self._alone(req)
         finally:
             self._baton.release()
         return True
+
+    def run_waited(self, handle: Handle) -> bool:
+        """The cycle a caller waiting on ``handle`` runs (baton held) when its request is all this
+        rank has pending: :meth:`run_alone`'s, not the queue's general one. It is the same
+        exchange (one request, its digest); only the Python around it is shorter, which is
+        most of an ``allreduce_async`` + ``synchronize`` pair of a small tensor. False
+        (nothing done): something else is pending, the request is no allreduce, or the
+        engine is stopping or tracing.
+
+        The request leaves the queue for the cycle and keeps its name in flight: when every
+        rank holds it, it is done and its name freed; when not, it rejoins the queue
+        and this cycle's verdict is carried out, as for :meth:`run_alone`."""
+        if self.timeline is not None or self._stop or self._finished or self._failure is not None \
+                or self._interrupted is not None:
+            return False
+        with self._lock:
+            if len(self._pending) != 1 or self._pending[0].handle is not handle \
+                    or self._pending[0].kind != "allreduce":  # (as run_alone takes: the rest need the queue's cycle)
+                return False
+            req, self._pending = self._pending[0], []
+        if self._alone(req):
+            with self._lock:
+                self._in_flight.discard(req.name)
+        return True
+
+    def _alone(self, req: Request) -> bool:
+        """One cycle with ``req`` alone (baton held, ``req`` not queued); True when every
+        rank held it (its handle is done), False when it joined the queue instead."""
+        d = req.digest = req.digest or self._digest(req.descriptor)
+        arr = req.array
+        inline = fusion.inline_bytes([req], self.exchange.inline_capacity)
+        # Own-accumulator dtypes ride typed views cached per shape, as a lane does;
+        # the rest (half types, which sum in float32) the queued path's packing.
+        lane = self._transient_lane(req) if inline and arr is not None \
+            and accumulator(arr.dtype) == arr.dtype else None
+        got = self._lean_cycle(d, inline, lane, arr, req.name, req)
+        if type(got) is np.ndarray:
+            req.handle.set_result(got)
+        return got is None or type(got) is np.ndarray
 
     def run_lane(self, lane: Lane, x: np.ndarray, name: str | None) -> np.ndarray | Handle | None:
         """:meth:`run_alone` for a prepared small call (:mod:`ddl.engine.prepared_calls`): the

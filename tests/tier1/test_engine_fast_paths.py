@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -669,3 +670,122 @@ def test_a_synchronous_group_of_one_dtype_runs_in_the_callers_cycle(monkeypatch:
         np.testing.assert_allclose(out[1][0], sum(np.linspace(0, q + 1, 3000) for q in range(size)))
         assert [float(v[0]) for v in out[3]] == [size, size]
     assert sorted(set(made)) == ["mixed<float32>", "mixed<float64>", "queued"]
+
+
+# -- the defaults named, and an asynchronous call waited on alone ---------------------------
+
+
+def test_the_default_algorithm_or_no_compression_named_takes_the_per_tensor_paths(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``algorithm=`` the job's own and ``compression=Compression.none`` (ddl's, Horovod's class or
+    the name) mean what leaving them out means: same results, and repeated calls skip the
+    checked path (prepared lanes, resubmission). Naming another algorithm still takes it."""
+    from ddl.base.horovod_compressors import NoneCompressor
+
+    checked: list[tuple[int, str]] = []
+    real = Collectives._allreduce_request
+
+    def spy(self: Collectives, x: Any, op: Any, name: str | None, *args: Any) -> Any:
+        checked.append((self.topology.rank, name or ""))
+        return real(self, x, op, name, *args)
+
+    monkeypatch.setattr(Collectives, "_allreduce_request", spy)
+
+    def fn(c: Collectives) -> tuple[list[float], list[str]]:
+        r = c.topology.rank
+        default = c.ctx.config.algorithm
+        x = np.full(5, float(r + 1), np.float32)
+        for _ in range(2):  # the first of each is checked, the second already is not
+            c.allreduce(x, op=ddl.Sum, algorithm=default)
+            c.allreduce_(x.copy(), op=ddl.Sum, compression=ddl.Compression.none)
+            c.allreduce_async(x, op=ddl.Sum, name="a", compression=NoneCompressor).wait()
+        before = sum(1 for q, _ in checked if q == r)
+        out = [float(c.allreduce(x, op=ddl.Sum, algorithm=default)[0]),
+               float(c.allreduce_(x.copy(), op=ddl.Sum, compression=ddl.Compression.none)[0]),
+               float(c.allreduce(x, op=ddl.Sum, algorithm=default, compression="none")[0]),
+               float(c.allreduce_async(x, op=ddl.Sum, name="a", compression=NoneCompressor).wait()[0]),
+               float(c.allreduce(x, op=ddl.Sum, algorithm="ring", name="r")[0])]
+        return out, [name for q, name in checked if q == r][before:]
+
+    for out, after in run_engines(2, fn):
+        assert out == [3.0] * 5
+        assert after == ["r"]  # only the call naming another algorithm was checked afresh
+
+
+def test_an_async_call_waited_alone_runs_the_lean_cycle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``allreduce_async`` then ``wait`` with nothing else pending: the waiter runs the lean
+    path's cycle (same bits as the synchronous call), and the name is free again at once."""
+    ran: list[bool] = []
+    real = Engine.run_waited
+
+    def spy(self: Engine, handle: Any) -> bool:
+        got = real(self, handle)
+        ran.append(got)
+        return got
+
+    monkeypatch.setattr(Engine, "run_waited", spy)
+
+    def fn(c: Collectives) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        rng = np.random.default_rng(c.topology.rank)
+        xs = [rng.standard_normal(n).astype(np.float32) for n in (3, 700, 5000)]
+        sync = [c.allreduce(x, op=ddl.Average) for x in xs]
+        waited = [c.allreduce_async(x, op=ddl.Average, name="same").wait() for x in xs]
+        return sync, waited
+
+    for sync, waited in run_engines(3, fn):
+        for a, b in zip(sync, waited, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert ran and ran.count(True) >= len(ran) // 2  # the thread may rarely cycle first
+
+
+def test_an_async_call_waited_alone_meets_a_rank_holding_more() -> None:
+    """One rank waits on "a" alone while the other holds "b" then "a": the lone cycle finds
+    they differ, "a" rejoins the queue, the names are paired, and both end right."""
+
+    def fn(c: Collectives) -> list[float]:
+        r = c.topology.rank
+        x = np.full(4, float(r + 1), np.float32)
+        if r == 0:
+            a = float(c.allreduce_async(x, op=ddl.Sum, name="a").wait()[0])
+            b = float(c.allreduce_async(x * 10, op=ddl.Sum, name="b").wait()[0])
+        else:
+            hb = c.allreduce_async(x * 10, op=ddl.Sum, name="b")
+            ha = c.allreduce_async(x, op=ddl.Sum, name="a")
+            a, b = float(ha.wait()[0]), float(hb.wait()[0])
+        return [a, b]
+
+    for out in run_engines(2, fn):
+        assert out == [3.0, 30.0]
+
+
+def test_async_calls_waited_one_after_another_do_not_wake_the_engine_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a submission the thread looks by itself for a while: calls waited on at once,
+    one after another, do not each pay for a wake-up (it cost more than the call)."""
+    monkeypatch.setattr(engine_module, "_IDLE_MIN", 3600.0)
+    monkeypatch.setattr(engine_module, "_IDLE_MAX", 3600.0)
+
+    def fn(c: Collectives) -> tuple[int, list[float]]:
+        eng = c.engine
+        for _ in range(2000):  # the thread goes to its long sleep once nothing is pending
+            if eng._long_sleep:
+                break
+            threading.Event().wait(0.005)
+        assert eng._long_sleep
+        calls = []
+        real = eng._wake.notify
+
+        def counting(n: int = 1) -> None:
+            calls.append(n)
+            real(n)
+
+        eng._wake.notify = counting  # type: ignore[method-assign]
+        sums = []
+        for i in range(60):  # a millisecond apart: time enough for the thread to go back to sleep
+            sums.append(float(c.allreduce_async(np.full(7, float(i), np.float32), op=ddl.Sum, name="one").wait()[0]))
+            time.sleep(0.001)
+        eng._wake.notify = real  # type: ignore[method-assign]
+        return len(calls), sums
+
+    for notified, sums in run_engines(2, fn):
+        assert sums == [2.0 * i for i in range(60)]
+        assert 1 <= notified < 15, notified  # the first call wakes it; before, nearly every one of the 60 did
