@@ -19,7 +19,7 @@ from ddl.base.ops import ReduceOp, as_op, op_from_average
 from ddl.runtime import api
 from ddl.runtime.process_sets import ProcessSet, global_process_set
 
-from .tensors import check_tensor, from_numpy, staged
+from .tensors import check_tensor, from_numpy, result_like, staged
 
 _NONE = None  # Compression.none: the core's default
 
@@ -93,7 +93,7 @@ def allreduce_async(tensor: torch.Tensor, average: bool | None = None, name: str
     h = api.allreduce_async(staged(t)[0], op=_op(op, average), name=name, compression=compression,
                             algorithm=algorithm, prescale_factor=prescale_factor,
                             postscale_factor=postscale_factor, process_set=_ps(process_set))
-    return TorchHandle(h, lambda out: from_numpy(out, t).reshape(t.shape))
+    return TorchHandle(h, lambda out: result_like(out, t))
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool | None = None, name: str | None = None, op: Any = None,
@@ -148,7 +148,7 @@ def _allreduce_now(tensor: torch.Tensor, op: ReduceOp, name: str | None, compres
     t = check_tensor(tensor, "allreduce")
     out = api.allreduce(staged(t)[0], op=op, name=name, compression=compression, algorithm=algorithm,
                         prescale_factor=prescale, postscale_factor=postscale, process_set=process_set)
-    return from_numpy(out, t).reshape(t.shape)
+    return result_like(out, t)
 
 
 class _AllreduceFn(torch.autograd.Function):
@@ -199,7 +199,7 @@ def grouped_allreduce_async(tensors: Sequence[torch.Tensor], average: bool | Non
     h = api.grouped_allreduce_async([staged(t)[0] for t in ts], op=_op(op, average), name=name,
                                     compression=compression, prescale_factor=prescale_factor,
                                     postscale_factor=postscale_factor, process_set=_ps(process_set))
-    return TorchHandle(h, lambda outs: [from_numpy(o, t).reshape(t.shape) for o, t in zip(outs, ts, strict=True)])
+    return TorchHandle(h, lambda outs: [result_like(o, t) for o, t in zip(outs, ts, strict=True)])
 
 
 def grouped_allreduce_async_(tensors: Sequence[torch.Tensor], average: bool | None = None, name: str | None = None,

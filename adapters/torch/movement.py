@@ -23,7 +23,7 @@ from ddl.runtime import api
 from ddl.runtime.process_sets import ProcessSet, global_process_set
 
 from .collectives import TorchHandle, _allreduce_now, _ps, synchronize
-from .tensors import check_tensor, from_numpy, staged
+from .tensors import check_tensor, from_numpy, result_like, staged
 
 
 def _ps_size(process_set: ProcessSet | None) -> int:
@@ -95,7 +95,7 @@ def broadcast_async(tensor: torch.Tensor, root_rank: int = 0, name: str | None =
     """Start a broadcast; :func:`synchronize` returns ``root_rank``'s tensor (a new one)."""
     t = check_tensor(tensor, "broadcast_async")
     h = api.broadcast_async(staged(t)[0], root_rank, name=name, process_set=_ps(process_set))
-    return TorchHandle(h, lambda out: from_numpy(out, t).reshape(t.shape))
+    return TorchHandle(h, lambda out: result_like(out, t))
 
 
 def broadcast_async_(tensor: torch.Tensor, root_rank: int = 0, name: str | None = None,

@@ -60,6 +60,14 @@ def from_numpy(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     return t if like.device.type == "cpu" else t.to(like.device)
 
 
+def result_like(a: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """``a`` as a tensor of ``like``'s dtype, device and shape (no copy on CPU). The results
+    come back in their input's shape already; a reshape is a dispatcher round trip that
+    cost a small allreduce a quarter of its time, so it runs only where shapes differ."""
+    t = from_numpy(a, like)
+    return t if t.shape == like.shape else t.reshape(like.shape)
+
+
 def staged(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:
     """A host array holding ``t``'s values and a function that writes a result back into ``t``.
 
@@ -71,7 +79,7 @@ def staged(t: torch.Tensor) -> tuple[np.ndarray, Callable[[np.ndarray], None]]:
         view = host_view(t)
 
         def back(result: np.ndarray) -> None:
-            if not np.shares_memory(result, view):
+            if result is not view and not np.shares_memory(result, view):  # (an in-place call returns ``view``)
                 view[...] = result
 
         return view, back
