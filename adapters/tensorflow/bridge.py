@@ -29,6 +29,24 @@ def executing_eagerly() -> bool:
     return bool(tf.executing_eagerly())
 
 
+def _recorder() -> Callable[[], bool]:
+    try:  # TensorFlow's own test for an active GradientTape or ForwardAccumulator (not public API)
+        from tensorflow.python.eager.record import could_possibly_record
+    except ImportError:  # another layout: assume one may record, and keep the gradient
+        return lambda: True
+    return could_possibly_record  # type: ignore[no-any-return]
+
+
+_could_record = _recorder()
+
+
+def nothing_records() -> bool:
+    """Eager, with no tape or forward accumulator recording on this thread: an op runs now and
+    nothing will ask for its gradient, so a collective may skip ``tf.custom_gradient``, which
+    cost an eager allreduce of 4 KiB 200 of its 330 us."""
+    return bool(tf.executing_eagerly()) and not _could_record()
+
+
 def host_view(t: Any) -> np.ndarray:
     """A numpy view (eager, CPU: no copy) of a tensor or variable's value."""
     return np.asarray(t if isinstance(t, tf.Tensor) else tf.convert_to_tensor(t))
@@ -102,6 +120,14 @@ def _placeholder(dtype: tf.DType) -> np.ndarray:
     return np.zeros((), dtype=dtype.as_numpy_dtype)
 
 
+def _eager_tensor(out: Any, dtype: tf.DType) -> tf.Tensor:
+    """A host call's eager output as a tensor: an array of the dtype already through
+    ``tf.constant`` (18 us for 4 KiB here, against 43 us through ``convert_to_tensor``)."""
+    if type(out) is np.ndarray and out.dtype == dtype.as_numpy_dtype:
+        return tf.constant(out)
+    return tf.convert_to_tensor(out, dtype=dtype)
+
+
 def host_call(
     fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[Any], out_dtypes: Sequence[tf.DType],
     out_shapes: Sequence[Any], *, what: str,
@@ -116,7 +142,7 @@ def host_call(
     fn = as_tf_errors(fn)
     if executing_eagerly():
         outs = fn(*[host_view(t) for t in inputs])
-        return [tf.convert_to_tensor(o, dtype=d) for o, d in zip(outs, out_dtypes, strict=True)]
+        return [_eager_tensor(o, d) for o, d in zip(outs, out_dtypes, strict=True)]
     check_not_xla(what)
     check_status = status_op.load()
     name = "ddl_" + what.replace(" ", "_")

@@ -19,7 +19,7 @@ from ddl.base.ops import ReduceOp, as_op, op_from_average
 from ddl.runtime import api
 from ddl.runtime.process_sets import ProcessSet, global_process_set
 
-from .bridge import graph_name, host_call
+from .bridge import graph_name, host_call, nothing_records
 
 
 def _ps(process_set: ProcessSet | None) -> ProcessSet | None:
@@ -82,7 +82,7 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "", 
         return tf.IndexedSlices(values, indices, tensor.dense_shape)
     t = _tensor(tensor, "allreduce")
     name = _name("allreduce", name, t)
-    if not t.dtype.is_floating:
+    if not t.dtype.is_floating or nothing_records():
         return _raw_allreduce(t, rop, name, compression, prescale_factor, postscale_factor, ps)
 
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
@@ -136,7 +136,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None, devic
 
         return host_call(fn, xs, [x.dtype for x in xs], [x.shape for x in xs], what="grouped_allreduce")
 
-    if not all(t.dtype.is_floating for t in ts) or rop not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+    if not all(t.dtype.is_floating for t in ts) or rop not in (ReduceOp.SUM, ReduceOp.AVERAGE) or nothing_records():
         return raw(ts, name)
 
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
@@ -169,7 +169,7 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
     if t.shape.rank == 0:
         raise ValueError("ddl.tensorflow.allgather needs a tensor with at least one dimension; wrap a scalar as [x]")
     name, ps = _name("allgather", name, t), _ps(process_set)
-    if not t.dtype.is_floating:
+    if not t.dtype.is_floating or nothing_records():
         return _raw_allgather(t, name, ps)[0]
 
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
@@ -206,7 +206,7 @@ def broadcast(tensor: Any, root_rank: int = 0, name: str | None = None, ignore_n
 
         return host_call(fn, [x], [x.dtype], [x.shape], what="broadcast")[0]
 
-    if not t.dtype.is_floating:
+    if not t.dtype.is_floating or nothing_records():
         return raw(t)
 
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
@@ -251,7 +251,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None, ignore_na
         out, received = host_call(fn, inputs, [x.dtype, tf.int32], [out_shape, [None]], what="alltoall")
         return out, received
 
-    if t.dtype.is_floating:
+    if t.dtype.is_floating and not nothing_records():
         @tf.custom_gradient  # type: ignore[misc,untyped-decorator]
         def differentiable(x: tf.Tensor) -> Any:
             out, received = raw(x, sp, name)
@@ -287,7 +287,7 @@ def reducescatter(tensor: Any, device_dense: str = "", compression: Any = None, 
     t = _tensor(tensor, "reducescatter")
     rop, ps = as_op(op), _ps(process_set)
     name = _name("reducescatter", name, t)
-    if not t.dtype.is_floating or rop not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+    if not t.dtype.is_floating or rop not in (ReduceOp.SUM, ReduceOp.AVERAGE) or nothing_records():
         return _raw_reducescatter(t, rop, name, ps, prescale_factor, postscale_factor)
 
     @tf.custom_gradient  # type: ignore[misc,untyped-decorator]

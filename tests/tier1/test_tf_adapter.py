@@ -57,6 +57,35 @@ def test_allreduce_and_allgather_have_gradients() -> None:
         tape.gradient(m, x)
 
 
+def test_eager_collectives_skip_custom_gradient_only_where_nothing_records(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Outside a tape an eager collective has nobody to give a gradient to, and wrapping it in
+    ``tf.custom_gradient`` cost most of a small call: it is skipped there, kept under a tape,
+    and the values are the same either way."""
+    wrapped: list[str] = []
+    real = tf.custom_gradient
+
+    def spy(f):  # type: ignore[no-untyped-def]
+        wrapped.append(f.__qualname__)
+        return real(f)
+
+    monkeypatch.setattr(tf, "custom_gradient", spy)
+    x = tf.Variable([[1.0, 2.0], [3.0, 4.0]])
+
+    def every(v: tf.Variable) -> list[tf.Tensor]:
+        return [dtf.allreduce(v, op=ddl.Sum), dtf.allgather(v), dtf.broadcast(v, root_rank=0), dtf.alltoall(v),
+                dtf.reducescatter(v, op=ddl.Sum), *dtf.grouped_allreduce([v], op=ddl.Sum)]
+
+    plain = every(x)
+    assert wrapped == []
+    with tf.GradientTape() as tape:
+        taped = every(x)
+        total = tf.add_n([tf.reduce_sum(t) for t in taped])
+    assert len(wrapped) == 6
+    for a, b in zip(plain, taped, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert tape.gradient(total, x) is not None
+
+
 def test_xla_gets_a_clear_error() -> None:
     f = tf.function(lambda x: dtf.allreduce(x), jit_compile=True)
     with pytest.raises(ValueError, match="jit_compile=False"):
