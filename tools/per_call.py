@@ -5,7 +5,9 @@ Two rows of issue 43, each beside what it is made of, in interleaved rounds unde
 best, ``median`` its typical):
 
 - **one small call** (``ddl.allreduce_`` of 4 KiB, and of 8 B, in place) against MPI's own
-  ``Allreduce(IN_PLACE)``, and against the bare exchange ddl's call is built on: the
+  ``Allreduce(IN_PLACE)``; the same 4 KiB as one ``allreduce_async`` and its ``wait`` (a
+  Horovod script's per-tensor pair), and with ``algorithm="auto"`` and ``Compression.none``
+  named; and against the bare exchange ddl's call is built on: the
   engine's prepared ``Allgather`` of one negotiation record (its header words and the
   payload a record carries at this world size: 4 KiB below 17 ranks, 88 B up to 64),
   started and waited from Python with the payload copied in and the payloads added
@@ -43,6 +45,10 @@ from typing import Any
 #: The 4 KiB call's bare exchange: its record with the payload riding in it and the payloads
 #: added (4 KiB rides below 17 ranks), or the record and then MPI's allreduce (from 17).
 BARE_4K = "record + add 4 KiB (or record, then MPI 4 KiB)"
+#: One tensor's asynchronous call and its wait (Horovod's allreduce_async + synchronize), and the
+#: synchronous call with the defaults named (Horovod code passes compression=Compression.none).
+PAIR = "ddl async + wait 4 KiB"
+NAMED = "ddl 4 KiB, algorithm='auto' and Compression.none named"
 #: The submission's parts (CPU): the caller's loop alone, and ddl's calls with no queue behind them.
 SUBMIT = "submit 256 (CPU)"
 CALLER_LOOP = "256 calls of a function doing nothing (CPU)"
@@ -124,6 +130,8 @@ def worker(rounds: int, out: Path) -> None:
     cases: dict[str, tuple[Callable[[], Any], int]] = {
         "ddl 4 KiB": (lambda: ddl.allreduce_(small, op=ddl.Sum), 400),
         "MPI 4 KiB": (lambda: comm.Allreduce(MPI.IN_PLACE, small, op=MPI.SUM), 400),
+        PAIR: (lambda: ddl.allreduce_async(small, op=ddl.Sum, name="pair", inplace=True).wait(), 400),
+        NAMED: (lambda: ddl.allreduce_(small, op=ddl.Sum, algorithm="auto", compression=ddl.Compression.none), 400),
         "ddl 8 B": (lambda: ddl.allreduce_(tiny, op=ddl.Sum), 400),
         "MPI 8 B": (lambda: comm.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM), 400),
         BARE_4K: (bare_add(small) if small.nbytes <= codec.inline_capacity(p) else record_then(small), 400),
@@ -217,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{ratio(f'MPI {size}', f'ddl {size}', 'median_s'):.2f} (median); its exchange bare ({bare}): "
               f"{rows[bare]['min_s'] * 1e6:.1f} us, the rest (the lean path's Python, and at more ranks than "
               f"cores its waits to be scheduled): {(rows[f'ddl {size}']['min_s'] - rows[bare]['min_s']) * 1e6:.1f} us (min)")
+    print(f"one tensor's async + wait at 4 KiB: {rows[PAIR]['min_s'] * 1e6:.1f} us, "
+          f"{ratio(PAIR, 'ddl 4 KiB', 'min_s'):.2f}x the synchronous call and {ratio(PAIR, 'MPI 4 KiB', 'min_s'):.2f}x "
+          f"MPI's (min); the defaults named: {ratio(NAMED, 'ddl 4 KiB', 'min_s'):.2f}x the call without them")
     print(f"256 async / one: {ratio('256 x 16 KiB async', 'one 4 MiB', 'min_s'):.2f} (min), "
           f"{ratio('256 x 16 KiB async', 'one 4 MiB', 'median_s'):.2f} (median); submission "
           f"{rows[SUBMIT]['min_s'] / 256 * 1e6:.2f} us CPU a tensor, pack "
