@@ -49,6 +49,7 @@ from ddl.engine.handle import Handle
 from ddl.engine.lean_path import LeanPath
 from ddl.engine.naming import ThreadNamer
 from ddl.engine.negotiation import Descriptor
+from ddl.engine.prepared_calls import Lane
 from ddl.engine.timeline import Timeline
 from ddl.engine.watchdog import StallWatch
 
@@ -89,6 +90,7 @@ class Engine(LeanPath):
         self._digests: dict[Descriptor, int] = {}
         self._name_digests: dict[str, int] = {}
         self._lean_views: dict[tuple[np.dtype, tuple[int, ...]], tuple[np.ndarray, list[np.ndarray] | np.ndarray]] = {}
+        self._alone_lanes: dict[tuple[np.dtype, tuple[int, ...], ReduceOp, bool], Lane] = {}
         self._stop = False
         self._stop_word = codec.STOP_END  # why this rank stops (sent while it does)
         self._finished = False

@@ -728,8 +728,17 @@ def test_an_async_call_waited_alone_runs_the_lean_cycle(monkeypatch: pytest.Monk
     def fn(c: Collectives) -> tuple[list[np.ndarray], list[np.ndarray]]:
         rng = np.random.default_rng(c.topology.rank)
         xs = [rng.standard_normal(n).astype(np.float32) for n in (3, 700, 5000)]
-        sync = [c.allreduce(x, op=ddl.Average) for x in xs]
-        waited = [c.allreduce_async(x, op=ddl.Average, name="same").wait() for x in xs]
+        sync, waited = [], []
+        # Each shape with every op, in place and not, twice: the lane a lone cycle takes is
+        # cached per (dtype, shape, op, in place), and must never serve another of them.
+        for _ in range(2):
+            for op in (ddl.Average, ddl.Sum, ddl.Max):
+                for x in xs:
+                    sync += [c.allreduce(x, op=op), c.allreduce_(x.copy(), op=op)]
+                    waited.append(c.allreduce_async(x, op=op, name="same").wait())
+                    y = x.copy()
+                    waited.append(c.allreduce_async(y, op=op, name="same", inplace=True).wait())
+                    assert np.shares_memory(waited[-1], y)
         return sync, waited
 
     for sync, waited in run_engines(3, fn):
