@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -614,6 +615,29 @@ def test_resubmit_takes_only_a_signature_seen_before() -> None:
         assert out[2:] == [None] * 5
 
 
+def _notifies_from_long_sleep(eng: Engine, work: Callable[[], list[float]]) -> tuple[int, list[float]]:
+    """Wait for the engine's thread to reach its long sleep, then run ``work``, counting the
+    notifications that wake the thread meanwhile. (Idle cycles must be off: see the callers.)"""
+    for _ in range(2000):  # the thread goes to its long sleep once nothing is pending
+        if eng._long_sleep:
+            break
+        threading.Event().wait(0.005)
+    assert eng._long_sleep
+    calls = []
+    real = eng._wake.notify
+
+    def counting(n: int = 1) -> None:
+        calls.append(n)
+        real(n)
+
+    eng._wake.notify = counting  # type: ignore[method-assign]
+    try:
+        sums = work()
+    finally:
+        eng._wake.notify = real  # type: ignore[method-assign]
+    return len(calls), sums
+
+
 def test_submissions_during_a_backward_pass_wake_the_sleeping_engine_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """Until the woken thread runs, it still reads as asleep: a burst of submissions must not
     notify it once per tensor (each notification costs the submitting caller)."""
@@ -621,25 +645,12 @@ def test_submissions_during_a_backward_pass_wake_the_sleeping_engine_once(monkey
     monkeypatch.setattr(engine_module, "_IDLE_MAX", 3600.0)
 
     def fn(c: Collectives) -> tuple[int, list[float]]:
-        eng = c.engine
-        for _ in range(2000):  # the thread goes to its long sleep once nothing is pending
-            if eng._long_sleep:
-                break
-            threading.Event().wait(0.005)
-        assert eng._long_sleep
-        calls = []
-        real = eng._wake.notify
+        def burst() -> list[float]:
+            xs = [np.full(7, float(i), np.float32) for i in range(40)]
+            hs = [c.allreduce_async(x, op=ddl.Sum, name=f"burst{i}") for i, x in enumerate(xs)]
+            return [float(h.wait()[0]) for h in hs]
 
-        def counting(n: int = 1) -> None:
-            calls.append(n)
-            real(n)
-
-        eng._wake.notify = counting  # type: ignore[method-assign]
-        xs = [np.full(7, float(i), np.float32) for i in range(40)]
-        hs = [c.allreduce_async(x, op=ddl.Sum, name=f"burst{i}") for i, x in enumerate(xs)]
-        sums = [float(h.wait()[0]) for h in hs]
-        eng._wake.notify = real  # type: ignore[method-assign]
-        return len(calls), sums
+        return _notifies_from_long_sleep(c.engine, burst)
 
     for notified, sums in run_engines(2, fn):
         assert 1 <= notified < 20  # once per wake-up of the thread, not once per tensor
@@ -774,26 +785,15 @@ def test_async_calls_waited_one_after_another_do_not_wake_the_engine_each(monkey
     monkeypatch.setattr(engine_module, "_IDLE_MAX", 3600.0)
 
     def fn(c: Collectives) -> tuple[int, list[float]]:
-        eng = c.engine
-        for _ in range(2000):  # the thread goes to its long sleep once nothing is pending
-            if eng._long_sleep:
-                break
-            threading.Event().wait(0.005)
-        assert eng._long_sleep
-        calls = []
-        real = eng._wake.notify
+        def one_by_one() -> list[float]:
+            sums = []
+            for i in range(60):  # a millisecond apart: time enough for the thread to go back to sleep
+                sums.append(float(c.allreduce_async(np.full(7, float(i), np.float32), op=ddl.Sum,
+                                                    name="one").wait()[0]))
+                time.sleep(0.001)
+            return sums
 
-        def counting(n: int = 1) -> None:
-            calls.append(n)
-            real(n)
-
-        eng._wake.notify = counting  # type: ignore[method-assign]
-        sums = []
-        for i in range(60):  # a millisecond apart: time enough for the thread to go back to sleep
-            sums.append(float(c.allreduce_async(np.full(7, float(i), np.float32), op=ddl.Sum, name="one").wait()[0]))
-            time.sleep(0.001)
-        eng._wake.notify = real  # type: ignore[method-assign]
-        return len(calls), sums
+        return _notifies_from_long_sleep(c.engine, one_by_one)
 
     for notified, sums in run_engines(2, fn):
         assert sums == [2.0 * i for i in range(60)]
