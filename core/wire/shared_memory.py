@@ -4,6 +4,13 @@ A group's memory is one byte slot per member, all the same size, that every memb
 can read and write. :class:`SharedSlots` is the view the executor uses; the
 communicator makes it (``Comm.shared_slots``): over MPI an ``Allocate_shared`` window
 on the group's communicator, in the fake a registry of arrays shared by its threads.
+
+The window's barrier is a flag per member in the window itself, not ``MPI_Ibarrier``:
+each member fences, writes its barrier count into its own flag, and waits until every
+flag has reached it. A member arrives with one store and leaves after one pass over the
+flags, where MPI's barrier takes log2(members) rounds of messages that each need their
+ranks scheduled: 2.0-2.1 against 5.5-5.6 us at 2 ranks, 11-14 against 39-49 us at 4 and
+0.78-0.81 against 2.5-3.0 ms at 32 (on 2 cores, yielding waits both).
 """
 
 from __future__ import annotations
@@ -38,25 +45,63 @@ class SharedSlots:
         return int(self.slots[0].size) if self.slots else 0
 
 
+#: Bytes after each member's slot that hold its barrier flag (a cache line of its own).
+FLAG_BYTES = 64
+
+
+class Arrivals:
+    """The barrier's wait, as a request whose ``Test`` is true once every member's flag
+    has reached :attr:`turn` (the waits in :mod:`ddl.wire.comm` poll requests). It resumes
+    at the first member it last found behind: the others' flags only grow."""
+
+    __slots__ = ("flags", "turn", "_next")
+
+    def __init__(self, flags: list[memoryview]) -> None:
+        self.flags = flags
+        self.turn = 0
+        self._next = 0
+
+    def start(self, turn: int) -> None:
+        self.turn, self._next = turn, 0
+
+    def Test(self) -> bool:  # noqa: N802 (an MPI request's method name)
+        flags, turn, i = self.flags, self.turn, self._next
+        while i < len(flags):
+            if flags[i][0] < turn:
+                self._next = i
+                return False
+            i += 1
+        self._next = i
+        return True
+
+
 class MPISharedWindow:
     """An ``MPI.Win.Allocate_shared`` window of one group communicator, grown on demand."""
 
     def __init__(self, group_comm: Any, wait: Callable[[Any], None]) -> None:
-        """``wait``: completes the barrier's ``Ibarrier`` request."""
+        """``wait``: completes a request (the barrier's :class:`Arrivals`) by polling its ``Test``."""
         from mpi4py import MPI
 
         self._MPI = MPI
         self.comm = group_comm
         self._wait = wait
         self._win: Any = None
+        self._turn = 0
+        self._mine = memoryview(bytearray(8)).cast("q")  # this member's flag (a placeholder until ensure)
+        self._arrivals = Arrivals([])
         self.view = SharedSlots(group_comm.Get_rank(), [], self.barrier)
 
     def barrier(self) -> None:
-        # MPI's unified model for shared windows: Sync, then Barrier, then Sync makes
-        # every member's stores before the barrier visible to every load after it.
-        win = self._win
+        # MPI's unified model for shared windows: a Sync (a memory fence) orders this
+        # member's stores to the slots before its flag's, and another the others' flags
+        # (seen reached) before this member's loads from their slots.
+        win, arrivals = self._win, self._arrivals
+        self._turn = turn = self._turn + 1
         win.Sync()
-        self._wait(self.comm.Ibarrier())
+        self._mine[0] = turn
+        arrivals.start(turn)
+        if not arrivals.Test():
+            self._wait(arrivals)
         win.Sync()
 
     def ensure(self, nbytes: int) -> SharedSlots:
@@ -65,25 +110,37 @@ class MPISharedWindow:
         Every member asks for the same size at the same step, so all grow together.
         The new window is disjoint from the old, and no member returns from the
         allocation before every member has entered it, i.e. finished with the old one.
+        Its flags start at zero, as does the barrier's count, on every member.
         """
         if self.view.capacity >= nbytes:
             return self.view
         MPI = self._MPI
-        win = MPI.Win.Allocate_shared(nbytes, 1, comm=self.comm)
+        at = -(-nbytes // FLAG_BYTES) * FLAG_BYTES  # the flag's offset in each member's segment
+        win = MPI.Win.Allocate_shared(at + FLAG_BYTES, 1, comm=self.comm)
         win.Lock_all(MPI.MODE_NOCHECK)
-        slots = []
+        slots, flags = [], []
         for member in range(self.comm.Get_size()):
             buf, _ = win.Shared_query(member)
             slots.append(np.frombuffer(buf, dtype=np.uint8, count=nbytes))
+            flags.append(memoryview(buf)[at : at + 8].cast("q"))
         self._release()
         self._win = win
+        self._turn = 0
+        self._mine = flags[self.comm.Get_rank()]
+        self._mine[0] = 0
+        self._arrivals = Arrivals(flags)
         self.view = SharedSlots(self.comm.Get_rank(), slots, self.barrier)
+        win.Sync()
         self.comm.Barrier()
         return self.view
 
     def _release(self) -> None:
         if self._win is not None:
             self.view.slots.clear()  # no array may outlive the memory it points into
+            for flag in self._arrivals.flags:
+                flag.release()
+            self._arrivals.flags.clear()
+            self._mine = memoryview(bytearray(8)).cast("q")
             self._win.Unlock_all()
             self._win.Free()
             self._win = None
