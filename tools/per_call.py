@@ -81,7 +81,8 @@ def worker(rounds: int, out: Path) -> None:
     small = np.zeros(1024, np.float32)
     tiny = np.zeros(2, np.float32)
     # This job's record (its size depends on the world's: codec.record_bytes).
-    rb, at = codec.record_bytes(p), codec.HEADER_WORDS * 8
+    shared = ddl.context().comm.shared_negotiation  # (then ddl's records go through shared memory, not this gather)
+    rb, at = codec.record_bytes(p, shared), codec.HEADER_WORDS * 8
     send = np.zeros(rb, np.uint8)
     recv = np.zeros(p * rb, np.uint8)
     record = comm.Allgather_init(send, recv)
@@ -134,7 +135,7 @@ def worker(rounds: int, out: Path) -> None:
         NAMED: (lambda: ddl.allreduce_(small, op=ddl.Sum, algorithm="auto", compression=ddl.Compression.none), 400),
         "ddl 8 B": (lambda: ddl.allreduce_(tiny, op=ddl.Sum), 400),
         "MPI 8 B": (lambda: comm.Allreduce(MPI.IN_PLACE, tiny, op=MPI.SUM), 400),
-        BARE_4K: (bare_add(small) if small.nbytes <= codec.inline_capacity(p) else record_then(small), 400),
+        BARE_4K: (bare_add(small) if small.nbytes <= codec.inline_capacity(p, shared) else record_then(small), 400),
         "record + add 8 B": (bare_add(tiny), 400),
         "record": (bare, 400),
         "negotiation words (MIN) + MPI 4 KiB": (two_collectives, 400),

@@ -61,6 +61,12 @@ class Config:
         "re-check auto's algorithm per message size from timed runs during training (the model's pick and every "
         "algorithm priced within 4x of it, three runs each, agreed by every rank); 'off': keep the choice priced at init (off too "
         "where DDL_CALIBRATION=off)", flag="--auto-trials", agreed=True, metavar="on|off")
+    shared_negotiation: str = setting(
+        "DDL_SHARED_NEGOTIATION", "on", one_of("on", "off"),
+        "where every rank is on one host (outside elastic worlds), exchange the engine's negotiation records "
+        "through shared memory rather than MPI's allgather (one store and one read of the others' records a "
+        "cycle, and 4 KiB calls ride in them up to 64 ranks); 'off': MPI's allgather", agreed=True,
+        metavar="on|off")
     stall_timeout: float = setting(
         "DDL_STALL_TIMEOUT", 60.0, positive(60.0),
         "seconds a tensor may be missing on some ranks, or a wait for the others may last (a frozen rank), "

@@ -160,6 +160,8 @@ def _init(topology: str | None, algorithm: str | None) -> Context:
             comm.remote = frozenset(q for q, h in enumerate(hostnames) if h != hostnames[comm.rank])
             comm.poll_native = topo.local_size <= available_cpus()
             comm.negotiation_blocks = codec.gather_blocks(topo.size, comm.poll_native, bool(config.elastic_world))
+            comm.shared_negotiation = config.shared_negotiation == "on" and codec.shared_records(
+                topo.size, len({n for _, n, _ in gathered}) == 1, bool(config.elastic_world))
             if not config.elastic_world:  # (an elastic world's heartbeats find a frozen rank in seconds)
                 comm.stall_limit = config.stall_timeout
         ctx = Context(comm, topo, config)

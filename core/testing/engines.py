@@ -26,13 +26,15 @@ T = TypeVar("T")
 def run_engines(
     size: int, fn: Callable[[Collectives], T], *, hostnames: Sequence[str] | None = None,
     spec: str | None = None, config: Config | None = None, stop: bool = True, persistent: bool = True,
+    shared_records: bool = False,
 ) -> list[T]:
     """Run ``fn(collectives)`` on ``size`` fake ranks; return the results by rank.
 
     ``config`` defaults to tiny segments (to force chunking) and a 10 s stall timeout.
     When ``fn`` raises on a rank, that rank aborts the fake job (as the abort hook does
     under MPI), so the others end too; the first error is re-raised here. ``persistent``:
-    whether the fake library offers prepared collectives (see :func:`run_ranks`).
+    whether the fake library offers prepared collectives (see :func:`run_ranks`);
+    ``shared_records``: the engine's records sized as one memory node's (``Comm.shared_negotiation``).
 
     Example:
         >>> import numpy as np
@@ -43,6 +45,7 @@ def run_engines(
     cfg = config or Config(segment_bytes=64, stall_timeout=10.0)
 
     def body(comm: FakeComm) -> T:
+        comm.shared_negotiation = shared_records
         topo = build_topology(comm.rank, names, spec)
         ctx = Context(comm, topo, dataclasses.replace(cfg))
         ctx.hostnames = tuple(names)

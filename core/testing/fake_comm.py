@@ -127,6 +127,9 @@ class FakeComm:
         self.wire_bytes = 0
         #: Set from outside (``Engine.interrupt``): a prepared collective's wait raises it.
         self.interrupted: BaseException | None = None
+        #: Whether the engine's records are sized as for shared memory (MPIComm's
+        #: SharedRecords): the fake's prepared allgather stands in for it either way.
+        self.shared_negotiation = False
         self._prepared = 0  # prepared collectives so far: the k-th of every rank meet
         #: Runs of this rank's prepared collectives that completed.
         self.prepared_runs = 0

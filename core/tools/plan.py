@@ -159,8 +159,10 @@ def step_schedule(sizes: list[int], itemsize: int, topology: Topology, model: co
 
 
 def engine_inline_bytes(topology: Topology) -> int:
-    """What a cycle's record carries inline at this job size (nothing in the compact exchange)."""
-    return inline_capacity(topology.size)
+    """What a cycle's record carries inline at this job size (nothing in the compact
+    exchange); on one host the records go through shared memory (not in elastic worlds,
+    which the plan does not price)."""
+    return inline_capacity(topology.size, shared=topology.cross_size <= 1)
 
 
 def bucket_runs(planned: StepPlan) -> list[BucketRun]:

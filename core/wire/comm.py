@@ -19,7 +19,7 @@ from ddl.base import kernels
 from ddl.base.config import Announced
 from ddl.base.errors import StalledWaitError, WorldMismatchError
 from ddl.base.ops import ReduceOp
-from ddl.wire.shared_memory import MPISharedWindow, SharedSlots
+from ddl.wire.shared_memory import MPISharedWindow, SharedRecords, SharedSlots
 from ddl.wire.splits import split_shared_group
 
 #: dtypes the MPI library reduces with its predefined datatypes and ops. The 2-byte floats
@@ -35,6 +35,9 @@ class Comm(Protocol):
     #: Set from outside (an elastic world that lost a peer, ``Engine.interrupt``): a wait
     #: that can be left (a prepared exchange's) raises it instead of waiting on.
     interrupted: BaseException | None
+    #: Whether :meth:`persistent_allgather` goes through shared memory (every rank on one
+    #: memory node): the engine's records may then carry 4 KiB at any gathered size.
+    shared_negotiation: bool
 
     @property
     def rank(self) -> int: ...
@@ -254,6 +257,11 @@ class MPIComm:
         #: past polite_wait's yielding phase, and a sleeping rank holds up every later round
         #: of it: a 4 KiB call took 1.3-1.4x as long so).
         self.negotiation_blocks = False
+        #: Whether :meth:`persistent_allgather` (the negotiation's records) goes through a
+        #: shared window (:class:`SharedRecords`): set at init where every rank shares one
+        #: memory node, outside elastic worlds (whose ranks come and go between windows).
+        self.shared_negotiation = False
+        self._shared_records: list[tuple[PreparedCollective, SharedRecords]] = []
         self._null = MPI.PROC_NULL
         self._empty = np.empty(0, np.uint8)
         self._ops = {
@@ -379,6 +387,8 @@ class MPIComm:
         where the library has none. Collective: every rank prepares its own in the same
         order, and every rank either gets one (the same library everywhere) or not.
         """
+        if self.shared_negotiation:
+            return self._shared_allgather(send, recv)
         try:
             request = self._comm.Allgather_init(send, recv)
         except (NotImplementedError, AttributeError, self._MPI.Exception):
@@ -392,6 +402,19 @@ class MPIComm:
 
         prepared = PreparedCollective(request.Start, wait, request.Test)
         self._persistent.append((prepared, request))
+        return prepared
+
+    def _shared_allgather(self, send: np.ndarray, recv: np.ndarray) -> PreparedCollective:
+        # The records through the node's shared memory (SharedRecords): its waits poll
+        # flags, which the polite wait does as it polls a request.
+        records = SharedRecords(self._comm, send, recv)
+
+        def wait() -> None:
+            polite_wait(records.arrivals, owner=self, busy=self.busy_wait)
+            records.finish()
+
+        prepared = PreparedCollective(records.start, wait, records.test)
+        self._shared_records.append((prepared, records))
         return prepared
 
     def alltoallv_buffer(self, send: np.ndarray, send_counts: list[int], recv: np.ndarray,
@@ -453,6 +476,10 @@ class MPIComm:
             if not prepared.active:  # freeing an active persistent collective is erroneous; the world is over
                 request.Free()
         self._persistent.clear()
+        for prepared, records in self._shared_records:
+            if not prepared.active:  # (an interrupted run: the others may never free theirs)
+                records.free()
+        self._shared_records.clear()
         for _, user_op in self._user_ops.values():
             user_op.Free()
         self._user_ops.clear()
@@ -472,6 +499,7 @@ class SelfComm:
 
     def __init__(self, load_error: str | None = None) -> None:
         self.interrupted: BaseException | None = None
+        self.shared_negotiation = False
         #: Why there is no MPI world (mpi4py could not load an MPI library), or None when
         #: MPI itself said the world is this one process.
         self.load_error = load_error

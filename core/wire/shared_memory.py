@@ -149,3 +149,78 @@ class MPISharedWindow:
         """Free the window and the group communicator (collective over the group)."""
         self._release()
         self.comm.Free()
+
+
+class SharedRecords:
+    """An allgather of one fixed-size record per rank through a shared window, for a
+    world whose ranks all share one memory node (the engine's negotiation exchange).
+
+    Each rank owns two record slots and a flag in its segment. A run writes this rank's
+    record into the slot of the run's parity, fences, and sets its flag to the run's count;
+    once every flag has reached the count it fences again and copies every rank's record
+    of that parity into ``recv``. Two slots suffice: a rank rewrites a parity's slot only
+    two runs later, after every rank set its flag for the run in between, which each sets
+    only after it copied out the earlier one. Like MPI's allgather, but a rank takes part
+    with one store and leaves after one pass over the flags: no rounds that each need
+    their ranks scheduled (a 4 KiB record at 4 ranks on 2 cores: 11 against 42-48 us for
+    MPI's persistent allgather; at 32 ranks, 128-byte records, 0.58-0.65 against 1.9 ms).
+    """
+
+    def __init__(self, comm: Any, send: np.ndarray, recv: np.ndarray) -> None:
+        """Collective over ``comm``: every rank allocates its part of the window."""
+        from mpi4py import MPI
+
+        n, me = comm.Get_size(), comm.Get_rank()
+        rb = send.nbytes
+        at = -(-2 * rb // FLAG_BYTES) * FLAG_BYTES
+        win: Any = MPI.Win.Allocate_shared(at + FLAG_BYTES, 1, comm=comm)
+        self._win = win
+        win.Lock_all(MPI.MODE_NOCHECK)
+        self._slots: list[tuple[np.ndarray, np.ndarray]] = []
+        flags = []
+        for member in range(n):
+            buf, _ = win.Shared_query(member)
+            both = np.frombuffer(buf, np.uint8, count=2 * rb)
+            self._slots.append((both[:rb], both[rb:]))
+            flags.append(memoryview(buf)[at : at + 8].cast("q"))
+        self._send = send.reshape(-1).view(np.uint8)
+        self._rows = [recv.reshape(-1).view(np.uint8)[m * rb : (m + 1) * rb] for m in range(n)]
+        self._mine = flags[me]
+        self._mine[0] = 0
+        self._own = self._slots[me]
+        self.arrivals = Arrivals(flags)
+        self._turn = 0
+        win.Sync()
+        comm.Barrier()
+
+    def start(self) -> None:
+        """Publish this rank's record for the next run."""
+        self._turn = turn = self._turn + 1
+        self._own[turn & 1][...] = self._send
+        self._win.Sync()
+        self._mine[0] = turn
+        self.arrivals.start(turn)
+
+    def test(self) -> bool:
+        """Whether every rank has published this run's record (then ``recv`` holds them all)."""
+        if not self.arrivals.Test():
+            return False
+        self.finish()
+        return True
+
+    def finish(self) -> None:
+        """Copy every rank's record of this run into ``recv`` (once :attr:`arrivals` passed)."""
+        self._win.Sync()
+        half = self._turn & 1
+        for row, slots in zip(self._rows, self._slots, strict=True):
+            row[...] = slots[half]
+
+    def free(self) -> None:
+        """Free the window (collective: every rank, after its last run)."""
+        self._slots.clear()
+        for flag in self.arrivals.flags:
+            flag.release()
+        self.arrivals.flags.clear()
+        self._mine = memoryview(bytearray(8)).cast("q")
+        self._win.Unlock_all()
+        self._win.Free()

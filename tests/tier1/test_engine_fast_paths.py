@@ -221,6 +221,19 @@ def test_lean_path_at_17_ranks_runs_without_a_queue(monkeypatch: pytest.MonkeyPa
     assert set(made) <= {"warm-up"}
 
 
+def test_shared_records_at_17_ranks_carry_a_4_kib_call() -> None:
+    """Records through shared memory (one node) keep 4 KiB at 17 ranks: a 4 KiB call rides
+    in them (one exchange), where gathered over MPI it would need its own allreduce."""
+    def fn(c: Collectives) -> tuple[int, float, float, int]:
+        c.allreduce(np.ones(2), op=ddl.Sum, name="warm-up")
+        inline = c.engine.inline_cycles
+        a = float(c.allreduce(np.full(512, 1.0), op=ddl.Sum)[-1])  # 4 KiB
+        b = float(c.allreduce(np.full(513, 1.0), op=ddl.Sum)[-1])  # one element more: its own allreduce
+        return c.engine.exchange.record_bytes, a, b, c.engine.inline_cycles - inline
+
+    assert run_engines(17, fn, shared_records=True) == [(4136, 17.0, 17.0, 1)] * 17
+
+
 def test_small_records_at_two_ranks_read_the_peer_at_their_own_stride(monkeypatch: pytest.MonkeyPatch) -> None:
     """Two ranks' lean exchange reads rank 1's words a record apart, whatever the record's size."""
     monkeypatch.setattr(codec, "SMALL_RECORDS_FROM", 2)

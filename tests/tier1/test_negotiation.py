@@ -34,6 +34,15 @@ def test_records_shrink_as_the_world_grows_then_the_exchange_turns_compact() -> 
     assert [codec.gather_blocks(*case) for case in cases] == [False, True, False, True, False]
 
 
+def test_records_through_shared_memory_keep_4_kib_up_to_the_compact_exchange() -> None:
+    """On one memory node every rank reads the others' records where they lie, so they keep
+    their 4 KiB payload up to 64 ranks; elastic worlds and several nodes gather over MPI."""
+    assert [codec.inline_capacity(p, shared=True) for p in (2, 17, 64, 65)] == [4096, 4096, 4096, 0]
+    assert [codec.record_bytes(p, shared=True) for p in (2, 17, 64)] == [4136] * 3
+    cases = ((2, True, False), (64, True, False), (65, True, False), (32, False, False), (32, True, True), (1, True, False))
+    assert [codec.shared_records(*case) for case in cases] == [True, True, False, False, False, False]
+
+
 @pytest.mark.parametrize("p", [17, 64])
 def test_small_records_decide_as_the_large_ones(p: int) -> None:
     rec = codec.record_bytes(p)

@@ -204,14 +204,18 @@ def ddlrun_mode(np_: int, mode: str) -> tuple[subprocess.CompletedProcess[str], 
     return proc, time.monotonic() - start
 
 
-def test_seventeen_ranks_ride_small_calls_in_128_byte_records() -> None:
-    """More ranks than 16 on one host: the engine's 128-byte records and their blocking gather."""
-    proc, _ = ddlrun(17, "worker_many_ranks.py", timeout=240, env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"})
+@pytest.mark.parametrize("shared", ["on", "off"])
+def test_seventeen_ranks_ride_small_calls_in_their_records(shared: str) -> None:
+    """More ranks than 16 on one host: through shared memory the records keep 4 KiB; over
+    MPI's gather they are 128 bytes, gathered in MPI's blocking wait."""
+    proc, _ = ddlrun(17, "worker_many_ranks.py", timeout=240,
+                     env={"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1", "DDL_SHARED_NEGOTIATION": shared})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = re.findall(r"RANK (\d+) ok=(\w+) inline=(\d+) record=(\d+) blocks=(\w+)", proc.stdout)
+    lines = re.findall(r"RANK (\d+) ok=(\w+) inline=(\d+) record=(\d+) blocks=(\w+) shared=(\w+)", proc.stdout)
     assert sorted(int(r) for r, *_ in lines) == list(range(17)), proc.stdout[-3000:]
     blocks = available_cpus() < 17  # ranks outnumber the cores this job may use (as init reads them)
-    assert {tuple(rest) for _, *rest in lines} == {("True", "88", "128", str(blocks))}
+    want = ("True", "4096", "4136", str(blocks), "True") if shared == "on" else ("True", "88", "128", str(blocks), "False")
+    assert {tuple(rest) for _, *rest in lines} == {want}
 
 
 def test_a_process_set_waits_with_the_worlds_stall_limit() -> None:

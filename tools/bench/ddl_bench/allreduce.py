@@ -118,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             algbw = nbytes / t / 1e9
             resolved = ""
             if name == "ddl:auto":
-                inline = p > 1 and nbytes <= inline_capacity(p)  # from 65 ranks: no payloads
+                # from 65 ranks: no payloads; from 17, 88 bytes unless the records are shared
+                inline = p > 1 and nbytes <= inline_capacity(p, ddl.context().comm.shared_negotiation)
                 resolved = "inline" if inline else auto_choice(ddl.context(), nbytes)
             rows.append({"bytes": nbytes, "contender": name, "time_s": t, "algbw_GBps": algbw,
                          "busbw_GBps": algbw * 2 * (p - 1) / p if p > 1 else algbw, "correct": ok,
