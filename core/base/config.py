@@ -63,7 +63,7 @@ class Config:
         "where DDL_CALIBRATION=off)", flag="--auto-trials", agreed=True, metavar="on|off")
     shared_negotiation: str = setting(
         "DDL_SHARED_NEGOTIATION", "on", one_of("on", "off"),
-        "where every rank is on one host (outside elastic worlds), exchange the engine's negotiation records "
+        "where every rank is on one host (3 ranks or more, outside elastic worlds), exchange the engine's negotiation records "
         "through shared memory rather than MPI's allgather (one store and one read of the others' records a "
         "cycle, and 4 KiB calls ride in them up to 64 ranks); 'off': MPI's allgather", agreed=True,
         metavar="on|off")

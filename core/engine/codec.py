@@ -54,6 +54,11 @@ SMALL_INLINE_BYTES = 128 - HEADER_WORDS * 8
 #: From this many ranks on, cycles exchange :data:`COMPACT_WORDS` words (an allreduce),
 #: not records.
 COMPACT_FROM = 65
+#: From this many ranks on, one host's records go through shared memory (:func:`shared_records`).
+#: At 2 ranks MPI's prepared gather is one C call, and the engine's exchange took 3.0-5.9 us
+#: so against 5.1-6.8 us through the window (its copies and Python); at 3 ranks 32-41 against
+#: 18-22 us, at 4 ranks on 2 cores 51-64 against 20-39 us (2026-12-07, loops of 20000).
+SHARED_RECORDS_FROM = 3
 #: digest, -digest, length, -length, stop, -stop, -(stall check due), leaver
 COMPACT_WORDS = 8
 #: The :data:`STOP` word: why a rank is shutting down (0: it is not). The program ended
@@ -121,8 +126,9 @@ def gather_blocks(size: int, ranks_fit_cores: bool, elastic: bool) -> bool:
 def shared_records(size: int, one_node: bool, elastic: bool) -> bool:
     """Whether a job of ``size`` ranks exchanges its records through shared memory
     (``MPIComm.shared_negotiation``): where every rank shares one memory node, outside
-    elastic worlds, in gathered mode (the compact exchange is an allreduce)."""
-    return one_node and not elastic and 1 < size < COMPACT_FROM
+    elastic worlds, from :data:`SHARED_RECORDS_FROM` ranks, in gathered mode (the compact
+    exchange is an allreduce)."""
+    return one_node and not elastic and SHARED_RECORDS_FROM <= size < COMPACT_FROM
 
 
 def compact_vector(digest: int, length: int, stop: int, due: bool, rank: int = 0) -> list[int]:

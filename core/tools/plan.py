@@ -34,7 +34,7 @@ from typing import Any
 from ddl.base.config import DEFAULT_FUSION_BYTES, DEFAULT_SEGMENT_BYTES
 from ddl.base.errors import TopologyError
 from ddl.base.topology import Topology, build_topology, parse_spec
-from ddl.engine.codec import inline_capacity
+from ddl.engine.codec import inline_capacity, shared_records
 from ddl.reduction import calibration, cost
 from ddl.reduction.algorithms import SCHEDULED
 from ddl.reduction.buckets import (
@@ -162,7 +162,7 @@ def engine_inline_bytes(topology: Topology) -> int:
     """What a cycle's record carries inline at this job size (nothing in the compact
     exchange); on one host the records go through shared memory (not in elastic worlds,
     which the plan does not price)."""
-    return inline_capacity(topology.size, shared=topology.cross_size <= 1)
+    return inline_capacity(topology.size, shared=shared_records(topology.size, topology.cross_size <= 1, elastic=False))
 
 
 def bucket_runs(planned: StepPlan) -> list[BucketRun]:
