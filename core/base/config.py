@@ -65,8 +65,8 @@ class Config:
         "DDL_SHARED_NEGOTIATION", "on", one_of("on", "off"),
         "where every rank is on one host (3 ranks or more, outside elastic worlds), exchange the engine's negotiation records "
         "through shared memory rather than MPI's allgather (one store and one read of the others' records a "
-        "cycle, and 4 KiB calls ride in them up to 64 ranks); 'off': MPI's allgather", agreed=True,
-        metavar="on|off")
+        "cycle, and 4 KiB calls ride in them up to 64 ranks); 'off': MPI's allgather",
+        flag="--shared-negotiation", agreed=True, metavar="on|off")
     stall_timeout: float = setting(
         "DDL_STALL_TIMEOUT", 60.0, positive(60.0),
         "seconds a tensor may be missing on some ranks, or a wait for the others may last (a frozen rank), "

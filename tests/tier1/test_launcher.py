@@ -160,7 +160,7 @@ VALUES: dict[str, Any] = {
     "topology": "2", "algorithm": "ring", "segment_bytes": 4096, "verbose": True,
     "timeline": "trace.json", "fusion_threshold": 0, "stall_timeout": 2.5,
     "calibration": "calib.json", "shm_bytes": 1 << 16, "cycle_time": 5, "join_average": "contributors",
-    "init_timeout": 30, "auto_trials": "off",
+    "init_timeout": 30, "auto_trials": "off", "shared_negotiation": "off",
 }
 # ddlrun flag (its field) -> the variable it sets, from the settings table.
 LAUNCHER_FLAGS = {field: row.env for field, row in FLAGGED.items()}
