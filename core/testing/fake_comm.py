@@ -4,7 +4,7 @@ Point-to-point messages go through per-pair queues (buffered, FIFO, like MPI's
 non-overtaking rule); collectives meet at a shared rendezvous. Every wait has a
 timeout, so a broken schedule fails a test instead of hanging it. The prepared
 (persistent) allgather that the engine's exchange runs in production is here too, with
-the same :class:`~ddl.wire.comm.PreparedCollective` guard, and its wait is left when
+the same :class:`~ddl.wire.waits.PreparedCollective` guard, and its wait is left when
 :attr:`FakeComm.interrupted` is set, as ``polite_wait`` leaves MPI's. Shared-memory groups
 are arrays every member thread sees, kept in a registry of the world keyed by the
 group's members, with a barrier of their own.
@@ -21,8 +21,9 @@ from typing import Any, NoReturn, TypeVar
 import numpy as np
 
 from ddl.base.ops import ReduceOp, ufunc
-from ddl.wire.comm import PreparedCollective, as_bytes
+from ddl.wire.comm import as_bytes
 from ddl.wire.shared_memory import SharedSlots
+from ddl.wire.waits import PreparedCollective
 
 T = TypeVar("T")
 TIMEOUT_S = 30.0

@@ -136,13 +136,8 @@ class MPISharedWindow:
 
     def _release(self) -> None:
         if self._win is not None:
-            self.view.slots.clear()  # no array may outlive the memory it points into
-            for flag in self._arrivals.flags:
-                flag.release()
-            self._arrivals.flags.clear()
+            _free(self._win, self.view.slots, self._arrivals)
             self._mine = memoryview(bytearray(8)).cast("q")
-            self._win.Unlock_all()
-            self._win.Free()
             self._win = None
 
     def free(self) -> None:
@@ -217,10 +212,16 @@ class SharedRecords:
 
     def free(self) -> None:
         """Free the window (collective: every rank, after its last run)."""
-        self._slots.clear()
-        for flag in self.arrivals.flags:
-            flag.release()
-        self.arrivals.flags.clear()
+        _free(self._win, self._slots, self.arrivals)
         self._mine = memoryview(bytearray(8)).cast("q")
-        self._win.Unlock_all()
-        self._win.Free()
+
+
+def _free(win: Any, views: list[Any], arrivals: Arrivals) -> None:
+    """Free a shared window after dropping every view into it: no array or flag may
+    outlive the memory it points into (collective over the window's group)."""
+    views.clear()
+    for flag in arrivals.flags:
+        flag.release()
+    arrivals.flags.clear()
+    win.Unlock_all()
+    win.Free()

@@ -1,4 +1,4 @@
-"""How the engine's exchange waits for the other ranks (``ddl.wire.comm.polite_wait``).
+"""How the engine's exchange waits for the other ranks (``ddl.wire.waits.polite_wait``).
 
 A wait polls without pause for its first microseconds (one host: the collective is done
 by then), then polls yielding the core between polls (across hosts a nonblocking
@@ -14,7 +14,7 @@ import time
 import pytest
 
 import ddl
-from ddl.wire import comm as comm_module
+from ddl.wire import waits as waits_module
 
 
 class _Request:
@@ -40,18 +40,18 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
         seen["sleep"] += 1
         real_sleep(seconds)
 
-    monkeypatch.setattr(comm_module.os, "sched_yield", yielded)
-    monkeypatch.setattr(comm_module.time, "sleep", slept)
+    monkeypatch.setattr(waits_module.os, "sched_yield", yielded)
+    monkeypatch.setattr(waits_module.time, "sleep", slept)
     return seen
 
 
 def test_a_wait_done_within_the_busy_window_neither_yields_nor_sleeps(counted: dict[str, int]) -> None:
-    comm_module.polite_wait(_Request(n=50), busy=1.0, spin=2.0)
+    waits_module.polite_wait(_Request(n=50), busy=1.0, spin=2.0)
     assert counted == {"yield": 0, "sleep": 0}
 
 
 def test_a_wait_past_the_busy_window_yields_between_polls_then_sleeps(counted: dict[str, int]) -> None:
-    comm_module.polite_wait(_Request(after=0.03), busy=0.0, spin=0.01)
+    waits_module.polite_wait(_Request(after=0.03), busy=0.0, spin=0.01)
     assert counted["yield"] > 10  # polled with yields for 10 ms
     assert counted["sleep"] >= 1  # then slept until done
 
@@ -62,7 +62,7 @@ def test_a_sleeping_wait_leaves_with_the_owners_interruption(counted: dict[str, 
         stall_limit = math.inf
 
     with pytest.raises(ddl.HorovodInternalError, match="peer lost"):
-        comm_module.polite_wait(_Request(), busy=0.0, spin=0.001, owner=Owner())
+        waits_module.polite_wait(_Request(), busy=0.0, spin=0.001, owner=Owner())
     assert counted["yield"] > 0
 
 
@@ -75,9 +75,9 @@ def test_an_exchange_across_hosts_polls_yielding_until_every_request_is_done(cou
             cls.polls += 1
             return cls.polls >= 5
 
-    comm_module.yielding_waitall([Pair(), Pair()])
+    waits_module.yielding_waitall([Pair(), Pair()])
     assert (Pair.polls, counted["yield"], counted["sleep"]) == (5, 3, 0)  # a yield between polls
-    comm_module.yielding_waitall([])  # nothing to wait for
+    waits_module.yielding_waitall([])  # nothing to wait for
 
 
 class _Owner:
@@ -95,13 +95,13 @@ def test_a_wait_nobody_answers_ends_at_the_stall_limit_naming_what_it_waited_for
     it has lasted the stall limit, in its yielding part and in its sleeping part alike."""
     start = time.perf_counter()
     with pytest.raises(ddl.StalledWaitError, match=r"rank 3 waited 0 s for the records.*DDL_STALL_TIMEOUT=0.05"):
-        comm_module.polite_wait(_Request(), busy=0.0, spin=spin, owner=_Owner(0.05), what="the records")
+        waits_module.polite_wait(_Request(), busy=0.0, spin=spin, owner=_Owner(0.05), what="the records")
     assert 0.05 <= time.perf_counter() - start < 1.0
 
 
 def test_a_wait_that_ends_within_the_limit_is_not_an_error() -> None:
-    comm_module.polite_wait(_Request(after=0.02), busy=0.0, spin=0.005, owner=_Owner(1.0))
-    comm_module.yielding_wait(_Request(after=0.02), 0.0, _Owner(1.0), "a barrier")
+    waits_module.polite_wait(_Request(after=0.02), busy=0.0, spin=0.005, owner=_Owner(1.0))
+    waits_module.yielding_wait(_Request(after=0.02), 0.0, _Owner(1.0), "a barrier")
 
 
 def test_a_message_from_another_host_that_never_comes_ends_at_the_stall_limit() -> None:
@@ -111,4 +111,4 @@ def test_a_message_from_another_host_that_never_comes_ends_at_the_stall_limit() 
             return False
 
     with pytest.raises(ddl.StalledWaitError, match="a message of rank 5"):
-        comm_module.yielding_waitall([Never()], _Owner(0.05), "a message of rank 5")
+        waits_module.yielding_waitall([Never()], _Owner(0.05), "a message of rank 5")

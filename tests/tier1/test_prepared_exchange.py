@@ -16,7 +16,7 @@ import pytest
 import ddl
 from ddl.engine.collectives import Collectives
 from ddl.testing import FakeComm, run_engines, run_ranks
-from ddl.wire.comm import PreparedCollective
+from ddl.wire.waits import PreparedCollective
 
 POLL_S = 0.05  # the fake's prepared wait looks at `interrupted` this often
 INTERRUPT_AFTER_S = 0.2

@@ -12,8 +12,8 @@ import time
 
 import numpy as np
 
-from ddl.wire.comm import yielding_wait
 from ddl.wire.shared_memory import Arrivals
+from ddl.wire.waits import yielding_wait
 
 
 def _flags(n: int) -> tuple[np.ndarray, list[memoryview]]:

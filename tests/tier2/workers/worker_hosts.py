@@ -37,7 +37,7 @@ def contribution(q: int, n: int) -> np.ndarray:
 
 
 if mode == "check":
-    # Exchanges with the other hosts' ranks wait yielding the core (ddl.wire.comm.yielding_waitall).
+    # Exchanges with the other hosts' ranks wait yielding the core (ddl.wire.waits.yielding_waitall).
     from ddl.runtime import lifecycle
 
     hosts = ddl.allgather_object(socket.gethostname())
