@@ -51,7 +51,7 @@ FLAG_BYTES = 64
 
 class Arrivals:
     """The barrier's wait, as a request whose ``Test`` is true once every member's flag
-    has reached :attr:`turn` (the waits in :mod:`ddl.wire.comm` poll requests). It resumes
+    has reached :attr:`turn` (the waits in :mod:`ddl.wire.waits` poll requests). It resumes
     at the first member it last found behind: the others' flags only grow."""
 
     __slots__ = ("flags", "turn", "_next")
@@ -80,9 +80,6 @@ class MPISharedWindow:
 
     def __init__(self, group_comm: Any, wait: Callable[[Any], None]) -> None:
         """``wait``: completes a request (the barrier's :class:`Arrivals`) by polling its ``Test``."""
-        from mpi4py import MPI
-
-        self._MPI = MPI
         self.comm = group_comm
         self._wait = wait
         self._win: Any = None
@@ -114,15 +111,7 @@ class MPISharedWindow:
         """
         if self.view.capacity >= nbytes:
             return self.view
-        MPI = self._MPI
-        at = -(-nbytes // FLAG_BYTES) * FLAG_BYTES  # the flag's offset in each member's segment
-        win = MPI.Win.Allocate_shared(at + FLAG_BYTES, 1, comm=self.comm)
-        win.Lock_all(MPI.MODE_NOCHECK)
-        slots, flags = [], []
-        for member in range(self.comm.Get_size()):
-            buf, _ = win.Shared_query(member)
-            slots.append(np.frombuffer(buf, dtype=np.uint8, count=nbytes))
-            flags.append(memoryview(buf)[at : at + 8].cast("q"))
+        win, slots, flags = _allocate(self.comm, nbytes)
         self._release()
         self._win = win
         self._turn = 0
@@ -163,21 +152,11 @@ class SharedRecords:
 
     def __init__(self, comm: Any, send: np.ndarray, recv: np.ndarray) -> None:
         """Collective over ``comm``: every rank allocates its part of the window."""
-        from mpi4py import MPI
-
         n, me = comm.Get_size(), comm.Get_rank()
         rb = send.nbytes
-        at = -(-2 * rb // FLAG_BYTES) * FLAG_BYTES
-        win: Any = MPI.Win.Allocate_shared(at + FLAG_BYTES, 1, comm=comm)
+        win, both, flags = _allocate(comm, 2 * rb)
         self._win = win
-        win.Lock_all(MPI.MODE_NOCHECK)
-        self._slots: list[tuple[np.ndarray, np.ndarray]] = []
-        flags = []
-        for member in range(n):
-            buf, _ = win.Shared_query(member)
-            both = np.frombuffer(buf, np.uint8, count=2 * rb)
-            self._slots.append((both[:rb], both[rb:]))
-            flags.append(memoryview(buf)[at : at + 8].cast("q"))
+        self._slots: list[tuple[np.ndarray, np.ndarray]] = [(b[:rb], b[rb:]) for b in both]
         self._send = send.reshape(-1).view(np.uint8)
         self._rows = [recv.reshape(-1).view(np.uint8)[m * rb : (m + 1) * rb] for m in range(n)]
         self._mine = flags[me]
@@ -214,6 +193,22 @@ class SharedRecords:
         """Free the window (collective: every rank, after its last run)."""
         _free(self._win, self._slots, self.arrivals)
         self._mine = memoryview(bytearray(8)).cast("q")
+
+
+def _allocate(comm: Any, nbytes: int) -> tuple[Any, list[np.ndarray], list[memoryview]]:
+    """A shared window over ``comm`` (collective): every member's ``nbytes`` of data, and
+    its flag in a cache line of its own after them, as arrays and int64 views."""
+    from mpi4py import MPI
+
+    at = -(-nbytes // FLAG_BYTES) * FLAG_BYTES  # the flag's offset in each member's segment
+    win: Any = MPI.Win.Allocate_shared(at + FLAG_BYTES, 1, comm=comm)
+    win.Lock_all(MPI.MODE_NOCHECK)
+    data, flags = [], []
+    for member in range(comm.Get_size()):
+        buf, _ = win.Shared_query(member)
+        data.append(np.frombuffer(buf, dtype=np.uint8, count=nbytes))
+        flags.append(memoryview(buf)[at : at + 8].cast("q"))
+    return win, data, flags
 
 
 def _free(win: Any, views: list[Any], arrivals: Arrivals) -> None:
