@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,8 +13,9 @@ import pytest
 pytestmark = pytest.mark.mpi
 
 
-def ddl(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "ddl.tools.cli", *args], capture_output=True, text=True, timeout=timeout)
+def ddl(*args: str, timeout: float = 240, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "ddl.tools.cli", *args], capture_output=True, text=True, timeout=timeout,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def test_bench_allreduce_checks_every_contender_and_reports_fusion(tmp_path: Path) -> None:
@@ -27,9 +29,15 @@ def test_bench_allreduce_checks_every_contender_and_reports_fusion(tmp_path: Pat
     assert data["fused"][0]["grouped_ratio"] > 0
 
 
-def test_bench_allreduce_refuses_sizes_that_are_not_float32_multiples(tmp_path: Path) -> None:
-    proc = ddl("bench", "allreduce", "--sizes", "6", "--out", str(tmp_path), timeout=60)
+@pytest.mark.parametrize("ranks", [[], ["-np", "2"]])
+def test_bench_allreduce_refuses_sizes_that_are_not_float32_multiples(tmp_path: Path, ranks: list[str]) -> None:
+    # Refused before any rank starts or a peer's framework loads (importing torch took 2.5-9 s of it
+    # before): Python's import log (on stderr) names neither the launcher nor torch.
+    proc = ddl("bench", "allreduce", *ranks, "--sizes", "6", "--out", str(tmp_path), timeout=60,
+               env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert proc.returncode == 2 and "multiples of 4" in proc.stderr
+    imported = {line.split("|")[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "numpy" in imported and not imported & {"torch", "ddl.launcher.cli", "mpi4py.MPI"}, sorted(imported)
 
 
 def test_bench_startup_compares_a_ddl_job_with_a_bare_one(tmp_path: Path) -> None:

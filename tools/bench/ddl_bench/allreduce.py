@@ -58,10 +58,7 @@ def timed(comm: Any, fn: Callable[[], Any], *, budget: float, max_reps: int) -> 
     return statistics.median(times), result
 
 
-def main(argv: list[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
-    if "-np" in args_list:
-        return _relaunch(args_list)
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddl bench allreduce", description=plain(__doc__))
     parser.add_argument("-np", dest="np", type=int, help="re-launch on N ranks of this host under ddlrun")
     parser.add_argument("--min-bytes", type=int, default=4 << 10)
@@ -78,7 +75,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-gloo", "--no-peers", dest="no_peers", action="store_true",
                         help="skip the peers adapters register (torch-gloo)")
     parser.add_argument("--out", default="bench-results", help="folder for the JSON and the PNG")
-    args = parser.parse_args(args_list)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = _parser()
+    # Checked here, before ranks start or a peer's framework is imported (torch: seconds).
+    if "-np" in args_list:
+        i = args_list.index("-np")
+        ranks = _ranks(args_list, i)
+        if ranks is None:
+            return 2
+        _checked(parser, parser.parse_args(args_list[:i] + args_list[i + 2 :]))
+        return _relaunch(ranks, args_list[:i] + args_list[i + 2 :])
+    args = _checked(parser, parser.parse_args(args_list))
 
     from mpi4py import MPI
 
@@ -100,8 +111,6 @@ def main(argv: list[str] | None = None) -> int:
                 contenders[name] = peer
     rows = []
     expected = p * (p + 1) / 2
-    if args.sizes and any(b <= 0 or b % 4 for b in args.sizes):
-        parser.error(f"--sizes takes positive multiples of 4 bytes (float32), got {args.sizes}")
     for nbytes in args.sizes or sizes(args.min_bytes, args.max_bytes):
         x = np.full(nbytes // 4, rank + 1, np.float32)
         # Rounds interleave the contenders, so a burst of noise hits them all alike.
@@ -263,18 +272,28 @@ def run_fused(comm: Any, n: int, nbytes: int) -> list[dict[str, Any]]:
              "extra_bytes": extra, "largest_fused_bytes": min(n * nbytes, runtime.engine().fusion_threshold)}]
 
 
-def _relaunch(argv: list[str]) -> int:
-    """``-np N ARGS``: this benchmark with ``ARGS`` on N ranks, ddlrun running in this process."""
-    i = argv.index("-np")
+def _checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """``args``, or exit 2 with argparse's usage line naming what is wrong."""
+    if args.sizes and any(b <= 0 or b % 4 for b in args.sizes):
+        parser.error(f"--sizes takes positive multiples of 4 bytes (float32), got {args.sizes}")
+    return args
+
+
+def _ranks(argv: list[str], i: int) -> int | None:
+    """The N of ``-np N`` at ``argv[i]`` (None, said on stderr: not a whole number)."""
     try:
-        ranks = int(argv[i + 1])
+        return int(argv[i + 1])
     except (IndexError, ValueError):
         print("ddl bench allreduce: -np needs a whole number of ranks, e.g. -np 2", file=sys.stderr)
-        return 2
+        return None
+
+
+def _relaunch(ranks: int, rest: list[str]) -> int:
+    """This benchmark with the arguments ``rest`` on ``ranks`` ranks, ddlrun running in this process."""
     from ddl.launcher.cli import main as ddlrun
     from ddl.launcher.relaunch import relaunch_argv
 
-    return ddlrun(relaunch_argv(ranks, ["-m", "ddl_bench.allreduce", *argv[:i], *argv[i + 2 :]])[3:])
+    return ddlrun(relaunch_argv(ranks, ["-m", "ddl_bench.allreduce", *rest])[3:])
 
 
 def report(rows: list[dict[str, Any]], fused: list[dict[str, Any]], p: int, notes: list[str], out: Path,
