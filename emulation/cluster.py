@@ -18,8 +18,9 @@ link; the veth byte counters (:meth:`Cluster.counters`) show what crossed it.
 
 Every name starts with ``ddlh`` followed by the creating process id (6 hex digits), and
 addresses are in ``10.231.0.0/16``. :meth:`Cluster.down` kills every process in the
-namespaces, deletes them (the bridge and veths go with them) and the hosts files; it
-runs on ``with`` exit, at interpreter exit, and for leftovers of dead processes at the
+namespaces, deletes them (the bridge and veths go with them) and the hosts files, and removes
+the MPI library's shared-memory segments that the processes it killed left in the machine's
+``/dev/shm`` (each emulated host shares it; a real host's go with the host); it runs on ``with`` exit, at interpreter exit, and for leftovers of dead processes at the
 next :meth:`Cluster.up`.
 
 Example:
@@ -40,8 +41,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+from ddl.wire import shm_segments
 
 PREFIX = "ddlh"
 SUBNET = "10.231.0"  # inside /16 10.231.0.0; every cluster has its own switch, so one /24 serves all
@@ -99,6 +103,31 @@ def _kill_namespace(ns: str) -> None:
     shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
 
 
+#: A segment younger than this is never taken for a leftover: a job elsewhere on the machine
+#: may have created it and not mapped it yet (MPICH maps its own at once and keeps them).
+_SEGMENT_GRACE_S = 5.0
+
+
+def _shm_entries() -> set[tuple[str, int]]:
+    """(name, inode) of every MPICH segment in ``/dev/shm`` now."""
+    with contextlib.suppress(OSError), os.scandir("/dev/shm") as it:
+        return {(e.name, e.inode()) for e in it if e.name.startswith("mpich_shm_")}
+    return set()
+
+
+def _remove_left_segments(before: set[tuple[str, int]]) -> list[str]:
+    """Remove the MPICH segments made since ``before`` that no live process maps: what the
+    processes a cluster killed left (SIGKILL skips MPI_Finalize, which unlinks them). A
+    segment some process still maps, or younger than :data:`_SEGMENT_GRACE_S`, is kept."""
+    now, left = time.time(), set()
+    for name, inode in _shm_entries() - before:
+        with contextlib.suppress(OSError):
+            st = os.stat(f"/dev/shm/{name}", follow_symlinks=False)
+            if st.st_ino == inode and now - st.st_ctime >= _SEGMENT_GRACE_S:
+                left.add(shm_segments.Segment(f"/dev/shm/{name}", st.st_dev, inode))
+    return shm_segments.remove_left(left)
+
+
 def remove_stale() -> list[str]:
     """Delete ``ddlh`` namespaces left by cluster processes that no longer run; returns them."""
     gone = []
@@ -139,6 +168,7 @@ class Cluster:
         self.tag = f"{PREFIX}{os.getpid():06x}{serial}"
         self.switch, self.launcher = f"{self.tag}s", f"{self.tag}l"
         self.namespaces: list[str] = []
+        self._shm_before: set[tuple[str, int]] = set()
         self.workdir: Path | None = None
         self.exec_script: Path | None = None
 
@@ -181,6 +211,7 @@ class Cluster:
         if reason:
             raise ClusterUnavailable(reason)
         remove_stale()
+        self._shm_before = _shm_entries()
         atexit.register(self.down)
         try:
             self._build()
@@ -238,6 +269,8 @@ class Cluster:
         """Kill every process in the cluster's namespaces and delete everything it made."""
         for ns in reversed(self.namespaces):
             _kill_namespace(ns)
+        if self.namespaces:
+            _remove_left_segments(self._shm_before)
         self.namespaces = []
         if self.workdir is not None:
             shutil.rmtree(self.workdir, ignore_errors=True)

@@ -70,3 +70,34 @@ def test_the_link_account_splits_a_call_into_its_phases_against_the_bound() -> N
     table = "\n".join(link_account.report(data, [shm, ring]))
     assert "| 16 MiB | shm | 134.2 | 140.0 (96%) | 132.0 | 24.0 | 0.0 | 156.0 (86%) |" in table
     assert "16 MiB 3.0 ms" in table
+
+
+def test_down_removes_the_mpi_segments_killed_processes_left_and_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What SIGKILLed hosts left in the shared /dev/shm goes; a segment from before the
+    cluster, one a live process maps, and one just made (by a job that may not have mapped
+    it yet) are kept."""
+    import os
+    import subprocess
+    import sys
+
+    tag = f"mpich_shm_ddltest{os.getpid():x}"
+    paths = {k: Path(f"/dev/shm/{tag}_{k}") for k in ("before", "left", "mapped")}
+    paths["before"].write_bytes(b"\0" * 4096)
+    before = cl._shm_entries()
+    paths["left"].write_bytes(b"\0" * 4096)
+    paths["mapped"].write_bytes(b"\0" * 4096)
+    holder = subprocess.Popen([sys.executable, "-c", "import mmap, sys, time; f = open(sys.argv[1], 'r+b'); "
+                               "m = mmap.mmap(f.fileno(), 4096); print('mapped', flush=True); time.sleep(60)",
+                               str(paths["mapped"])], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "mapped"
+        monkeypatch.setattr(cl, "_SEGMENT_GRACE_S", 3600.0)  # every new one "just made": none goes
+        assert cl._remove_left_segments(before) == []
+        monkeypatch.setattr(cl, "_SEGMENT_GRACE_S", 0.0)
+        assert cl._remove_left_segments(before) == [str(paths["left"])]
+        assert sorted(k for k, p in paths.items() if p.exists()) == ["before", "mapped"]
+    finally:
+        holder.kill()
+        holder.wait()
+        for p in paths.values():
+            p.unlink(missing_ok=True)
