@@ -252,12 +252,15 @@ class Collectives:
         try:
             if isinstance(xs, (np.ndarray, str, bytes)) or not isinstance(xs, Sequence):
                 raise TypeError(f"grouped_allreduce takes a list of arrays, got {type(xs).__name__}")
-            arrays, rop = [], as_op(op)
+            arrays, rop, checked, last, mixed = [], as_op(op), self._checked, None, False
             for x in xs:
-                # Arrays of a (dtype, op) that passed before skip the checks (hundreds per call).
-                if type(x) is not np.ndarray or (x.dtype, rop) not in self._checked:
+                # Arrays of a (dtype, op) that passed before skip the checks (hundreds per call);
+                # the previous array's very dtype object passed them, no lookup needed.
+                if type(x) is not np.ndarray or (x.dtype is not last and (x.dtype, rop) not in checked):
                     x = reduction_input(x, rop, "grouped_allreduce")[0]
-                    self._checked[(x.dtype, rop)] = (rop, str(x.dtype))
+                    checked[(x.dtype, rop)] = (rop, str(x.dtype))
+                if x.dtype is not last:
+                    mixed, last = last is not None and (mixed or x.dtype != last), x.dtype
                 arrays.append(x)
             alg = algorithms.check_for(algorithm, self.topology) if algorithm else self.ctx.config.algorithm
             comp = Compression.none if compression is None else as_compressor(compression)
@@ -266,22 +269,26 @@ class Collectives:
         # An empty group still takes part, so a rank that groups nothing where others
         # group something gets a MismatchError, not a stall.
         dtype_groups: dict[np.dtype, list[int]] = {} if arrays else {np.dtype(np.float64): []}
-        for i, a in enumerate(arrays):
-            dtype_groups.setdefault(a.dtype, []).append(i)
+        if arrays and not mixed:  # one dtype (the usual group): every position, no pass to sort them
+            dtype_groups[arrays[0].dtype] = list(range(len(arrays)))
+        else:
+            for i, a in enumerate(arrays):
+                dtype_groups.setdefault(a.dtype, []).append(i)
         parts = []
         for dtype, positions in dtype_groups.items():
             sub = base if len(dtype_groups) == 1 else f"{base}<{dtype}>"
-            shapes = [arrays[i].shape for i in positions]
+            members = arrays if len(positions) == len(arrays) else [arrays[i] for i in positions]
+            shapes = [a.shape for a in members]
             if len(positions) == 1:
-                flat = np.array(arrays[positions[0]], copy=True).reshape(-1)
-            else:
-                flat = np.concatenate([arrays[i].reshape(-1) for i in positions] or [np.empty(0, dtype)])
+                flat = np.array(members[0], copy=True).reshape(-1)
+            else:  # (axis=None flattens each in C: no view per array)
+                flat = np.concatenate(members or [np.empty(0, dtype)], axis=None)
             fields = (tuple(shapes), str(dtype), rop.name) + _scales(prescale, postscale)
             desc = Descriptor("grouped_allreduce", sub, fields, alg, comp.name)
             req = Request("allreduce", sub, desc, Handle(sub), array=flat, op=rop, algorithm=alg,
                           compression=comp, inplace=True, prescale=float(prescale), postscale=float(postscale))
             ran = now and len(dtype_groups) == 1 and eng.run_alone(req)
-            parts.append((positions, shapes, [arrays[i].size for i in positions],
+            parts.append((positions, shapes, [a.size for a in members],
                           req.handle if ran else eng.submit(req, wake=wake)))
         return GroupHandle(base, parts, len(arrays))
 

@@ -109,6 +109,7 @@ class GroupHandle(Handle):
             flat = handle.wait(left)
             offset = 0
             for i, shape, n in zip(positions, shapes, sizes, strict=True):
-                out[i] = flat[offset : offset + n].reshape(shape)
+                part = flat[offset : offset + n]
+                out[i] = part if len(shape) == 1 else part.reshape(shape)  # (a 1-D slice is its shape)
                 offset += n
         return out
