@@ -18,9 +18,10 @@ link; the veth byte counters (:meth:`Cluster.counters`) show what crossed it.
 
 Every name starts with ``ddlh`` followed by the creating process id (6 hex digits), and
 addresses are in ``10.231.0.0/16``. :meth:`Cluster.down` kills every process in the
-namespaces, deletes them (the bridge and veths go with them) and the hosts files, and removes
-the MPI library's shared-memory segments that the processes it killed left in the machine's
-``/dev/shm`` (each emulated host shares it; a real host's go with the host); it runs on ``with`` exit, at interpreter exit, and for leftovers of dead processes at the
+namespaces, deletes them (the bridge and veths go with them) and the hosts files, and
+removes the MPI library's shared-memory segments that the processes it killed left in the
+machine's ``/dev/shm`` (the emulated hosts share it; a real host's go with the host); it
+runs on ``with`` exit, at interpreter exit, and for leftovers of dead processes at the
 next :meth:`Cluster.up`.
 
 Example:

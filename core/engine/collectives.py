@@ -260,7 +260,8 @@ class Collectives:
                     x = reduction_input(x, rop, "grouped_allreduce")[0]
                     checked[(x.dtype, rop)] = (rop, str(x.dtype))
                 if x.dtype is not last:
-                    mixed, last = last is not None and (mixed or x.dtype != last), x.dtype
+                    mixed = mixed or (last is not None and x.dtype != last)
+                    last = x.dtype
                 arrays.append(x)
             alg = algorithms.check_for(algorithm, self.topology) if algorithm else self.ctx.config.algorithm
             comp = Compression.none if compression is None else as_compressor(compression)
