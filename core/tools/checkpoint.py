@@ -27,7 +27,7 @@ import numpy as np
 
 from ddl.checkpoint import Checkpoint, CheckpointError
 from ddl.checkpoint.manifest import decode_value
-from ddl.tools.cli import DISTRIBUTION
+from ddl.tools.cli import DISTRIBUTION, missing_extra
 from ddl.tools.helptext import plain
 
 #: Entry-point group of the adapters' consolidated-file writers, named by the file suffix.
@@ -115,8 +115,7 @@ def find_writer(out: str) -> tuple[str, Callable[..., list[str]] | None, str]:
     try:
         return suffix, entry.load(), ""
     except ImportError as exc:
-        extra = ",".join(entry.extras) or "the adapter's"
-        return suffix, None, f"needs the {extra} extra ({exc}); pip install '{DISTRIBUTION}[{extra}]'"
+        return suffix, None, missing_extra(entry, exc, DISTRIBUTION)
 
 
 def parser() -> argparse.ArgumentParser:

@@ -113,16 +113,25 @@ def install_hint(words: tuple[str, ...]) -> str:
     return f"pip install './tools/bench[{extra}]'" if extra else "pip install ./tools/bench"
 
 
+def missing_extra(entry: importlib.metadata.EntryPoint, exc: ImportError, owner: str, how: str | None = None) -> str:
+    """What a plugin that failed to import needs, and the pip command that brings it
+    (``how`` instead, where the owner installs some other way)."""
+    extra = ",".join(entry.extras)
+    if how is None:
+        how = f"pip install '{owner}[{extra}]'" if extra else f"pip install --force-reinstall '{owner}'"
+    needed = f"the {extra} extra" if extra else "a module its package did not install"
+    return f"needs {needed} ({exc}); {how}"
+
+
 def _plugin(entry: importlib.metadata.EntryPoint, what: str) -> Callable[[list[str]], int]:
     try:
         found: Callable[[list[str]], int] = entry.load()
     except ImportError as exc:
-        extra = ",".join(entry.extras) or "the adapter's"
         owner = entry.dist.name if entry.dist is not None else DISTRIBUTION
         words = tuple(what.split())
         # The tooling package is installed from a checkout's folder, not by its name.
-        how = install_hint(words) if owner == TOOLING_PACKAGE and words in TOOLING else f"pip install '{owner}[{extra}]'"
-        print(f"ddl {what} needs the {extra} extra ({exc}); {how}", file=sys.stderr)
+        how = install_hint(words) if owner == TOOLING_PACKAGE and words in TOOLING else None
+        print(f"ddl {what} {missing_extra(entry, exc, owner, how)}", file=sys.stderr)
         return lambda _argv: 2
     return found
 

@@ -90,3 +90,37 @@ def test_a_tooling_benchmark_whose_framework_is_missing_says_to_install_the_fold
     assert cli.main(["bench", "torch", "--ranks", "1"]) == 2
     err = capsys.readouterr().err
     assert "ddl bench torch needs the torch extra (No module named 'torch'); pip install './tools/bench[torch]'" in err
+
+
+def test_a_plugin_with_no_extra_that_fails_to_import_says_what_without_an_empty_extra(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    entry = cli.registered()[("bench", "allreduce")]
+    assert not entry.extras
+
+    def missing(self: object) -> None:
+        raise ImportError("No module named 'ddl_bench.args'")
+
+    monkeypatch.setattr(type(entry), "load", missing)
+    assert cli.main(["bench", "allreduce"]) == 2
+    err = capsys.readouterr().err
+    assert ("ddl bench allreduce needs a module its package did not install (No module named 'ddl_bench.args'); "
+            "pip install ./tools/bench") in err, err
+
+
+@pytest.mark.parametrize(("words", "args", "said"), [
+    (["bench", "allreduce"], ["--rounds", "0"], "--rounds: takes a whole number of at least 1, got 0"),
+    (["bench", "allreduce"], ["-np", "2", "--budget", "0"], "--budget: takes a number greater than 0, got 0"),
+    (["bench", "allreduce"], ["--fused", "-1"], "--fused: takes a whole number of at least 0, got -1"),
+    (["bench", "startup"], ["--rounds", "x"], "--rounds: takes a whole number, got 'x'"),
+    (["bench", "rehearsal"], ["-np", "2", "--rounds", "0"], "--rounds: takes a whole number of at least 1"),
+    (["bench", "torch"], ["--steps", "0"], "--steps: takes a whole number of at least 1, got 0"),
+    (["bench", "torch"], ["--cnn-step-ms", "nan"], "--cnn-step-ms: takes a number greater than 0, got nan"),
+    (["bench", "tensorflow"], ["--batch", "0"], "--batch: takes a whole number of at least 1, got 0"),
+])
+def test_a_benchmark_refuses_a_count_out_of_range_before_anything_runs(
+        words: list[str], args: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # --rounds 0 ran every rank to a StatisticsError from inside the timing (6 s, exit 1).
+    with pytest.raises(SystemExit) as stop:
+        cli.main([*words, *args])
+    assert stop.value.code == 2
+    assert said in capsys.readouterr().err

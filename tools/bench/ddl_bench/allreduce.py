@@ -26,6 +26,7 @@ from ddl.engine.codec import inline_capacity
 from ddl.reduction.algorithms import SCHEDULED
 from ddl.tools.helptext import plain
 from ddl_bench import peers
+from ddl_bench.args import amount, count
 
 ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "shm", "auto"]
 
@@ -60,16 +61,16 @@ def timed(comm: Any, fn: Callable[[], Any], *, budget: float, max_reps: int) -> 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddl bench allreduce", description=plain(__doc__))
-    parser.add_argument("-np", dest="np", type=int, help="re-launch on N ranks of this host under ddlrun")
-    parser.add_argument("--min-bytes", type=int, default=4 << 10)
-    parser.add_argument("--max-bytes", type=int, default=256 << 20)
+    parser.add_argument("-np", dest="np", type=count(), help="re-launch on N ranks of this host under ddlrun")
+    parser.add_argument("--min-bytes", type=count(), default=4 << 10)
+    parser.add_argument("--max-bytes", type=count(), default=256 << 20)
     parser.add_argument("--sizes", type=lambda v: [int(x) for x in v.split(",")], default=None, metavar="B,B,...",
                         help="exact sizes in bytes, multiples of 4 (instead of powers of 4 from --min-bytes)")
-    parser.add_argument("--budget", type=float, default=0.4, help="seconds of repeats per size and contender")
-    parser.add_argument("--max-reps", type=int, default=50)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size (median of them)")
-    parser.add_argument("--fused", type=int, default=0, metavar="N", help="also compare N async tensors with one")
-    parser.add_argument("--fused-bytes", type=int, default=16 << 10, metavar="S")
+    parser.add_argument("--budget", type=amount, default=0.4, help="seconds of repeats per size and contender")
+    parser.add_argument("--max-reps", type=count(), default=50)
+    parser.add_argument("--rounds", type=count(), default=3, help="interleaved rounds per size (median of them)")
+    parser.add_argument("--fused", type=count(0), default=0, metavar="N", help="also compare N async tensors with one")
+    parser.add_argument("--fused-bytes", type=count(4), default=16 << 10, metavar="S")
     parser.add_argument("--no-inplace", action="store_true",
                         help="skip the in-place, back-to-back table (ddl.allreduce_ against MPI's IN_PLACE)")
     parser.add_argument("--no-gloo", "--no-peers", dest="no_peers", action="store_true",

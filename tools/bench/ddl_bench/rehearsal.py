@@ -47,6 +47,7 @@ from ddl.reduction.step_plan import landing_times
 from ddl.tools import plan
 from ddl.tools.helptext import plain
 from ddl.tools.plan_models import ModelSpecError, gradient_sizes
+from ddl_bench.args import amount, count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,20 +259,20 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ddl bench rehearsal", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50", help="resnet50, FILE.onnx, package.module:factory, sizes")
-    p.add_argument("--compute-ms", type=float, help="one rank's step to replay (default: scaled by --like)")
+    p.add_argument("--compute-ms", type=amount, help="one rank's step to replay (default: scaled by --like)")
     p.add_argument("--like", default="ddl-p100", choices=sorted(REFERENCES),
                    help="the real cluster whose compute : link time ratio to keep (with --link)")
     p.add_argument("--link", help="this cluster's per-host port rate (1gbit, 200mbit): scales the compute")
     p.add_argument("--backward-fraction", type=float, default=2 / 3)
-    p.add_argument("--bucket-mb", type=float, default=BUCKET_BYTES / MiB)
-    p.add_argument("--first-bucket-mb", type=float, default=FIRST_BUCKET_BYTES / MiB)
+    p.add_argument("--bucket-mb", type=amount, default=BUCKET_BYTES / MiB)
+    p.add_argument("--first-bucket-mb", type=amount, default=FIRST_BUCKET_BYTES / MiB)
     p.add_argument("--contenders", help=f"comma list (default: auto, the fixed algorithms this topology runs, "
                                         f"{MPI_PEER})")
     p.add_argument("--compression", default="none", choices=["none", "fp16", "bf16"])
-    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of one step per contender")
+    p.add_argument("--rounds", type=count(), default=2, help="interleaved rounds of one step per contender")
     p.add_argument("--out", default="bench-results", help="folder for the JSON and the plot")
     p.add_argument("--tag", default="", help="name stem of the output files (default: rehearsal-<dims>)")
-    p.add_argument("-np", dest="np", type=int, help="re-launch on N ranks of this host under ddlrun")
+    p.add_argument("-np", dest="np", type=count(), help="re-launch on N ranks of this host under ddlrun")
     return p
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from ddl.launcher.relaunch import relaunch
 from ddl.tools.helptext import plain
+from ddl_bench.args import count
 
 # Each rank prints "T <import s> <init or barrier s>"; rank 0 prints the slowest rank's.
 _BARE = """
@@ -55,8 +56,8 @@ def launch(ranks: int, code: str) -> tuple[float, float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddl bench startup", description=plain(__doc__))
-    parser.add_argument("-np", dest="np", type=int, default=2, help="ranks")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("-np", dest="np", type=count(), default=2, help="ranks")
+    parser.add_argument("--rounds", type=count(), default=5)
     parser.add_argument("--out", default="bench-results", help="folder for the JSON")
     args = parser.parse_args(argv)
     runs: dict[str, list[tuple[float, float, float]]] = {"bare": [], "ddl": []}

@@ -28,6 +28,7 @@ from typing import Any
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
 from ddl.tools.helptext import plain
+from ddl_bench.args import count
 from ddl_bench.reports import publish
 
 CONTENDERS = ["keras", "ddl-fit", "ddl-tape", "mwms"]
@@ -37,9 +38,9 @@ LAYERS = (784, 2048, 1024, 10)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddl bench tensorflow", description=plain(__doc__))
     parser.add_argument("-np", "--ranks", dest="np", default="1,2", help="world sizes to run, e.g. 1,2")
-    parser.add_argument("--batch", type=int, default=64, help="per rank")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per round and contender")
+    parser.add_argument("--batch", type=count(), default=64, help="per rank")
+    parser.add_argument("--rounds", type=count(), default=5)
+    parser.add_argument("--steps", type=count(), default=10, help="timed steps per round and contender")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

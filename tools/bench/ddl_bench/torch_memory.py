@@ -30,6 +30,7 @@ from torch import nn
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
 from ddl.tools.helptext import plain
+from ddl_bench.args import count
 from ddl_bench.reports import publish
 
 MODES = ("unsharded", "sharded")
@@ -45,8 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddl bench torch --memory", description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="1,2,4", help="world sizes, e.g. 1,2,4")
-    parser.add_argument("--steps", type=int, default=3, help="Adam steps per job")
-    parser.add_argument("--batch", type=int, default=8, help="samples per rank and step")
+    parser.add_argument("--steps", type=count(), default=3, help="Adam steps per job")
+    parser.add_argument("--batch", type=count(), default=8, help="samples per rank and step")
     parser.add_argument("--out", default="bench-results")
     parser.add_argument("--worker", metavar="JSON", help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)

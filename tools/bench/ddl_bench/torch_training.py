@@ -35,6 +35,7 @@ from torch import nn
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
 from ddl.tools.helptext import plain
+from ddl_bench.args import amount, count
 from ddl_bench.reports import publish
 from ddl_bench.torch_resnet import resnet50
 
@@ -74,11 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ddl bench torch", description=plain(__doc__))
     parser.add_argument("-np", "--ranks", dest="np", default="1,2", help="world sizes to run, e.g. 1,2")
     parser.add_argument("--models", default="mlp,cnn")
-    parser.add_argument("--mlp-batch", type=int, default=64, help="per rank")
-    parser.add_argument("--cnn-batch", type=int, default=0, help="per rank; 0: tuned to --cnn-step-ms")
-    parser.add_argument("--cnn-step-ms", type=float, default=100.0)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per round and contender")
+    parser.add_argument("--mlp-batch", type=count(), default=64, help="per rank")
+    parser.add_argument("--cnn-batch", type=count(0), default=0, help="per rank; 0: tuned to --cnn-step-ms")
+    parser.add_argument("--cnn-step-ms", type=amount, default=100.0)
+    parser.add_argument("--rounds", type=count(), default=5)
+    parser.add_argument("--steps", type=count(), default=8, help="timed steps per round and contender")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
                         help="where models train (cuda: every rank on GPU local_rank %% GPUs; ddl stages through "
                              "pinned host memory, DDP-gloo through host memory too)")
