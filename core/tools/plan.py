@@ -48,6 +48,7 @@ from ddl.reduction.partition import partition_by_bytes, segment_bounds
 from ddl.reduction.segments import ALLREDUCE, choose_gradient_exchange, exchange_time
 from ddl.reduction.step_plan import StepPlan, landing_times, plan_step, price
 from ddl.tools import plan_hooks
+from ddl.tools.arg_types import amount, count, nonnegative, share
 from ddl.tools.helptext import plain
 from ddl.tools.plan_models import ModelSpecError, gradient_shapes, gradient_sizes
 
@@ -320,35 +321,35 @@ def parser() -> argparse.ArgumentParser:
                    help="a cost model written by init (DDL_CALIBRATION=FILE), or off: the fixed model of "
                         "DDL_CALIBRATION=off")
     p.add_argument("--model", help="resnet50, FILE.onnx, package.module:factory (torch), @FILE or sizes 1000,2048x1000")
-    p.add_argument("--step-ms", type=float, help="measured single-rank step time (forward+backward+update), ms")
-    p.add_argument("--backward-fraction", type=float, default=2 / 3, help="share of the step in backward (2/3)")
-    p.add_argument("--itemsize", type=int, default=4, help="bytes per gradient element (4: float32)")
-    p.add_argument("--bucket-mb", type=float, default=BUCKET_BYTES / MiB)
-    p.add_argument("--first-bucket-mb", type=float, default=FIRST_BUCKET_BYTES / MiB)
-    p.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
-    p.add_argument("--fusion-threshold", type=int, default=DEFAULT_FUSION_BYTES, metavar="BYTES",
+    p.add_argument("--step-ms", type=amount, help="measured single-rank step time (forward+backward+update), ms")
+    p.add_argument("--backward-fraction", type=share, default=2 / 3, help="share of the step in backward (2/3)")
+    p.add_argument("--itemsize", type=count(), default=4, help="bytes per gradient element (4: float32)")
+    p.add_argument("--bucket-mb", type=amount, default=BUCKET_BYTES / MiB)
+    p.add_argument("--first-bucket-mb", type=amount, default=FIRST_BUCKET_BYTES / MiB)
+    p.add_argument("--segment-bytes", type=count(), default=DEFAULT_SEGMENT_BYTES)
+    p.add_argument("--fusion-threshold", type=count(0), default=DEFAULT_FUSION_BYTES, metavar="BYTES",
                    help="the engine's DDL_FUSION_THRESHOLD: buckets under 1 MiB ready together share a buffer up to it")
     p.add_argument("--order", metavar="JSON|FILE",
                    help="the gradient order ddl.torch observed (DistributedOptimizer.gradient_order()); its buckets "
                         "are planned in it from the second step on (default: the first step's, last parameter first)")
     p.add_argument("--reduce-rate", metavar="BW", help="local reduction speed, e.g. 50GB/s (default: model's)")
-    p.add_argument("--step-overhead-us", type=float, help="per-message software cost beyond alpha")
+    p.add_argument("--step-overhead-us", type=nonnegative, help="per-message software cost beyond alpha")
     p.add_argument("--optimizer", default="adam", choices=sorted(STATE_PER_PARAMETER),
                    help="prices its state per rank, sharded (shard_optimizer_state=True) and not (default adam)")
-    p.add_argument("--update-ms", type=float, default=0.0,
+    p.add_argument("--update-ms", type=nonnegative, default=0.0,
                    help="of --step-ms, the optimizer update's part (one rank, unsharded): sharding divides it")
     p.add_argument("--bytes", help="also price single allreduces of these sizes, e.g. 8192,1048576")
     p.add_argument("--modes", metavar="LIST",
                    help="with --model and --step-ms, also price training modes side by side: sync, fp16, bf16, "
                         "powersgd:R, auto[:HOOK] (compression where it pays, bucket by bucket), localsgd:H[:HOOK][+overlap], diloco:H[:HOOK][+overlap] (see ddl.tools.plan_hooks)")
-    p.add_argument("--flop-rate", type=float, default=plan_hooks.DEFAULT_FLOP_RATE, metavar="FLOPS",
+    p.add_argument("--flop-rate", type=amount, default=plan_hooks.DEFAULT_FLOP_RATE, metavar="FLOPS",
                    help="multiply-adds per second a rank's core gives PowerSGD's products (--modes)")
-    p.add_argument("--memory-rate", type=float, default=plan_hooks.DEFAULT_MEMORY_RATE, metavar="BYTES",
+    p.add_argument("--memory-rate", type=amount, default=plan_hooks.DEFAULT_MEMORY_RATE, metavar="BYTES",
                    help="bytes per second a rank's element-wise passes move (hooks' errors, DiLoCo's deltas; --modes)")
-    p.add_argument("--cast-rate", type=float, default=None, metavar="BYTES",
+    p.add_argument("--cast-rate", type=amount, default=None, metavar="BYTES",
                    help="bytes per second a compressor's casts read and write (fp16, bf16; --modes; "
                         "default: --memory-rate)")
-    p.add_argument("--cycle-ms", type=float, default=None, metavar="MS",
+    p.add_argument("--cycle-ms", type=nonnegative, default=None, metavar="MS",
                    help="what an engine round costs besides its allreduce (--modes; default: the negotiation's "
                         "records at the link's rate and latency)")
     p.add_argument("--json", metavar="FILE", help="also write the plan as JSON")

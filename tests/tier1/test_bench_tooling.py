@@ -114,7 +114,7 @@ def test_a_plugin_with_no_extra_that_fails_to_import_says_what_without_an_empty_
     (["bench", "startup"], ["--rounds", "x"], "--rounds: takes a whole number, got 'x'"),
     (["bench", "rehearsal"], ["-np", "2", "--rounds", "0"], "--rounds: takes a whole number of at least 1"),
     (["bench", "torch"], ["--steps", "0"], "--steps: takes a whole number of at least 1, got 0"),
-    (["bench", "torch"], ["--cnn-step-ms", "nan"], "--cnn-step-ms: takes a number greater than 0, got nan"),
+    (["bench", "torch"], ["--cnn-step-ms", "nan"], "--cnn-step-ms: takes a finite number, got nan"),
     (["bench", "tensorflow"], ["--batch", "0"], "--batch: takes a whole number of at least 1, got 0"),
 ])
 def test_a_benchmark_refuses_a_count_out_of_range_before_anything_runs(

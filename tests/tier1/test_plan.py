@@ -200,6 +200,24 @@ def test_bad_input_is_a_clear_error(argv: list[str], words: str, capsys: pytest.
     assert words in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("option", "value", "words"), [
+    ("--itemsize", "0", "at least 1, got 0"),  # was a ZeroDivisionError's traceback
+    ("--segment-bytes", "0", "at least 1, got 0"),  # the rest gave a plan as if they meant something
+    ("--backward-fraction", "2", "greater than 0 and at most 1, got 2"),
+    ("--fusion-threshold", "-1", "at least 0, got -1"),
+    ("--cycle-ms", "nan", "a finite number, got nan"),
+    ("--step-ms", "-5", "greater than 0, got -5"),
+    ("--bucket-mb", "0", "greater than 0, got 0"),
+])
+def test_a_number_out_of_range_is_refused_by_name(option: str, value: str, words: str,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--topology", "2", "--link", "10GB/s:5us", "--model", "1000,2048x100", "--step-ms", "50", option, value]
+    with pytest.raises(SystemExit) as stop:
+        plan.main(argv)
+    assert stop.value.code == 2
+    assert f"argument {option}: takes" in (err := capsys.readouterr().err) and words in err, err
+
+
 def test_unmeasured_mpi_is_priced_as_rabenseifner_for_auto_too() -> None:
     topo = plan.plan_topology("4x8")
     bare = cost.CostModel(links=(cost.Link(5e-6, 1 / 20e9), cost.Link(3e-6, 1 / 12.5e9)), segment_bytes=0)

@@ -24,9 +24,9 @@ import numpy as np
 import ddl
 from ddl.engine.codec import inline_capacity
 from ddl.reduction.algorithms import SCHEDULED
+from ddl.tools.arg_types import amount, count
 from ddl.tools.helptext import plain
 from ddl_bench import peers
-from ddl_bench.args import amount, count
 
 ALGORITHMS = ["mpi", "ring", "multiring", "halving_doubling", "shm", "auto"]
 

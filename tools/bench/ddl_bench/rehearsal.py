@@ -45,9 +45,9 @@ from ddl.reduction.buckets import (
 )
 from ddl.reduction.step_plan import landing_times
 from ddl.tools import plan
+from ddl.tools.arg_types import amount, count
 from ddl.tools.helptext import plain
 from ddl.tools.plan_models import ModelSpecError, gradient_sizes
-from ddl_bench.args import amount, count
 
 
 @dataclasses.dataclass(frozen=True)

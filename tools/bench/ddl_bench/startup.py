@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ddl.launcher.relaunch import relaunch
+from ddl.tools.arg_types import count
 from ddl.tools.helptext import plain
-from ddl_bench.args import count
 
 # Each rank prints "T <import s> <init or barrier s>"; rank 0 prints the slowest rank's.
 _BARE = """

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
+from ddl.tools.arg_types import count
 from ddl.tools.helptext import plain
-from ddl_bench.args import count
 from ddl_bench.reports import publish
 
 CONTENDERS = ["keras", "ddl-fit", "ddl-tape", "mwms"]

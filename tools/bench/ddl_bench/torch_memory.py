@@ -29,8 +29,8 @@ import torch
 from torch import nn
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
+from ddl.tools.arg_types import count
 from ddl.tools.helptext import plain
-from ddl_bench.args import count
 from ddl_bench.reports import publish
 
 MODES = ("unsharded", "sharded")

@@ -34,8 +34,8 @@ import torch
 from torch import nn
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch
+from ddl.tools.arg_types import amount, count
 from ddl.tools.helptext import plain
-from ddl_bench.args import amount, count
 from ddl_bench.reports import publish
 from ddl_bench.torch_resnet import resnet50
 
