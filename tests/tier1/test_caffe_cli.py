@@ -128,3 +128,16 @@ def test_ddl_option_string() -> None:
         ddl_options.parse("-mode r:2y2")
     with pytest.raises(ValueError, match="option '-foo' is not understood"):
         ddl_options.parse("-foo")
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["time", "--model", "net.prototxt", "--iterations", "0"], "--iterations/-iterations: takes a whole number of at least 1, got 0"),
+    (["test", "-model", "net.prototxt", "-weights", "w.caffemodel", "-iterations", "-2"], "at least 1, got -2"),
+    (["train", "--solver", "solver.prototxt", "--threads", "-1"], "--threads/-threads: takes a whole number of at least 0"),
+])
+def test_counts_out_of_range_are_refused_before_any_file_is_read(argv: list[str], said: str,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    # `time --iterations 0` divided by zero after timing nothing (a ZeroDivisionError's traceback).
+    with pytest.raises(SystemExit) as stop:
+        cli.main(argv)
+    assert stop.value.code == 2 and said in capsys.readouterr().err

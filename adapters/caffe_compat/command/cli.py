@@ -19,6 +19,7 @@ from ddl.caffe.layers.base import LayerError
 from ddl.caffe.net.net import Net
 from ddl.caffe.net.weights import load_weights
 from ddl.caffe.solver.lr_policy import LrPolicyError
+from ddl.tools.arg_types import count
 
 log = logging.getLogger("ddl.caffe")
 ERRORS = (CaffeFormatError, LayerError, LrPolicyError, ValueError, FileNotFoundError)
@@ -48,12 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         _flag(p, "model", required=True, help="net .prototxt")
         _flag(p, "weights", required=need_w, help=".caffemodel file(s), comma-separated")
         if iters:
-            _flag(p, "iterations", type=int, default=iters, help=f"batches to run (default {iters})")
+            _flag(p, "iterations", type=count(), default=iters, help=f"batches to run (default {iters})")
         _flag(p, "phase", choices=("TRAIN", "TEST"), default="TRAIN" if p is tm else "TEST")
         _flag(p, "level", type=int, default=None, help="the net state's level")
         _flag(p, "stage", default="", help="comma-separated net state stages")
     for p in (tr, te, tm, ex):
-        _flag(p, "threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+        _flag(p, "threads", type=count(0), default=0, help="torch CPU threads (0: torch's default)")
         _flag(p, "gpu", default=None, help="CUDA device ids as in caffe ('0', '0,1' or 'all'); the CPU, with a warning, when there is no CUDA")
     ex.add_argument("-o", "--output", required=True, help="output .onnx file")
     ex.add_argument("--no-check", action="store_true", help="skip the onnxruntime comparison")
