@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         return _elastic(parser, args, command)
     given_elastic = [f"--{name.replace('_', '-')}" for name in elastic_flags.ELASTIC_ONLY if getattr(args, name) is not None]
     if given_elastic:
-        _error(f"{', '.join(given_elastic)} only apply with --elastic")
+        _error(f"{', '.join(given_elastic)} {'applies' if len(given_elastic) == 1 else 'apply'} only with --elastic")
         return USAGE_ERROR
     job = job_from_env()
     try:  # torchrun-style nodes (a Kubeflow TrainJob's PET_* variables): every node runs ddlrun, no ssh

@@ -168,7 +168,7 @@ def test_bounds_come_from_np_and_are_checked() -> None:
 def test_ddlrun_refuses_elastic_flags_without_elastic_and_a_fixed_topology_with_it(
         capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["-np", "2", "--min-np", "1", "python", "x.py"]) == cli.USAGE_ERROR
-    assert "--min-np only apply with --elastic" in capsys.readouterr().err
+    assert "--min-np applies only with --elastic" in capsys.readouterr().err
     assert cli.main(["--elastic", "-np", "2", "--topology", "2", "python", "x.py"]) == cli.USAGE_ERROR
     assert "an elastic world changes size" in capsys.readouterr().err
     assert cli.main(["--elastic", "--host-discovery-script", "/nonexistent", "--max-np", "2", "python", "x"]) == 2
