@@ -78,3 +78,11 @@ def test_missing_world_size_is_a_clear_error(tmp_path: Path) -> None:
 def test_cli_rejects_bad_input(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert ddl_main(["conformance", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cli_refuses_a_timeout_that_is_not_positive(capsys: pytest.CaptureFixture[str]) -> None:
+    # It reached ddlrun as a stall timeout and failed there, naming --stall-timeout (exit 1).
+    with pytest.raises(SystemExit) as stop:
+        ddl_main(["conformance", "--timeout", "-5"])
+    assert stop.value.code == 2
+    assert "argument --timeout: takes a number greater than 0, got -5" in capsys.readouterr().err

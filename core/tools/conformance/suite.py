@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from ddl.launcher.relaunch import parse_rank_counts, relaunch_argv
+from ddl.tools.arg_types import amount
 
 from .adapter_hooks import ADAPTERS, RECIPES, available
 from .models import MODELS
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=",".join(MODELS), help=f"default {','.join(MODELS)}")
     ap.add_argument("--optimizers", default=",".join(RECIPES), help=f"default {','.join(RECIPES)}")
     ap.add_argument("--out", type=Path, help="keep the trained weights and records here (default: a temp dir)")
-    ap.add_argument("--timeout", type=float, default=900.0, help="seconds for all jobs together")
+    ap.add_argument("--timeout", type=amount, default=900.0, help="seconds for all jobs together")
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="run the world sizes one after another (default: all at once)")
     a = ap.parse_args(argv)
