@@ -1,8 +1,10 @@
-"""Argument types the command lines share (``ddl plan``, ``ddl bench``): a count or an amount
-out of range is refused by argparse with its usage line, before anything runs (``ddl bench
-torch --rounds 0`` used to run every rank to a ``StatisticsError`` from inside the timing,
-``ddl plan --itemsize 0`` to a ``ZeroDivisionError``, and ``--segment-bytes 0`` or
-``--backward-fraction 2`` gave a plan as if they meant something)."""
+"""Argument types the command lines share (``ddl plan``, ``ddl bench``, ``ddl conformance``,
+``ddl-caffe``): a count or an amount out of range is refused by argparse with its usage line
+and the option's name, before anything runs (``ddl bench torch --rounds 0`` used to run every
+rank to a ``StatisticsError`` from inside the timing, ``ddl plan --itemsize 0`` to a
+``ZeroDivisionError``, and ``--segment-bytes 0`` or ``--backward-fraction 2`` gave a plan as if
+they meant something). The environment's settings
+have their own parsers (:mod:`ddl.base.settings`), whose messages name the variable instead."""
 
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ def count(least: int = 1) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"takes a whole number of at least {least}, got {value}")
         return value
 
-    parse.__name__ = "count"  # (argparse names the type in its own messages)
     return parse
 
 
